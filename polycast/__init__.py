@@ -1,0 +1,18 @@
+"""polycast: collective communication for distributed training, with reliable multicast.
+
+One set of collective algorithms (schedules), proven by a verifier, executed by one
+sans-I/O engine that drives both a real runtime (shared memory, TCP, UDP multicast) and a
+datacenter-network simulator.
+"""
+
+from .collectives import Collective, ReduceOp
+from .errors import (CollectiveTimeout, InvalidArgument, MismatchError, PeerLost,
+                     PolycastError, ProtocolError, ScheduleError, UnknownName, Unsupported)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Collective", "ReduceOp", "PolycastError", "InvalidArgument", "UnknownName",
+    "Unsupported", "ScheduleError", "ProtocolError", "MismatchError", "PeerLost",
+    "CollectiveTimeout", "__version__",
+]
