@@ -120,31 +120,27 @@ class Builder:
 
     def build(self) -> Schedule:
         """Freeze the programs, numbering messages per rank pair and multicasts per root."""
-        programs = []
-        for rank, prog in enumerate(self._programs):
-            sent: dict[int, int] = {}
-            got: dict[int, int] = {}
-            out = []
-            nmcast = 0
-            for step in prog:
-                if step.kind is Kind.SEND:
-                    tag = sent.get(step.peer, 0)
-                    sent[step.peer] = tag + 1
-                elif step.kind is Kind.RECV:
-                    tag = got.get(step.peer, 0)
-                    got[step.peer] = tag + 1
-                elif step.kind is Kind.MCAST:
-                    tag = nmcast
-                    nmcast += 1
-                elif step.kind is Kind.MRECV:
-                    tag = got.get(-2 - step.peer, 0)      # separate counter per root
-                    got[-2 - step.peer] = tag + 1
-                else:
-                    tag = -1
-                out.append(_with(step, tag=tag))
-            programs.append(tuple(out))
         return Schedule(self.collective, self.algorithm, self.nranks, self.root, self.count,
-                        self.layouts, tuple(programs), dict(self.options))
+                        self.layouts, number_messages(self._programs), dict(self.options))
+
+
+def number_messages(programs) -> tuple[tuple[Step, ...], ...]:
+    """Set every message step's ``tag``: its ordinal among the SENDs (RECVs) between the
+    same pair of ranks, or among the MCASTs of one root, in program order."""
+    out_programs = []
+    for prog in programs:
+        counters: dict[tuple[Kind, int], int] = {}
+        out = []
+        for step in prog:
+            if step.kind is Kind.COPY:
+                out.append(step)
+                continue
+            key = (step.kind, step.peer)
+            tag = counters.get(key, 0)
+            counters[key] = tag + 1
+            out.append(_with(step, tag=tag))
+        out_programs.append(tuple(out))
+    return tuple(out_programs)
 
 
 def _with(step: Step, **changes) -> Step:

@@ -1,0 +1,3 @@
+"""Imports every generator module so that each registers its algorithms."""
+
+from . import allgather  # noqa: F401

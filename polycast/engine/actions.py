@@ -1,0 +1,101 @@
+"""What the engine asks its driver to do.
+
+The engine never touches memory, sockets or clocks. It returns lists of these actions; the
+driver (the runtime's progress thread, or the simulator's event loop) carries them out in
+order. Buffer positions are :class:`Region` s in *elements* of the request's buffers; the
+driver knows each request's arrays (and dtype/itemsize), the simulator knows only sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PolycastError
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """Elements of one buffer of one request: ``runs`` are ``[start, stop)`` ranges, in order;
+    the payload of a message is their concatenation."""
+
+    req: int
+    buf: str                                # "send", "recv" or "tmp"
+    runs: tuple[tuple[int, int], ...]
+    nbytes: int                             # sum of run lengths x itemsize
+
+    @property
+    def nelems(self) -> int:
+        return sum(b - a for a, b in self.runs)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``header`` + the bytes of ``payload`` (or none) to ``peer`` over the reliable
+    channel (shm or TCP), in order with other Sends to that peer. Call
+    ``engine.on_send_done(token, now)`` once the payload's memory may be reused."""
+
+    peer: int
+    header: object                          # polycast.engine.wire.Header
+    payload: Region | None
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Multicast:
+    """Send one datagram (header + payload bytes) to the communicator's multicast group,
+    not before ``not_before`` (seconds, the driver's clock): the engine's pacing. Fire and
+    forget: datagrams may be lost; the protocol recovers."""
+
+    header: object                          # polycast.engine.wire.Header
+    payload: Region | None
+    not_before: float
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Place a received payload (the opaque object the driver handed in) into ``region``:
+    overwrite, or combine with the request's reduction op when ``reduce``."""
+
+    payload: object
+    region: Region
+    reduce: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """Local copy (or combine) of ``src`` into ``dst`` (equal element counts)."""
+
+    src: Region
+    dst: Region
+    reduce: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    """Call ``engine.on_timer(timer, now)`` at ``deadline`` (seconds). Re-setting an id moves it."""
+
+    timer: int
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    timer: int
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """Request ``req`` is done: all its output is in place and its buffers may be reused."""
+
+    req: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Request ``req`` failed; raise ``error`` to the user. Its buffers may be reused."""
+
+    req: int
+    error: PolycastError
+
+
+Action = Send | Multicast | Deliver | Copy | SetTimer | CancelTimer | Complete | Fail
