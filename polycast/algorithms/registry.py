@@ -50,6 +50,9 @@ class Algorithm:
     power_of_two: bool = False            # only for P = 2^k
     multicast: bool = False               # needs a multicast-capable network
     hierarchical: bool = False            # needs hosts / ranks_per_host
+    innet: bool = False                   # the network reduces (SHARP-like): its sends to one
+    #                                       destination are combined in the switches (simulator);
+    #                                       elsewhere they run as the plain point-to-point schedule
     options: tuple[str, ...] = ()         # option names beyond nchunks/channels
 
     def unsupported_reason(self, nranks: int, options: dict | None = None) -> str | None:
