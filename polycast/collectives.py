@@ -123,3 +123,34 @@ def check_rank_args(nranks: int, root: int, count: int) -> None:
         raise InvalidArgument(f"root {root!r} out of range: valid roots are 0..{nranks - 1}")
     if not isinstance(count, int) or count < 0:
         raise InvalidArgument(f"count must be a non-negative integer, got {count!r}")
+
+
+def count_for_nbytes(collective: Collective, nranks: int, nbytes: int, itemsize: int) -> int:
+    """Per-call element count whose nccl-tests size S (:meth:`Collective.total_elements`
+    x itemsize) is ``nbytes``; an error when ``nbytes`` does not split evenly."""
+    if nbytes < 0:
+        raise InvalidArgument(f"size must be >= 0 bytes, got {nbytes}")
+    total, unit = collective.total_elements(nranks, 1), itemsize
+    if collective is Collective.BARRIER:
+        return 0
+    if nbytes % (total * unit):
+        raise InvalidArgument(
+            f"{collective} of {nbytes} bytes over {nranks} ranks: the size must be a "
+            f"multiple of {total * unit} bytes ({total} x {unit}-byte elements)")
+    return nbytes // (total * unit)
+
+
+DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64")
+
+
+def parse_dtype(name):
+    """A numpy dtype from a name (``"float32"``) or dtype-like; numeric types only."""
+    import numpy as np
+    try:
+        dt = np.dtype(name)
+    except TypeError:
+        raise UnknownName("dtype", name, DTYPES) from None
+    if dt.kind not in "iuf":
+        raise UnknownName("dtype", name, DTYPES)
+    return dt

@@ -21,10 +21,9 @@ block it came from and the set of ranks whose contributions it combines.
 
 from __future__ import annotations
 
-from collections import deque
-
 from ..collectives import Collective
 from ..errors import ScheduleError
+from .graph import Node, global_order, match_messages
 from .ir import Kind, Layout, Schedule, Step
 
 
@@ -136,48 +135,28 @@ class _Verifier:
                     readers.setdefault((rd[0], b), []).append(idx)
 
     # ------------------------------------------------------------------------------------
-    def match(self) -> dict[tuple[int, int], list[tuple[int, int]]]:
-        """Pair every receiving step with its sender(s): node -> [sender nodes]."""
-        s = self.s
-        sends: dict[tuple[int, int], list[int]] = {}
-        recvs: dict[tuple[int, int], list[int]] = {}
-        mcasts: dict[int, list[int]] = {}
-        mrecvs: dict[tuple[int, int], list[int]] = {}
-        for rank, prog in enumerate(s.programs):
-            for idx, st in enumerate(prog):
-                if st.kind is Kind.SEND:
-                    sends.setdefault((rank, st.peer), []).append(idx)
-                elif st.kind is Kind.RECV:
-                    recvs.setdefault((st.peer, rank), []).append(idx)
-                elif st.kind is Kind.MCAST:
-                    mcasts.setdefault(rank, []).append(idx)
-                elif st.kind is Kind.MRECV:
-                    mrecvs.setdefault((st.peer, rank), []).append(idx)
-        senders: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for pair in set(sends) | set(recvs):
+    def match(self) -> dict[Node, Node]:
+        """Check that every message step is matched, with equal sizes; return the pairing."""
+        m = match_messages(self.s)
+        for pair in set(m.sends) | set(m.recvs):
             a, b = pair
-            ss, rr = sends.get(pair, []), recvs.get(pair, [])
+            ss, rr = m.sends.get(pair, []), m.recvs.get(pair, [])
             if len(ss) != len(rr):
                 where = (b, rr[len(ss)]) if len(rr) > len(ss) else (a, ss[len(rr)])
                 self.fail(f"{len(ss)} sends {a}->{b} but {len(rr)} receives: this message is "
                           "never matched", *where)
-            for si, ri in zip(ss, rr):
-                self.check_sizes((a, si), (b, ri))
-                senders[(b, ri)] = [(a, si)]
-        for (root, rank), rr in mrecvs.items():
-            ms = mcasts.get(root, [])
-            if len(ms) != len(rr):
+        for (root, rank), rr in m.mrecvs.items():
+            if len(m.mcasts.get(root, [])) != len(rr):
                 self.fail(f"{len(rr)} multicast receives from root {root} but it multicasts "
-                          f"{len(ms)} times", rank, rr[0])
-            for mi, ri in zip(ms, rr):
-                self.check_sizes((root, mi), (rank, ri))
-                senders[(rank, ri)] = [(root, mi)]
-        for root, ms in mcasts.items():
+                          f"{len(m.mcasts.get(root, []))} times", rank, rr[0])
+        for root, ms in m.mcasts.items():
             for rank in range(self.P):
-                if rank != root and len(mrecvs.get((root, rank), [])) != len(ms):
+                if rank != root and len(m.mrecvs.get((root, rank), [])) != len(ms):
                     self.fail(f"does not receive the {len(ms)} multicasts of root {root}",
                               rank, None)
-        return senders
+        for rnode, snode in m.sender.items():
+            self.check_sizes(snode, rnode)
+        return m.sender
 
     def check_sizes(self, snode: tuple[int, int], rnode: tuple[int, int]) -> None:
         s = self.s
@@ -208,29 +187,19 @@ class _Verifier:
             values.append(bufs)
         return values
 
-    def execute(self, senders) -> None:
-        s, P = self.s, self.P
-        progs = s.programs
-        # successors and in-degrees over the global graph (rank, idx)
-        indeg = [[len(st.deps) for st in prog] for prog in progs]
-        succ: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for rank, prog in enumerate(progs):
-            for idx, st in enumerate(prog):
-                for d in st.deps:
-                    succ.setdefault((rank, d), []).append((rank, idx))
-        for rnode, snodes in senders.items():
-            for snode in snodes:
-                succ.setdefault(snode, []).append(rnode)
-                indeg[rnode[0]][rnode[1]] += 1
-
+    def execute(self, sender: dict[Node, Node]) -> None:
+        s, progs = self.s, self.s.programs
+        order, stuck = global_order(s, sender)
+        if stuck:
+            rank, idx = stuck[0]
+            others = ", ".join(f"rank {r} step {i}" for r, i in stuck[1:6])
+            self.fail("deadlock: this step can never start (a cycle of dependencies and "
+                      f"messages); also stuck: {others or 'nothing else'}", rank, idx)
         values = self.initial_values()
         know = [[0] * len(prog) for prog in progs]   # ranks causally before each step
-        sent: dict[tuple[int, int], list] = {}
-        queue = deque((r, i) for r in range(P) for i, n in enumerate(indeg[r]) if n == 0)
-        done = 0
+        sent: dict[Node, list] = {}
         combine = self.combine
-        while queue:
-            node = queue.popleft()
+        for node in order:
             rank, idx = node
             st = progs[rank][idx]
             k = 1 << rank
@@ -255,21 +224,13 @@ class _Verifier:
                         self.fail(f"copies block of {st.buf!r} that it does not hold", rank, idx)
                     dst[b] = combine(dst[b], v, rank, idx) if st.reduce else v
             else:           # RECV / MRECV
-                snode = senders[node][0]
+                snode = sender[node]
                 k |= know[snode[0]][snode[1]]
-                snap = sent[snode]
                 if st.blocks:
                     dst = vals[st.buf]
-                    for b, v in zip(st.blocks, snap):
+                    for b, v in zip(st.blocks, sent[snode]):
                         dst[b] = combine(dst[b], v, rank, idx) if st.reduce else v
             know[rank][idx] = k
-            done += 1
-            for nxt in succ.get(node, ()):
-                indeg[nxt[0]][nxt[1]] -= 1
-                if indeg[nxt[0]][nxt[1]] == 0:
-                    queue.append(nxt)
-        if done != s.nsteps:
-            self.report_deadlock(indeg)
         self.check_result(values, know)
 
     def combine(self, old, new, rank: int, idx: int):
@@ -281,18 +242,6 @@ class _Verifier:
             dup = [r for r in range(self.P) if (old[1] & new[1]) >> r & 1]
             self.fail(f"counts the contribution of rank(s) {dup} twice", rank, idx)
         return (old[0], old[1] | new[1])
-
-    def report_deadlock(self, indeg) -> None:
-        stuck = []
-        for rank, prog in enumerate(self.s.programs):
-            for idx, n in enumerate(indeg[rank]):
-                if n > 0:
-                    stuck.append((rank, idx))
-                    break
-        rank, idx = stuck[0]
-        others = ", ".join(f"rank {r} step {i}" for r, i in stuck[1:6])
-        self.fail("deadlock: this step can never start (a cycle of dependencies and "
-                  f"messages); also stuck: {others or 'nothing else'}", rank, idx)
 
     # ------------------------------------------------------------------------------------
     def check_result(self, values, know) -> None:
