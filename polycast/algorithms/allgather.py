@@ -4,6 +4,7 @@ pieces) lands in part ``r`` of every rank's ``recv`` (P parts of ``nchunks`` pie
 from __future__ import annotations
 
 from ..schedule.ir import Layout
+from .phases import Flow, chunk_blocks, pow2_below, recursive_doubling
 from .registry import Spec, register
 
 
@@ -57,4 +58,70 @@ def mcast(spec: Spec):
         for p in range(P):
             if p != r:
                 b.mrecv(r, p, "recv", b.blocks("recv", p))
+    return b.build()
+
+
+@register("allgather", "recdoubling",
+          "log2(P) exchanges with partners at doubling distance; any P (the ranks above the "
+          "largest power of two fold into a partner first and get the result last)")
+def recdoubling(spec: Spec):
+    """Recursive doubling. With P = p2 + rem (p2 a power of two), rank p2+i first hands its
+    shard to rank i, the p2 ranks run recursive doubling (rank i < rem carrying two
+    shards), and rank i finally sends rank p2+i everything else."""
+    P, k = spec.nranks, spec.nchunks
+    send, recv = _layouts(spec)
+    b = spec.builder("recdoubling", send, recv)
+    fl = Flow(b, ["recv"] * P, src=None)
+    for r in range(P):
+        b.copy(r, "send", b.blocks("send"), "recv", b.blocks("recv", r))
+    p2 = pow2_below(P)
+    for e in range(p2, P):
+        fl.xfer(e, e - p2, b.blocks("recv", e))
+    recursive_doubling(fl, [[v] + ([v + p2] if v + p2 < P else []) for v in range(p2)], k)
+    for e in range(p2, P):
+        fl.xfer(e - p2, e, b.parts("recv", [p for p in range(P) if p != e]))
+    return b.build()
+
+
+@register("allgather", "bruck", "ceil(log2 P) steps for any P: at distance 1, 2, 4... each "
+          "rank passes on what it has; a final local rotation puts shards in rank order")
+def bruck(spec: Spec):
+    """Bruck et al. Rank r collects shards in ``tmp`` in the order r, r+1, ... (mod P): at
+    distance d it sends its first min(d, P-d) shards to rank r-d, which appends them; a
+    final local copy rotates ``tmp`` into ``recv``."""
+    P, k = spec.nranks, spec.nchunks
+    send, recv = _layouts(spec)
+    b = spec.builder("bruck", send, recv, tmp=recv)
+    for r in range(P):
+        b.copy(r, "send", b.blocks("send"), "tmp", b.blocks("tmp", 0))
+    d = 1
+    while d < P:
+        n = min(d, P - d)
+        for s in range(k):
+            out, into = chunk_blocks(range(n), k, s), chunk_blocks(range(d, d + n), k, s)
+            for r in range(P):
+                b.send(r, (r - d) % P, "tmp", out)
+            for r in range(P):
+                b.recv(r, (r + d) % P, "tmp", into)
+        d *= 2
+    for r in range(P):
+        b.copy(r, "tmp", b.blocks("tmp"), "recv",
+               b.parts("recv", [(r + i) % P for i in range(P)]))
+    return b.build()
+
+
+@register("allgather", "direct", "every rank sends its shard straight to every other rank "
+          "(P-1 messages each, no forwarding)")
+def direct(spec: Spec):
+    P = spec.nranks
+    send, recv = _layouts(spec)
+    b = spec.builder("direct", send, recv)
+    for r in range(P):
+        b.copy(r, "send", b.blocks("send"), "recv", b.blocks("recv", r))
+    # Round i pairs r -> r+i so that no rank is everyone's first destination.
+    for i in range(1, P):
+        for r in range(P):
+            dst = (r + i) % P
+            b.send(r, dst, "send", b.blocks("send"))
+            b.recv(dst, r, "recv", b.blocks("recv", r))
     return b.build()
