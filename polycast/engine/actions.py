@@ -32,12 +32,17 @@ class Region:
 class Send:
     """Send ``header`` + the bytes of ``payload`` (or none) to ``peer`` over the reliable
     channel (shm or TCP), in order with other Sends to that peer. Call
-    ``engine.on_send_done(token, now)`` once the payload's memory may be reused."""
+    ``engine.on_send_done(token, now)`` once the payload's memory may be reused.
+
+    ``data``: small engine-made payload bytes (an ABORT's reason text), sent after the
+    header when ``payload`` is None. ``header.payload_nbytes`` is always what follows the
+    header on the wire: ``payload.nbytes``, ``len(data)``, or 0."""
 
     peer: int
     header: object                          # polycast.engine.wire.Header
     payload: Region | None
     token: int
+    data: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

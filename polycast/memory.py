@@ -1,0 +1,200 @@
+"""Driver-side memory operations: the engine's Regions made real on numpy arrays.
+
+The engine names memory as :class:`~polycast.engine.actions.Region` s (element ranges of a
+request's ``send``/``recv``/``tmp`` buffer); a driver registers each request's arrays here
+and carries out ``Send`` (:meth:`Buffers.gather`), ``Deliver`` (:meth:`Buffers.deliver`),
+``Copy`` (:meth:`Buffers.copy`) and ``Complete`` (:meth:`Buffers.finalize`). The runtime and
+the engine's test world share this code, so the two cannot disagree on placement or on
+reduction semantics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .collectives import Collective, ReduceOp
+from .errors import InvalidArgument
+from .schedule.ir import Kind, Schedule
+
+# The in-place ufunc of each op; AVG sums, then divides once at the end (finalize).
+_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
+           ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}
+
+
+def apply_avg(arr: np.ndarray, nranks: int) -> None:
+    """Turn a sum into an average in place: floor division for integers (as NCCL does),
+    true division for floats. The reference uses this very function, so results agree
+    bit for bit."""
+    if np.issubdtype(arr.dtype, np.integer):
+        np.floor_divide(arr, nranks, out=arr)
+    else:
+        np.divide(arr, nranks, out=arr)
+
+
+def buffers_used(schedule: Schedule, rank: int) -> set[str]:
+    """The buffers ``rank``'s program touches."""
+    used = set()
+    for st in schedule.program(rank):
+        if st.blocks:
+            used.add(st.buf)
+        if st.kind is Kind.COPY and st.dst_blocks:
+            used.add(st.dst)
+    return used
+
+
+@dataclass
+class _Req:
+    arrays: dict[str, np.ndarray]
+    dtype: np.dtype
+    ufunc: object
+    avg: bool
+    nranks: int
+    result_here: bool               # this rank holds a result (AVG divides it)
+    op: ReduceOp | None = None
+    flat: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class Buffers:
+    """Per-request numpy buffers, keyed by the request id the engine uses."""
+
+    def __init__(self) -> None:
+        self._reqs: dict[int, _Req] = {}
+
+    def register(self, req: int, schedule: Schedule, rank: int, send: np.ndarray | None,
+                 recv: np.ndarray | None, op: str | ReduceOp | None = None) -> np.dtype:
+        """Check the arrays against ``schedule`` (before anything is sent) and keep them.
+
+        ``send``/``recv`` may be the same array (in place) and may be None when the rank's
+        program does not touch that buffer (a non-root's send in broadcast). ``tmp`` is
+        allocated from the schedule's layout. Returns the dtype.
+        """
+        if req in self._reqs:
+            raise InvalidArgument(f"request {req} is already registered")
+        coll = schedule.collective
+        used = buffers_used(schedule, rank)
+        arrays: dict[str, np.ndarray] = {}
+        dtype = None
+        for name, arr in (("send", send), ("recv", recv)):
+            lay = schedule.layouts.get(name)
+            if arr is None:
+                if name in used:
+                    raise InvalidArgument(f"{coll} {schedule.algorithm} on rank {rank} needs "
+                                          f"a {name} buffer of {lay.nelems} elements, got None")
+                continue
+            if not isinstance(arr, np.ndarray):
+                raise InvalidArgument(f"{name} buffer must be a numpy array, got "
+                                      f"{type(arr).__name__}")
+            if not arr.flags.c_contiguous:
+                raise InvalidArgument(f"{name} buffer must be C-contiguous")
+            need = lay.nelems if lay is not None else 0
+            if arr.size != need and (name in used or arr.size < need):
+                raise InvalidArgument(
+                    f"{coll} count={schedule.count} on {schedule.nranks} ranks needs a "
+                    f"{name} buffer of {need} elements on rank {rank}, got {arr.size}")
+            if dtype is not None and arr.dtype != dtype:
+                raise InvalidArgument(f"send and recv dtypes differ: {dtype} vs {arr.dtype}")
+            dtype = arr.dtype
+            arrays[name] = arr.reshape(-1)
+        if dtype is None:
+            dtype = np.dtype(np.uint8)
+        tmp = schedule.layouts.get("tmp")
+        if tmp is not None:
+            arrays["tmp"] = np.empty(tmp.nelems, dtype)
+        ropt = None
+        if coll.has_op:
+            ropt = ReduceOp.parse(op if op is not None else "sum")
+        elif op is not None:
+            ReduceOp.parse(op)          # still reject garbage names
+        result_here = coll is not Collective.REDUCE or rank == schedule.root
+        self._reqs[req] = _Req(arrays, dtype, _UFUNCS[ropt] if ropt else None,
+                               ropt is ReduceOp.AVG, schedule.nranks, result_here, ropt)
+        return dtype
+
+    def unregister(self, req: int) -> None:
+        self._reqs.pop(req, None)
+
+    def __contains__(self, req: int) -> bool:
+        return req in self._reqs
+
+    def array(self, req: int, buf: str) -> np.ndarray:
+        return self._reqs[req].arrays[buf]
+
+    # -- the driver's memory operations --------------------------------------------------
+    def views(self, region) -> list[np.ndarray]:
+        arr = self._reqs[region.req].arrays[region.buf]
+        return [arr[a:b] for a, b in region.runs]
+
+    def gather(self, region):
+        """The region's bytes: a zero-copy memoryview when it is one run, else a bytes copy."""
+        arr = self._reqs[region.req].arrays[region.buf]
+        runs = region.runs
+        if len(runs) == 1:
+            a, b = runs[0]
+            return memoryview(arr[a:b]).cast("B")
+        if not runs:
+            return b""
+        return b"".join(memoryview(arr[a:b]).cast("B") for a, b in runs)
+
+    def deliver(self, region, payload, reduce: bool) -> None:
+        """Place ``payload`` (bytes-like, the runs' concatenation) into ``region``."""
+        r = self._reqs[region.req]
+        if region.nbytes == 0:
+            return
+        if payload is None:
+            raise InvalidArgument(f"deliver of {region.nbytes} bytes without a payload")
+        src = np.frombuffer(payload, dtype=r.dtype)
+        if src.size != region.nelems:
+            raise InvalidArgument(f"payload of {src.size} elements for a region of "
+                                  f"{region.nelems}")
+        arr = r.arrays[region.buf]
+        pos = 0
+        for a, b in region.runs:
+            n = b - a
+            if reduce:
+                r.ufunc(arr[a:b], src[pos:pos + n], out=arr[a:b])
+            else:
+                arr[a:b] = src[pos:pos + n]
+            pos += n
+
+    def copy(self, src, dst, reduce: bool) -> None:
+        """Copy (or combine) ``src`` into ``dst``; a no-op when both are the same memory."""
+        r = self._reqs[src.req]
+        sa, da = r.arrays[src.buf], r.arrays[dst.buf]
+        if src.runs == dst.runs and _same_memory(sa, da):
+            if reduce:
+                raise InvalidArgument("a reducing copy of a region onto itself")
+            return
+        if np.may_share_memory(sa, da):
+            # Overlapping but different ranges: read everything before writing anything.
+            data = np.concatenate([sa[a:b] for a, b in src.runs]) if src.runs else sa[:0]
+        else:
+            data = None
+        views = [sa[a:b] for a, b in src.runs] if data is None else [data]
+        # Walk both run lists together: their boundaries need not coincide.
+        vi, vpos = 0, 0
+        for a, b in dst.runs:
+            while a < b:
+                v = views[vi]
+                take = min(b - a, v.size - vpos)
+                piece = v[vpos:vpos + take]
+                if reduce:
+                    r.ufunc(da[a:a + take], piece, out=da[a:a + take])
+                else:
+                    da[a:a + take] = piece
+                a += take
+                vpos += take
+                if vpos == v.size:
+                    vi, vpos = vi + 1, 0
+
+    def finalize(self, req: int) -> None:
+        """The request completed: apply AVG's division to the result."""
+        r = self._reqs.get(req)
+        if r is not None and r.avg and r.result_here and "recv" in r.arrays:
+            apply_avg(r.arrays["recv"], r.nranks)
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    ia, ib = a.__array_interface__, b.__array_interface__
+    return ia["data"][0] == ib["data"][0] and a.dtype == b.dtype

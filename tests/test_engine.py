@@ -1,0 +1,279 @@
+"""The engine's point-to-point paths, matching, buffering, errors and timeouts (no sockets)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from world import Net, World  # noqa: E402
+
+from polycast.algorithms import algorithms, build  # noqa: E402
+from polycast.engine.actions import Complete, Copy, Fail, Send, SetTimer  # noqa: E402
+from polycast.engine.engine import Engine, EngineConfig  # noqa: E402
+from polycast.engine.wire import Header, MsgKind  # noqa: E402
+from polycast.errors import (CollectiveTimeout, InvalidArgument, MismatchError,  # noqa: E402
+                             PeerLost, ProtocolError)
+from polycast.schedule.builder import Builder  # noqa: E402
+from polycast.schedule.ir import Layout  # noqa: E402
+from polycast.collectives import Collective  # noqa: E402
+
+
+def ring(P=4, count=10, nchunks=1):
+    return build("allgather", "ring", P, count, nchunks=nchunks)
+
+
+def send_recv(P=2, count=4):
+    """A tiny broadcast: rank 0 sends everything to rank 1 (and copies for itself)."""
+    lay = Layout(count)
+    b = Builder(Collective.BROADCAST, P, 0, count, "p2p", {"send": lay, "recv": lay})
+    b.copy(0, "send", (0,), "recv", (0,))
+    b.send(0, 1, "recv", (0,))
+    b.recv(1, 0, "recv", (0,))
+    return b.build()
+
+
+# -- every registered point-to-point algorithm, no loss --------------------------------
+
+P2P = [(a, P) for a in algorithms() if not a.multicast for P in (2, 3, 5, 8)
+       if a.unsupported_reason(P) is None]
+
+
+@pytest.mark.parametrize("algo,P", P2P, ids=[f"{a.collective}-{a.name}-P{P}" for a, P in P2P])
+def test_point_to_point_algorithms_exact(algo, P):
+    root = P - 1 if algo.collective.rooted else 0
+    s = build(algo.collective, algo.name, P, 13, root=root, nchunks=2)
+    w = World(P, seed=P)
+    ops = ["sum", "max"] if algo.collective.has_op else [None]
+    calls = [w.post_call(s, "int32", op=op, seed=i) for i, op in enumerate(ops)]
+    w.run()
+    for c in calls:
+        w.check(c)
+    assert all(not e.busy for e in w.engines)
+
+
+def test_many_requests_outstanding_at_once():
+    P = 4
+    ag = build("allgather", "ring", P, 50, nchunks=3)
+    rs = build("reduce_scatter", "ring", P, 50, nchunks=2)
+    ar = build("allreduce", "ring", P, 41)
+    w = World(P, seed=3)
+    calls = [w.post_call(ag, "float32"), w.post_call(rs, "float32", op="sum"),
+             w.post_call(ar, "int64", op="prod", seed=5)]
+    # All three are in flight together before anything is delivered.
+    assert all(e.busy and len(e._reqs) == 3 for e in w.engines)
+    w.run()
+    for c in calls:
+        w.check(c)
+
+
+def test_in_place_call():
+    P = 3
+    s = build("allreduce", "ring", P, 20)
+    w = World(P)
+    from polycast.reference import make_inputs, reference
+    inputs = make_inputs("allreduce", P, 20, "float64", seed=1)
+    want = reference("allreduce", inputs, op="sum")
+    bufs = [x.copy() for x in inputs]
+    for r in range(P):
+        w.post(r, s, bufs[r], bufs[r], "sum")
+    w.run()
+    for r in range(P):
+        np.testing.assert_array_equal(bufs[r], want[r])
+
+
+def test_avg_integer_floor_division():
+    P = 3
+    s = build("allreduce", "ring", P, 6)
+    w = World(P)
+    inputs = [np.array([1, 2, -1, 0, 5, 7], np.int32) + r for r in range(P)]
+    c = w.post_call(s, op="avg", inputs=inputs)
+    w.run()
+    w.check(c)
+    np.testing.assert_array_equal(c.recvs[0], np.floor_divide(sum(inputs), 3))
+
+
+# -- matching: early messages, held messages, stale and duplicate ---------------------
+
+def test_messages_before_post_are_held_then_used():
+    s = send_recv(count=8)
+    w = World(2)
+    src = np.arange(8, dtype=np.float32)
+    dst = np.zeros(8, np.float32)
+    w.post(0, s, src, np.zeros(8, np.float32))
+    w.advance(1.0)                  # the message reaches rank 1 before it posts
+    e1 = w.engines[1]
+    assert e1.stats.early_nbytes > 0 and not w.done.get((1, 0))
+    w.post(1, s, None, dst)
+    w.run()
+    np.testing.assert_array_equal(dst, src)
+    assert e1.stats.early_nbytes == 0
+
+
+def test_early_buffer_overflow_fails_clearly_on_every_rank():
+    s = send_recv(count=1000)
+    w = World(2, EngineConfig(max_early_nbytes=1000))
+    w.post(0, s, np.ones(1000, np.float32), np.zeros(1000, np.float32))
+    w.advance(1.0)
+    assert w.engines[1].stats.drops.get("early_overflow") == 1
+    w.post(1, s, None, np.zeros(1000, np.float32))
+    w.run()
+    err = w.errors[(1, 0)]
+    assert isinstance(err, ProtocolError) and "max_early_nbytes=1000" in str(err)
+    assert w.engines[1].stats.early_nbytes == 0
+
+
+def test_stale_and_duplicate_and_foreign_messages_dropped():
+    s = send_recv(count=4)
+    w = World(2)
+    dst = np.zeros(4, np.float32)
+    w.post(0, s, np.arange(4, dtype=np.float32), np.zeros(4, np.float32))
+    w.post(1, s, None, dst)
+    w.run()
+    e1 = w.engines[1]
+    sig = w.sent[0][2].sig
+    payload = np.full(4, 7, np.float32).tobytes()
+    stale = Header(MsgKind.DATA, 0, 0, 0, 0, 0, 16, sig)
+    w.inject_message(1, 0, stale, payload)                     # seq 0 is finished
+    foreign = Header(MsgKind.DATA, 9, 1, 0, 0, 0, 16, sig)
+    w.inject_message(1, 0, foreign, payload)
+    spoofed = Header(MsgKind.DATA, 0, 1, 0, 0, 0, 16, sig)     # claims src 0, came from 1?
+    w.inject_message(1, 1, spoofed, payload)
+    assert e1.stats.drops == {"stale": 1, "foreign_comm": 1, "bad_src": 1}
+    np.testing.assert_array_equal(dst, np.arange(4))           # untouched
+
+
+def test_post_validates_before_sending():
+    e = Engine(0, 4)
+    with pytest.raises(InvalidArgument, match="for 3 ranks but this communicator has 4"):
+        e.post(0, ring(P=3), 4, 0.0)
+    with pytest.raises(InvalidArgument, match="itemsize"):
+        e.post(0, ring(P=4), 0, 0.0)
+    e.post(0, ring(P=4), 4, 0.0)
+    with pytest.raises(InvalidArgument, match="already outstanding"):
+        e.post(0, ring(P=4), 4, 0.0)
+    with pytest.raises(InvalidArgument, match="valid ranks are 0..3"):
+        Engine(4, 4)
+    with pytest.raises(InvalidArgument, match="mtu_nbytes"):
+        Engine(0, 2, config=EngineConfig(mtu_nbytes=10))
+
+
+def test_buffers_checked_against_schedule():
+    from polycast.memory import Buffers
+    s = ring(P=4, count=10)
+    with pytest.raises(InvalidArgument, match="needs a recv buffer of 40 elements on rank 1, "
+                                              "got 39"):
+        Buffers().register(0, s, 1, np.zeros(10), np.zeros(39))
+    with pytest.raises(InvalidArgument, match="dtypes differ"):
+        Buffers().register(0, s, 1, np.zeros(10, np.float32), np.zeros(40))
+    with pytest.raises(InvalidArgument, match="unknown reduction op 'median'"):
+        Buffers().register(0, build("allreduce", "ring", 4, 8), 0, np.zeros(8), np.zeros(8),
+                           "median")
+
+
+def test_first_actions_are_sends_copies_and_a_timer():
+    e = Engine(0, 4)
+    acts = e.post(7, ring(P=4, count=8), 4, 0.0)
+    assert any(isinstance(a, SetTimer) and a.deadline == 60.0 for a in acts)
+    copies = [a for a in acts if isinstance(a, Copy)]
+    sends = [a for a in acts if isinstance(a, Send)]
+    assert len(copies) == 1 and copies[0].dst.runs == ((0, 8),) and copies[0].dst.nbytes == 32
+    assert len(sends) == 1 and sends[0].peer == 1 and sends[0].header.length == 32
+    assert sends[0].header.kind is MsgKind.DATA and sends[0].header.seq == 0
+    assert e.busy
+
+
+# -- mismatches ----------------------------------------------------------------------
+
+def test_mismatched_calls_fail_on_every_rank():
+    P = 4
+    w = World(P)
+    a = build("allgather", "ring", P, 10)
+    b = build("allgather", "ring", P, 12)
+    for r in range(P):
+        s = b if r == 2 else a
+        n = s.count
+        w.post(r, s, np.zeros(n, np.float32), np.zeros(P * n, np.float32))
+    w.run()
+    assert len(w.errors) == P and not w.done
+    for r in range(P):
+        assert isinstance(w.errors[(r, 0)], MismatchError), w.errors[(r, 0)]
+    assert all("allgather ring" in str(e) for e in w.errors.values())
+    # the rank that detected it names both calls (its own, and the other's text via ABORT)
+    assert any("count=12" in str(e) and "count=10" in str(e) for e in w.errors.values())
+    assert all(not e.busy for e in w.engines)
+
+
+def test_dtype_mismatch_detected():
+    P = 2
+    w = World(P)
+    s = build("allreduce", "ring", P, 8)
+    w.post(0, s, np.zeros(8, np.float32), np.zeros(8, np.float32), "sum")
+    w.post(1, s, np.zeros(8, np.int32), np.zeros(8, np.int32), "sum")
+    w.run()
+    assert all(isinstance(w.errors[(r, 0)], MismatchError) for r in range(P))
+
+
+def test_length_mismatch_is_a_mismatch():
+    s = send_recv(count=4)
+    e = Engine(1, 2)
+    e.post(0, s, 4, 0.0)
+    sig = e._reqs[0].sig
+    acts = e.on_message(0, Header(MsgKind.DATA, 0, 0, 0, 0, 0, 12, sig), b"x" * 12, 0.0)
+    fails = [a for a in acts if isinstance(a, Fail)]
+    assert fails and isinstance(fails[0].error, MismatchError)
+    assert "expects 16 bytes from rank 0" in str(fails[0].error)
+    aborts = [a for a in acts if isinstance(a, Send) and a.header.kind is MsgKind.ABORT]
+    assert [a.peer for a in aborts] == [0] and b"expects 16 bytes" in aborts[0].data
+
+
+# -- timeouts and lost peers -----------------------------------------------------------
+
+def test_timeout_names_rank_collective_and_step():
+    P = 3
+    w = World(P, EngineConfig(op_timeout_s=2.0))
+    s = ring(P=P, count=6)
+    for r in (0, 1):                # rank 2 never posts
+        w.post(r, s, np.zeros(6, np.float32), np.zeros(18, np.float32))
+    w.posted.add((2, 0))            # so run() waits for it too ...
+    w.dead.add(2)                   # ... but it never acts
+    w.run(max_time_s=10.0)
+    for r in (0, 1):
+        err = w.errors[(r, 0)]
+        assert isinstance(err, CollectiveTimeout)
+        assert f"rank {r}: allgather ring" in str(err)
+    assert "step" in str(w.errors[(1, 0)]) and "from rank 0" in str(w.errors[(1, 0)]) or \
+        "aborted by rank" in str(w.errors[(1, 0)])
+    assert w.engines[0].stats.timeouts + w.engines[1].stats.timeouts >= 1
+    assert w.now < 3.0
+
+
+def test_peer_lost_fails_requests_that_need_it():
+    P = 4
+    w = World(P)
+    s = ring(P=P, count=6)
+    w.post_call(s, ranks=[0, 1, 2])
+    w.posted.add((3, 0))
+    w.kill(3)
+    w.run(max_time_s=1.0)
+    for r in range(3):
+        err = w.errors[(r, 0)]
+        assert isinstance(err, PeerLost) and err.rank == 3, err
+    # a later call that needs the dead rank fails at once
+    w.post(0, s, np.zeros(6, np.float32), np.zeros(24, np.float32), req=5)
+    assert isinstance(w.errors[(0, 5)], PeerLost)
+
+
+def test_send_done_completes_send_steps():
+    s = send_recv()
+    e = Engine(0, 2)
+    acts = e.post(0, s, 4, 0.0)
+    send = next(a for a in acts if isinstance(a, Send))
+    assert e.busy
+    done = e.on_send_done(send.token, 0.1)
+    assert [type(a) for a in done if isinstance(a, Complete)] == [Complete]
+    assert not e.busy and e.stats.completed == 1
+    assert e.on_send_done(send.token, 0.2) == []          # unknown token: ignored
