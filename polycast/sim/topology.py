@@ -85,6 +85,8 @@ class Topology:
     nranks: int
     description: str
     switch_latency_s: float
+    ranks_per_host: int = 1
+    host_link_bw: float = 0.0                               # bytes/s of one host link
     # nodes
     node_kind: list[str] = field(default_factory=list)     # "rank", "host", "switch"
     node_name: list[str] = field(default_factory=list)
@@ -277,6 +279,7 @@ def _hosts(topo: Topology, nranks: int, ranks_per_host: int, nvlink, nvlink_late
     the node that attaches each host to the network."""
     for r in range(nranks):
         topo.add_node("rank", f"rank{r}")
+    topo.ranks_per_host = ranks_per_host
     if ranks_per_host == 1:
         return list(range(nranks))
     bw = _bytes_per_s(nvlink)
@@ -299,6 +302,7 @@ def _check_common(nranks: int, ranks_per_host: int, nics: int) -> None:
 
 
 def _attach(topo: Topology, host: int, switch: int, bw: float, lat: float, nics: int) -> None:
+    topo.host_link_bw = bw
     # A host with several NICs (only when several ranks share it) has parallel links.
     for _ in range(nics if host >= topo.nranks else 1):
         topo.connect(host, switch, bw, lat, "host-leaf")

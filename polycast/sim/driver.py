@@ -1,0 +1,402 @@
+"""The simulator's driver: an event clock running one real :class:`~polycast.engine.engine.Engine`
+per rank on the modelled network (:mod:`polycast.sim.network`).
+
+The engines are the runtime's engines, unchanged; the simulator only carries out their
+actions in simulated time:
+
+* ``Send`` -> a flow on the ECMP route, in FIFO order per (sender, peer) channel as the
+  reliable channel (TCP/shm) is ordered; ``on_send_done`` when its last byte left,
+  ``on_message`` one path latency later (no payload: sizes come from the header).
+* ``Multicast`` -> a flow on the root's replication tree, in FIFO order per root (the NIC
+  sends datagrams in order) and not before the engine's pacing time ``not_before``;
+  ``on_datagram_header`` at every other rank one path latency after it drained, unless the
+  seeded loss model drops it for that receiver (the engine's recovery protocol then runs
+  for real). Lost bytes are counted so tests can check the recovery moved exactly them.
+* ``SetTimer``/``CancelTimer`` -> timer events; ``Deliver``/``Copy`` -> nothing (no buffers);
+  ``Complete`` -> the rank's completion time; ``Fail`` -> :class:`SimulationError`.
+* Algorithms registered with ``innet=True`` (SHARP-like in-network reduction): the data
+  messages of one (destination, tag) from every sender are combined by the switches into
+  one flow on the reverse multicast tree of the destination, started once every sender has
+  handed its message over; each link carries the block once. The destination's engine
+  still gets one message per sender (all at once), as the switch delivers the reduction.
+
+Events at one timestamp are processed as a batch and the network rates recomputed once.
+Every run is bounded by an event count and a simulated-time limit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..engine import actions as A
+from ..engine.wire import MsgKind
+from ..errors import PolycastError
+from .network import Network, same_time_bound
+
+# event kinds
+_MSG, _DGRAM, _SENDDONE, _TIMER, _KICK, _POST = range(6)
+
+
+class SimulationError(PolycastError):
+    """The simulation could not finish: a request failed, or a bound was exceeded."""
+
+
+@dataclass
+class SimConfig:
+    loss: float = 0.0                  # probability a datagram is lost at one receiver
+    seed: int = 0
+    max_events: int = 50_000_000
+    max_time_s: float = 3600.0         # simulated seconds
+    record: bool = False               # keep per-message timelines and flow records
+    engine: dict = field(default_factory=dict)   # EngineConfig overrides
+
+
+@dataclass
+class Interval:
+    """One message as a rank saw it (recorded when ``SimConfig.record``)."""
+    kind: str            # "send", "mcast", "recv", "mrecv"
+    start: float
+    end: float
+    peer: int            # the other rank (-1: the multicast group)
+    nbytes: int
+
+
+@dataclass
+class RankTimeline:
+    posted: dict[int, float] = field(default_factory=dict)      # req -> time
+    completed: dict[int, float] = field(default_factory=dict)   # req -> time
+    intervals: list[Interval] = field(default_factory=list)
+
+
+def default_engine_config(**overrides):
+    """The engine configuration the simulator uses: datagrams as large as a whole block
+    (the flow model needs no fragmentation; loss is then per large datagram), no pacing
+    below the link rate unless asked, and timeouts far beyond any simulated run."""
+    from ..engine.engine import EngineConfig
+    # The engine caps mtu_nbytes at a UDP payload (65000): the largest it allows. The
+    # driver coalesces a stream's back-to-back datagrams into one flow anyway.
+    base = {"mtu_nbytes": 65000, "op_timeout_s": 600.0, "max_early_nbytes": 1 << 50}
+    base.update(overrides)
+    return EngineConfig(**base)
+
+
+class Simulation:
+    """One engine per rank on a :class:`~polycast.sim.topology.Topology`.
+
+    ``post(schedule, itemsize, at=0.0)`` queues a collective on every rank; ``run()``
+    advances the clock until every posted request completed on every rank."""
+
+    def __init__(self, topology, config: SimConfig | None = None) -> None:
+        from ..engine.engine import Engine
+        self.topo = topology
+        self.cfg = config or SimConfig()
+        self.P = topology.nranks
+        ecfg = default_engine_config(**self.cfg.engine)
+        self.engines = [Engine(r, self.P, config=ecfg) for r in range(self.P)]
+        self.net = Network(topology, record=self.cfg.record)
+        self.rng = np.random.default_rng(self.cfg.seed)
+        self.now = 0.0
+        self.events = 0
+        self._heap: list[tuple] = []
+        self._seq = 0
+        self._channels: dict[tuple[int, int], deque] = {}   # (src, dst|-1) -> pending
+        self._busy: set[tuple[int, int]] = set()
+        self._timers: dict[tuple[int, int], float] = {}
+        self._reqs: list[tuple] = []             # req -> (schedule, itemsize, at)
+        self._innet: dict[int, dict] = {}        # req -> {(dst, tag): senders expected}
+        self._combine: dict[tuple, list] = {}    # innet: (dst, seq, tag) -> waiting sends
+        self._pending = 0                        # (rank, req) pairs not yet complete
+        self.timelines = [RankTimeline() for _ in range(self.P)]
+        self.lost_datagrams = 0                  # data datagrams lost (x receivers)
+        self.lost_eos = 0                        # end-of-stream datagrams lost
+        self.lost_nbytes = 0                     # payload bytes lost, summed over receivers
+        self._seq_req: dict[int, int] = {}       # engine sequence number -> request
+        self.datagrams = 0
+        self.on_complete = None                  # optional hook(req, rank, now)
+        self._tree_groups: dict[int, list] = {}
+
+    # -- public ----------------------------------------------------------------------
+    def post(self, schedule, itemsize: int, at: float = 0.0) -> int:
+        if schedule.nranks != self.P:
+            raise SimulationError(f"schedule for {schedule.nranks} ranks on a topology of "
+                                  f"{self.P}")
+        req = len(self._reqs)
+        self._reqs.append((schedule, itemsize, at))
+        from ..algorithms import get
+        if get(schedule.collective, schedule.algorithm).innet:
+            self._innet[req] = _innet_groups(schedule)
+        for r in range(self.P):
+            self._push(at, _POST, r, req, None)
+        self._pending += self.P
+        return req
+
+    def run(self) -> None:
+        cfg, net, heap = self.cfg, self.net, self._heap
+        while self._pending:
+            t_ev = heap[0][0] if heap else math.inf
+            t = min(t_ev, net.next_time())
+            if t == math.inf:
+                raise SimulationError(
+                    f"deadlock: {self._pending} (rank, request) pairs incomplete at "
+                    f"t={self.now:.6g}s with nothing in flight "
+                    f"(ranks waiting: {self._incomplete_ranks()})")
+            if t > cfg.max_time_s:
+                raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
+                                      f"with {self._pending} (rank, request) pairs incomplete")
+            self.now = t
+            bound = same_time_bound(t)
+            for f in net.pop_drained(bound):
+                self._drained(f)
+            while heap and heap[0][0] <= bound:
+                ev = heapq.heappop(heap)
+                self._event(ev)
+            net.settle(t)
+            if self.events > cfg.max_events:
+                raise SimulationError(f"more than {cfg.max_events} events; raise "
+                                      "SimConfig.max_events for a bigger run")
+
+    def completion_time(self, req: int) -> float:
+        """When the last rank completed ``req``."""
+        return max(tl.completed[req] for tl in self.timelines)
+
+    def engine_stats(self) -> dict:
+        """The engines' stats, summed over ranks (numeric fields)."""
+        out: dict = {}
+        for e in self.engines:
+            st = e.stats
+            items = st.items() if isinstance(st, dict) else vars(st).items()
+            for k, v in items:
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[k] = out.get(k, 0) + v
+        return out
+
+    # -- internals -------------------------------------------------------------------
+    def _push(self, t: float, kind: int, a, b, c) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, a, b, c))
+
+    def _incomplete_ranks(self) -> str:
+        out = [r for r, tl in enumerate(self.timelines) if len(tl.completed) < len(self._reqs)]
+        return ", ".join(map(str, out[:16])) + (" ..." if len(out) > 16 else "")
+
+    def _event(self, ev) -> None:
+        self.events += 1
+        t, _, kind, a, b, c = ev
+        if kind == _MSG:                       # a: dst, b: src, c: header
+            self._do(a, self.engines[a].on_message(b, c, None, t))
+        elif kind == _DGRAM:                   # a: receivers, b: headers, c: kept mask
+            engines = self.engines
+            if c is None:
+                for r in a:
+                    eng = engines[r]
+                    for h in b:
+                        self._do(r, eng.on_datagram_header(h, None, t))
+            else:
+                for i, r in enumerate(a):
+                    eng = engines[r]
+                    for j, h in enumerate(b):
+                        if c[j, i]:
+                            self._do(r, eng.on_datagram_header(h, None, t))
+        elif kind == _SENDDONE:                # a: rank, b: token
+            self._do(a, self.engines[a].on_send_done(b, t))
+        elif kind == _TIMER:                   # a: rank, b: timer id, c: deadline
+            if self._timers.get((a, b)) == c:
+                del self._timers[(a, b)]
+                self._do(a, self.engines[a].on_timer(b, t))
+        elif kind == _KICK:                    # a: channel key (not_before passed)
+            self._busy.discard(a)
+            self._start_next(a)
+        elif kind == _POST:                    # a: rank, b: req
+            sched, itemsize, _ = self._reqs[b]
+            self.timelines[a].posted[b] = t
+            seq = self.engines[a].next_seq & 0xFFFFFFFF
+            if self._seq_req.setdefault(seq, b) != b:
+                raise SimulationError(f"rank {a} numbered request {b} as seq {seq}, which "
+                                      f"another rank gave request {self._seq_req[seq]}")
+            self._do(a, self.engines[a].post(b, sched, itemsize, t))
+
+    def _do(self, rank: int, actions) -> None:
+        for act in actions:
+            tp = type(act)
+            if tp is A.Send:
+                self._enqueue((rank, act.peer), act)
+            elif tp is A.Multicast:
+                self._enqueue((rank, -1), act)
+            elif tp is A.SetTimer:
+                self._timers[(rank, act.timer)] = act.deadline
+                self._push(max(act.deadline, self.now), _TIMER, rank, act.timer, act.deadline)
+            elif tp is A.CancelTimer:
+                self._timers.pop((rank, act.timer), None)
+            elif tp is A.Complete:
+                tl = self.timelines[rank]
+                if act.req not in tl.completed:
+                    tl.completed[act.req] = self.now
+                    self._pending -= 1
+                    if self.on_complete is not None:
+                        self.on_complete(act.req, rank, self.now)
+            elif tp is A.Fail:
+                raise SimulationError(f"rank {rank} failed request {act.req} at "
+                                      f"t={self.now:.6g}s: {act.error}") from act.error
+            # Deliver / Copy: no buffers in the simulator.
+
+    # channels: FIFO per (src, peer) for Sends, per root (peer -1) for datagrams
+    def _enqueue(self, key, act) -> None:
+        q = self._channels.get(key)
+        if q is None:
+            q = self._channels[key] = deque()
+        q.append(act)
+        if key not in self._busy:
+            self._start_next(key)
+
+    def _start_next(self, key) -> None:
+        q = self._channels.get(key)
+        now = self.now
+        src = key[0]
+        while q:
+            act = q[0]
+            if type(act) is A.Multicast and act.not_before > now:
+                self._busy.add(key)
+                self._push(act.not_before, _KICK, key, None, None)
+                return
+            q.popleft()
+            hdr = act.header
+            nbytes = hdr.payload_nbytes
+            if type(act) is A.Send:
+                if nbytes and self._innet and self._combine_send(src, act, nbytes):
+                    self._busy.add(key)
+                    return
+                links, lat = self.topo.route(src, act.peer)
+                if nbytes:
+                    self.net.add_flow(links, nbytes, now, ("send", key, act, lat))
+                    self._busy.add(key)
+                    return
+                self._send_drained(key, act, lat, now, now)
+                continue
+            # Multicast: the datagrams of one stream queued back to back (no pacing) go
+            # as one flow on the tree; each is still delivered (or lost) on its own.
+            acts = [act]
+            if hdr.kind is MsgKind.MCAST_DATA:
+                while q:
+                    nxt = q[0]
+                    h2 = nxt.header
+                    if (type(nxt) is not A.Multicast or h2.kind is not MsgKind.MCAST_DATA
+                            or h2.seq != hdr.seq or h2.stream != hdr.stream
+                            or nxt.not_before > now):
+                        break
+                    acts.append(q.popleft())
+                    nbytes += h2.payload_nbytes
+            self.datagrams += len(acts)
+            if nbytes:
+                links, _ = self.topo.mcast_tree(src)
+                self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None))
+                self._busy.add(key)
+                return
+            self._mcast_drained(src, acts, now, now)
+        self._busy.discard(key)
+
+    def _drained(self, f) -> None:
+        what, key, act, extra = f.data
+        t = self.now
+        if what == "send":
+            self._send_drained(key, act, extra, f.start, t)
+        elif what == "mcast":                  # act: the coalesced datagrams
+            self._mcast_drained(key[0], act, f.start, t)
+        else:                                  # "innet": extra = list of (key, act)
+            self._innet_drained(act, extra, f.start, t)
+            return
+        self._busy.discard(key)
+        self._start_next(key)
+
+    def _send_drained(self, key, act, lat: float, start: float, t: float) -> None:
+        src, dst = key
+        self._push(t, _SENDDONE, src, act.token, None)
+        self._push(t + lat, _MSG, dst, src, act.header)
+        if self.cfg.record:
+            n = act.header.payload_nbytes
+            self.timelines[src].intervals.append(Interval("send", start, t, dst, n))
+            self.timelines[dst].intervals.append(Interval("recv", start, t + lat, src, n))
+
+    def _groups(self, root: int):
+        """Receivers of root's tree grouped by latency: [(latency, ranks array)]."""
+        g = self._tree_groups.get(root)
+        if g is None:
+            _, lat = self.topo.mcast_tree(root)
+            ranks = np.array([r for r in range(self.P) if r != root], dtype=np.int64)
+            lats = lat[ranks]
+            g = [(float(x), ranks[lats == x]) for x in np.unique(lats)]
+            self._tree_groups[root] = g
+        return g
+
+    def _mcast_drained(self, root: int, acts, start: float, t: float) -> None:
+        hdrs = [a.header for a in acts]
+        sizes = np.array([h.payload_nbytes for h in hdrs], dtype=np.int64)
+        data = np.array([h.kind is MsgKind.MCAST_DATA for h in hdrs])
+        loss = self.cfg.loss
+        for lat, ranks in self._groups(root):
+            keep = None
+            if loss > 0:
+                keep = self.rng.random((len(hdrs), len(ranks))) >= loss
+                lost = ~keep
+                nlost = int(lost.sum())
+                if nlost:
+                    per_dgram = lost.sum(axis=1)
+                    self.lost_datagrams += int(per_dgram[data].sum())
+                    self.lost_eos += int(per_dgram[~data].sum())
+                    self.lost_nbytes += int((per_dgram * sizes).sum())
+                else:
+                    keep = None
+            self._push(t + lat, _DGRAM, ranks.tolist(), hdrs, keep)
+        if self.cfg.record:
+            n = int(sizes.sum())
+            self.timelines[root].intervals.append(Interval("mcast", start, t, -1, n))
+            if n:
+                for lat, ranks in self._groups(root):
+                    for r in ranks.tolist():
+                        self.timelines[r].intervals.append(
+                            Interval("mrecv", start, t + lat, root, n))
+
+    # in-network reduction ---------------------------------------------------------------
+    def _combine_send(self, src: int, act, nbytes: int) -> bool:
+        hdr = act.header
+        groups = self._innet.get(self._seq_req.get(hdr.seq, -1))
+        if groups is not None and hdr.kind is MsgKind.DATA:
+            expected = groups.get((act.peer, hdr.tag), 0)
+            if expected < 2:
+                return False
+            gkey = (act.peer, hdr.seq, hdr.tag)
+            waiting = self._combine.setdefault(gkey, [])
+            waiting.append(((src, act.peer), act))
+            if len(waiting) == expected:
+                del self._combine[gkey]
+                dst = act.peer
+                links, lat = self.topo.mcast_tree(dst)
+                rev = links ^ 1                       # the reverse (aggregation) tree
+                self.net.add_flow(rev, nbytes, self.now,
+                                  ("innet", None, dst, (waiting, float(lat.max()))))
+            return True
+        return False
+
+    def _innet_drained(self, dst: int, extra, start: float, t: float) -> None:
+        waiting, lat = extra
+        for key, act in waiting:
+            self._send_drained(key, act, lat, start, t)
+        for key, _ in waiting:
+            self._busy.discard(key)
+            self._start_next(key)
+
+
+def _innet_groups(schedule) -> dict[tuple[int, int], int]:
+    """(destination, tag) -> number of senders of data messages with that tag to it."""
+    from ..schedule.ir import Kind
+    out: dict[tuple[int, int], int] = {}
+    for rank, prog in enumerate(schedule.programs):
+        for st in prog:
+            if st.kind is Kind.SEND and st.blocks:
+                out[(st.peer, st.tag)] = out.get((st.peer, st.tag), 0) + 1
+    return out

@@ -1,0 +1,142 @@
+"""One simulated collective call: schedule -> engines on a network -> :class:`SimResult`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from ..algorithms import build, get
+from ..collectives import Collective, parse_dtype
+from ..errors import InvalidArgument
+from ..units import parse_rate, parse_size
+from .driver import RankTimeline, SimConfig, Simulation
+from .topology import LAYERS, Topology, parse_topology
+
+DEFAULT_TOPOLOGY = "fattree:radix=32"
+
+
+@dataclass
+class SimResult:
+    collective: str
+    algorithm: str
+    nodes: int
+    nbytes: int                      # nccl-tests' S (total size), after rounding to elements
+    time_s: float                    # last rank's completion
+    algbw: float                     # GB/s (1e9 bytes/s): nbytes / time_s
+    busbw: float                     # GB/s: algbw x the collective's bus factor
+    link_bytes: int                  # over every link direction
+    link_bytes_by_layer: dict[str, int]
+    topology: str
+    link_gbps: float                 # host link rate, Gbit/s
+    loss: float
+    seed: int
+    datagrams: int                   # datagrams sent (all roots)
+    lost_datagrams: int              # data datagram receptions dropped by the loss model
+    lost_nbytes: int                 # their payload bytes
+    recovered_nbytes: int            # multicast bytes the engines recovered (engine stats)
+    events: int
+    flows: int
+    wall_s: float
+    engine_stats: dict = field(default_factory=dict)
+    rank_times_s: list[float] = field(default_factory=list)   # completion per rank
+    timelines: list[RankTimeline] = field(default_factory=list, repr=False)
+    simulation: Simulation | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_json(self, full: bool = False) -> dict:
+        """The JSON object ``polycast sim --json`` prints (``full``: per-rank times too)."""
+        out = {k: v for k, v in asdict(self).items()
+               if k not in ("timelines", "simulation", "rank_times_s")}
+        out["events_per_s"] = self.events_per_s
+        if full:
+            out["rank_times_s"] = list(self.rank_times_s)
+        return out
+
+
+def resolve_topology(topology: Topology | str | None, nodes: int, link=None) -> Topology:
+    if isinstance(topology, Topology):
+        if topology.nranks != nodes:
+            raise InvalidArgument(f"topology has {topology.nranks} ranks, asked for {nodes}")
+        return topology
+    return parse_topology(topology or DEFAULT_TOPOLOGY, nodes, link=link)
+
+
+def count_for(collective: Collective, nodes: int, nbytes: int, itemsize: int) -> int:
+    """Elements per call whose total size is nbytes, rounded down to whole elements per
+    rank (at least one when nbytes > 0): simulations accept any size."""
+    unit = collective.total_elements(nodes, 1) * itemsize
+    if collective is Collective.BARRIER or nbytes == 0:
+        return 0
+    return max(1, nbytes // unit)
+
+
+def algorithm_options(collective: Collective, algorithm: str, topo: Topology,
+                      options: dict | None) -> dict:
+    opts = dict(options or {})
+    algo = get(collective, algorithm)
+    if algo.hierarchical and "hosts" not in opts and "ranks_per_host" not in opts:
+        rph = topo.ranks_per_host
+        if topo.nranks % rph == 0:
+            opts.update(hosts=topo.nranks // rph, ranks_per_host=rph)
+    return opts
+
+
+def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int | str,
+             topology: Topology | str | None = None, link=None, *, dtype: str = "float32",
+             root: int = 0, nchunks: int = 1, channels: int = 1, options: dict | None = None,
+             loss: float = 0.0, seed: int = 0, record: bool = False,
+             engine: dict | None = None, max_events: int = 50_000_000) -> SimResult:
+    """Simulate one call of ``collective`` with ``algorithm`` on ``nodes`` ranks.
+
+    ``size`` is nccl-tests' S (total bytes: for allgather the gathered buffer). ``topology``
+    is a :class:`Topology` or a ``--topology`` string (default a radix-32 fat tree), ``link``
+    the host link rate (default 400Gbps). ``loss`` drops each datagram at each receiver with
+    that probability (seeded). ``record`` keeps per-message timelines (traces, plots)."""
+    coll = Collective.parse(collective)
+    if not 0 <= loss < 1:
+        raise InvalidArgument(f"loss must be a probability in [0, 1), got {loss!r}")
+    nbytes = parse_size(size)
+    itemsize = parse_dtype(dtype).itemsize
+    topo = resolve_topology(topology, nodes, link)
+    count = count_for(coll, nodes, nbytes, itemsize)
+    opts = algorithm_options(coll, algorithm, topo, options)
+    sched = build(coll, algorithm, nodes, count, root=root, nchunks=nchunks,
+                  channels=channels, **opts)
+    eng = {"line_rate_gbps": float(topo.bandwidth.min() * 8 / 1e9)}
+    eng.update(engine or {})
+    cfg = SimConfig(loss=loss, seed=seed, record=record, engine=eng, max_events=max_events)
+    wall = time.perf_counter()
+    sim = Simulation(topo, cfg)
+    req = sim.post(sched, itemsize)
+    sim.run()
+    wall = time.perf_counter() - wall
+    return make_result(sim, [req], coll, algorithm, coll.total_elements(nodes, count) * itemsize,
+                       wall)
+
+
+def make_result(sim: Simulation, reqs: list[int], coll: Collective, algorithm: str,
+                nbytes: int, wall_s: float) -> SimResult:
+    topo = sim.topo
+    P = topo.nranks
+    t = max(sim.completion_time(r) for r in reqs)
+    rank_times = [max(tl.completed[r] for r in reqs) for tl in sim.timelines]
+    algbw = nbytes / t / 1e9 if t > 0 else 0.0
+    lb = sim.net.link_bytes
+    by_layer = {}
+    for i, name in enumerate(LAYERS):
+        mask = topo.layer_index == i
+        if mask.any():
+            by_layer[name] = int(round(lb[mask].sum()))
+    stats = sim.engine_stats()
+    return SimResult(
+        collective=str(coll), algorithm=algorithm, nodes=P, nbytes=nbytes, time_s=t,
+        algbw=algbw, busbw=algbw * coll.busbw_factor(P), link_bytes=int(round(lb.sum())),
+        link_bytes_by_layer=by_layer, topology=topo.description,
+        link_gbps=float(topo.host_link_bw * 8 / 1e9), loss=sim.cfg.loss, seed=sim.cfg.seed,
+        datagrams=sim.datagrams, lost_datagrams=sim.lost_datagrams,
+        lost_nbytes=sim.lost_nbytes, recovered_nbytes=int(stats.get("recovered_bytes", 0)),
+        events=sim.events, flows=sim.net.flows_started, wall_s=wall_s, engine_stats=stats,
+        rank_times_s=rank_times, timelines=sim.timelines, simulation=sim)
