@@ -137,9 +137,9 @@ class StoreServer:
     def _handle(self, conn: socket.socket, op: int, key: str, value: bytes) -> None:
         if op == OP_SET:
             self._data[key] = value
-            self._reply(conn, ST_OK, key, b"")
             for waiter in self._waiters.pop(key, []):
                 self._reply(waiter, ST_OK, key, value)
+            self._reply(conn, ST_OK, key, b"")
         elif op == OP_GET:
             if key in self._data:
                 self._reply(conn, ST_OK, key, self._data[key])

@@ -1,0 +1,585 @@
+"""The progress thread: the runtime's driver of the sans-I/O engine.
+
+One thread per process owns every engine (one per communicator), every socket, ring and
+timer. User threads never touch them: they register their arrays, hand a command to the
+thread through a queue (waking it with a socketpair) and wait on the request's event, with
+a bound. The thread turns engine actions into I/O (Send -> TCP or shm frame, Multicast ->
+UDP datagram, Deliver/Copy -> :class:`polycast.memory.Buffers`), and I/O back into engine
+events. Many requests, on many communicators, progress at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import os
+import selectors
+import socket
+import threading
+import time
+import warnings
+
+from ..engine import wire
+from ..engine.actions import (CancelTimer, Complete, Copy, Deliver, Fail, Multicast, Send,
+                              SetTimer)
+from ..engine.engine import Engine, EngineConfig
+from ..errors import CollectiveTimeout, PeerLost, PolycastError
+from ..memory import Buffers
+from .frames import KIND_BYE, KIND_DOORBELL, control_frame, is_driver_kind
+from .mcast import MulticastUnavailable, open_group
+from .tcp import LinkClosed
+from .world import World
+
+IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost doorbells)
+
+
+class Request:
+    """A posted collective. ``Wait`` / ``Test`` as mpi4py; see :mod:`polycast.comm`."""
+
+    __slots__ = ("req", "comm", "desc", "_event", "error", "timeout_seconds", "on_done",
+                 "result")
+
+    def __init__(self, req: int, comm: int, desc: str, timeout_seconds: float) -> None:
+        self.req, self.comm, self.desc = req, comm, desc
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+        self.timeout_seconds = timeout_seconds
+        self.on_done = None          # called with the request in the waiting thread
+        self.result = None
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self._event.set()
+
+    def Test(self) -> bool:
+        """True once done (raises the request's error if it failed)."""
+        if not self._event.is_set():
+            return False
+        self._finalize()
+        return True
+
+    def Wait(self, timeout: float | None = None):
+        """Wait for completion, at most ``timeout`` seconds (default: the communicator's
+        timeout plus a margin; the engine itself fails requests after that timeout)."""
+        bound = timeout if timeout is not None else self.timeout_seconds + 5.0
+        if not self._event.wait(bound):
+            raise CollectiveTimeout(f"{self.desc}: not complete after {bound:g} s")
+        self._finalize()
+        return self.result
+
+    def _finalize(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.on_done is not None:
+            fn, self.on_done = self.on_done, None
+            self.result = fn()
+
+    @staticmethod
+    def Waitall(requests, timeout: float | None = None) -> list:
+        """Wait for every request (in order); the first error is raised after all ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = None
+        results = []
+        for r in requests:
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                results.append(r.Wait(left))
+            except PolycastError as exc:
+                results.append(None)
+                first = first or exc
+        if first is not None:
+            raise first
+        return results
+
+    @staticmethod
+    def Testall(requests) -> bool:
+        return all(r.Test() for r in requests)
+
+
+class _CommState:
+    __slots__ = ("id", "engine", "members", "local_of", "mcast", "group", "mcast_error",
+                 "dgram_out")
+
+    def __init__(self, comm_id: int, engine: Engine, members: list[int]) -> None:
+        self.id, self.engine, self.members = comm_id, engine, members
+        self.local_of = {w: i for i, w in enumerate(members)}
+        self.mcast = None
+        self.group = None
+        self.mcast_error: str | None = None
+        self.dgram_out: collections.deque = collections.deque()
+
+
+class Driver:
+    """Owns the engines and the I/O of one process; runs the progress thread."""
+
+    def __init__(self, world: World, config: EngineConfig | None = None) -> None:
+        self.world = world
+        self.rank = world.rank
+        self.config = config or EngineConfig(op_timeout_s=world.timeout_seconds)
+        self.secret = self.config.secret
+        self.buffers = Buffers()
+        self._comms: dict[int, _CommState] = {}
+        self._requests: dict[int, Request] = {}
+        self._orphans: dict[int, list] = {}         # comm id -> held messages (comm not made yet)
+        self._timers: dict[tuple[int, int], float] = {}
+        self._timer_heap: list = []
+        self._paced: list = []                       # (not_before, n, comm id, datagram)
+        self._counter = itertools.count()
+        self._req_ids = itertools.count(1)
+        self._cmds: collections.deque = collections.deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._lost: dict[int, str] = {}
+        self._dirty: set[int] = set()                # peers with queued output
+        self._want_bell: set[int] = set()
+        self._rings_in = [(p.rank, p.ring_in) for p in world.peers.values() if p.ring_in]
+        for p in world.peers.values():
+            self._sel.register(p.tcp.sock, selectors.EVENT_READ, ("peer", p.rank))
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="polycast-progress",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- called from user threads -----------------------------------------------------------
+    def call(self, fn, *args) -> None:
+        """Run ``fn(*args)`` on the progress thread."""
+        if self.error is not None:
+            raise PolycastError(f"the progress thread died: {self.error!r}")
+        self._cmds.append((fn, args))
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, InterruptedError):
+            pass            # already plenty of wake-ups pending
+
+    def call_sync(self, fn, *args, timeout: float = 30.0):
+        box: list = []
+        done = threading.Event()
+
+        def run():
+            try:
+                box.append((True, fn(*args)))
+            except BaseException as exc:          # handed back to the caller
+                box.append((False, exc))
+            done.set()
+        self.call(run)
+        if not done.wait(timeout):
+            raise CollectiveTimeout(f"progress thread did not answer within {timeout:g} s")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def new_request_id(self) -> int:
+        return next(self._req_ids)
+
+    def add_comm(self, comm_id: int, members: list[int], want_mcast: bool = True) -> str | None:
+        """Create the engine of a communicator (and join its multicast group). Returns why
+        multicast is unavailable, or None."""
+        return self.call_sync(self._add_comm, comm_id, members, want_mcast)
+
+    def free_comm(self, comm_id: int) -> None:
+        self.call(self._free_comm, comm_id)
+
+    def post(self, comm_id: int, request: Request, schedule, itemsize: int, dtype: str,
+             op: str) -> None:
+        self._requests[request.req] = request
+        self.call(self._post, comm_id, request, schedule, itemsize, dtype, op)
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self._stopping or not self._thread.is_alive():
+            return
+        try:
+            self.call_sync(self._say_bye, timeout=timeout)
+        except PolycastError:
+            pass
+        self._stopping = True
+        self.call(lambda: None)
+        self._thread.join(timeout)
+
+    # -- progress thread: commands ----------------------------------------------------------
+    def _add_comm(self, comm_id: int, members: list[int], want_mcast: bool) -> str | None:
+        if comm_id in self._comms:
+            raise PolycastError(f"communicator id {comm_id} already exists")
+        engine = Engine(members.index(self.rank), len(members), comm_id, self.config)
+        cs = _CommState(comm_id, engine, members)
+        self._comms[comm_id] = cs
+        if want_mcast and len(members) > 1:
+            try:
+                cs.mcast, cs.group = open_group(self.world.job_id, comm_id,
+                                                self.world.single_host)
+                self._sel.register(cs.mcast, selectors.EVENT_READ, ("mcast", comm_id))
+            except MulticastUnavailable as exc:
+                cs.mcast_error = str(exc)
+        for w in members:
+            if w in self._lost:
+                self._run(cs, engine.on_peer_lost(cs.local_of[w], time.monotonic(),
+                                                  self._lost[w]))
+        for src, header, payload in self._orphans.pop(comm_id, []):
+            self._run(cs, engine.on_message(cs.local_of[src], header, payload,
+                                            time.monotonic()))
+        return cs.mcast_error
+
+    def _free_comm(self, comm_id: int) -> None:
+        cs = self._comms.pop(comm_id, None)
+        if cs is not None and cs.mcast is not None:
+            self._sel.unregister(cs.mcast)
+            cs.mcast.close()
+
+    def _post(self, comm_id: int, request: Request, schedule, itemsize, dtype, op) -> None:
+        cs = self._comms.get(comm_id)
+        if cs is None:
+            self._fail_request(request.req, PolycastError(
+                f"{request.desc}: communicator {comm_id} was freed"))
+            return
+        try:
+            actions = cs.engine.post(request.req, schedule, itemsize, time.monotonic(),
+                                     dtype=dtype, op=op)
+        except PolycastError as exc:
+            self._fail_request(request.req, exc)
+            return
+        self._run(cs, actions)
+
+    def _say_bye(self) -> None:
+        for peer in self.world.peers.values():
+            if peer.rank not in self._lost:
+                peer.tcp.enqueue(KIND_BYE, b"", [], 0, None)
+                self._dirty.add(peer.rank)
+        self._flush_all()
+
+    # -- progress thread: the loop ---------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:      # never die silently: fail everything outstanding
+            self.error = exc
+            for req in list(self._requests):
+                self._fail_request(req, PolycastError(
+                    f"the progress thread of rank {self.rank} died: {exc!r}"))
+            raise
+        finally:
+            self._shutdown()
+
+    def _loop(self) -> None:
+        sel = self._sel
+        while not self._stopping:
+            self._drain_commands()
+            busy = self._poll_rings()
+            now = time.monotonic()
+            self._fire_timers(now)
+            self._send_paced(now)
+            self._flush_all()
+            timeout = self._select_timeout(busy)
+            if timeout > 0:
+                for ring in self._rings_in:
+                    ring[1].set_sleeping(True)
+                if any(r.pending_input() for _, r in self._rings_in):
+                    timeout = 0
+            events = sel.select(timeout)
+            if timeout > 0:
+                for ring in self._rings_in:
+                    ring[1].set_sleeping(False)
+            for key, mask in events:
+                kind, arg = key.data
+                if kind == "peer":
+                    if mask & selectors.EVENT_READ:
+                        self._read_peer(arg)
+                    if mask & selectors.EVENT_WRITE:
+                        self._dirty.add(arg)
+                elif kind == "mcast":
+                    if mask & selectors.EVENT_READ:
+                        self._read_mcast(arg)
+                    if mask & selectors.EVENT_WRITE:
+                        self._flush_dgrams(self._comms.get(arg))
+                elif kind == "wake":
+                    try:
+                        self._wake_r.recv(4096)
+                    except (BlockingIOError, InterruptedError):
+                        pass
+
+    def _select_timeout(self, busy: bool) -> float:
+        if busy or self._cmds:
+            return 0.0
+        t = IDLE_POLL_SECONDS if self._requests or self._rings_in else 1.0
+        now = time.monotonic()
+        if self._timer_heap:
+            t = min(t, max(0.0, self._timer_heap[0][0] - now))
+        if self._paced:
+            t = min(t, max(0.0, self._paced[0][0] - now))
+        return t
+
+    def _drain_commands(self) -> None:
+        while self._cmds:
+            fn, args = self._cmds.popleft()
+            fn(*args)
+
+    # -- executing actions -----------------------------------------------------------------
+    def _run(self, cs: _CommState, actions) -> None:
+        todo = collections.deque(actions)
+        bufs = self.buffers
+        while todo:
+            a = todo.popleft()
+            t = type(a)
+            if t is Deliver:
+                if a.region.req in bufs:
+                    bufs.deliver(a.region, a.payload, a.reduce)
+            elif t is Send:
+                self._send(cs, a)
+            elif t is Copy:
+                if a.src.req in bufs:
+                    bufs.copy(a.src, a.dst, a.reduce)
+            elif t is Multicast:
+                self._multicast(cs, a)
+            elif t is SetTimer:
+                self._timers[(cs.id, a.timer)] = a.deadline
+                heapq.heappush(self._timer_heap, (a.deadline, next(self._counter), cs.id,
+                                                  a.timer))
+            elif t is CancelTimer:
+                self._timers.pop((cs.id, a.timer), None)
+            elif t is Complete:
+                bufs.finalize(a.req)
+                bufs.unregister(a.req)
+                req = self._requests.pop(a.req, None)
+                if req is not None:
+                    req._finish()
+            elif t is Fail:
+                self._fail_request(a.req, a.error)
+
+    def _fail_request(self, req_id: int, error: BaseException) -> None:
+        self.buffers.unregister(req_id)
+        req = self._requests.pop(req_id, None)
+        if req is not None:
+            req._finish(error)
+
+    def _send(self, cs: _CommState, a: Send) -> None:
+        world_peer = cs.members[a.peer]
+        peer = self.world.peers[world_peer]
+        if a.payload is not None and a.payload.nbytes:
+            views = [self.buffers.gather(a.payload)] if a.payload.req in self.buffers else []
+            nbytes = a.payload.nbytes if views else 0
+        elif a.data:
+            views, nbytes = [a.data], len(a.data)
+        else:
+            views, nbytes = [], 0
+        hdr = a.header.pack(self.secret, views) if self.secret else a.header.pack()
+        token = (cs.id, a.token)
+        if world_peer in self._lost:
+            # The engine learns of the loss separately; the bytes have nowhere to go.
+            self._run(cs, cs.engine.on_send_done(a.token, time.monotonic()))
+            return
+        link = peer.ring_out if peer.ring_out is not None else peer.tcp
+        link.enqueue(len(hdr), hdr, views, nbytes, token)
+        self._dirty.add(world_peer)
+
+    def _flush_all(self) -> None:
+        while self._dirty or self._want_bell:
+            dirty, self._dirty = self._dirty, set()
+            for r in dirty:
+                self._flush_peer(r)
+            bells, self._want_bell = self._want_bell, set()
+            for r in bells:
+                peer = self.world.peers[r]
+                if r not in self._lost:
+                    peer.tcp.enqueue(KIND_DOORBELL, b"", [], 0, None)
+                    self._flush_peer(r)
+
+    def _flush_peer(self, r: int) -> None:
+        peer = self.world.peers[r]
+        if r in self._lost:
+            return
+        done = []
+        if peer.ring_out is not None and peer.ring_out.want_write:
+            toks, bell = peer.ring_out.flush()
+            done.extend(toks)
+            if bell:
+                peer.tcp.enqueue(KIND_DOORBELL, b"", [], 0, None)
+        if peer.tcp.want_write:
+            try:
+                done.extend(peer.tcp.flush())
+            except LinkClosed as exc:
+                self._peer_lost(r, str(exc))
+                return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.tcp.want_write else 0)
+        key = self._sel.get_key(peer.tcp.sock)
+        if key.events != events:
+            self._sel.modify(peer.tcp.sock, events, key.data)
+        now = time.monotonic()
+        for comm_id, token in done:
+            cs = self._comms.get(comm_id)
+            if cs is not None:
+                self._run(cs, cs.engine.on_send_done(token, now))
+
+    # -- input -------------------------------------------------------------------------------
+    def _poll_rings(self) -> bool:
+        got = False
+        for r, ring in self._rings_in:
+            if not ring.pending_input():
+                if ring.want_bell:
+                    ring.want_bell = False
+                    self._want_bell.add(r)
+                continue
+            frames: list = []
+            if ring.poll(frames):
+                self._want_bell.add(r)
+            for hdr_len, header, payload, _key in frames:
+                self._frame(r, hdr_len, header, payload)
+            frames.clear()
+            if ring.want_bell:
+                ring.want_bell = False
+                self._want_bell.add(r)
+            got = got or bool(frames) or ring.pending_input()
+            got = True
+        return got
+
+    def _read_peer(self, r: int) -> None:
+        peer = self.world.peers[r]
+        frames: list = []
+        try:
+            peer.tcp.read(frames)
+        except LinkClosed as exc:
+            for hdr_len, header, payload in frames:
+                self._frame(r, hdr_len, header, payload)
+            if peer.ring_in is not None:       # what the peer wrote before it left
+                self._poll_rings()
+            self._sel.unregister(peer.tcp.sock)
+            self._peer_lost(r, "rank finalized (orderly close)" if peer.tcp.bye
+                            else f"connection lost: {exc}")
+            return
+        for hdr_len, header, payload in frames:
+            self._frame(r, hdr_len, header, payload)
+
+    def _frame(self, src: int, hdr_len: int, header_bytes: bytes, payload) -> None:
+        if is_driver_kind(hdr_len):
+            if hdr_len == KIND_DOORBELL:
+                self._dirty.add(src)            # the peer freed ring space for us
+            elif hdr_len == KIND_BYE:
+                self.world.peers[src].tcp.bye = True
+            return
+        try:
+            header = wire.parse_header(header_bytes, self.secret)
+            if self.secret:
+                wire.verify_mac(header, payload if payload is not None else b"", self.secret)
+        except PolycastError:
+            return          # counted by nobody: a corrupt frame on a reliable link is a bug
+        cs = self._comms.get(header.comm)
+        if cs is None:
+            held = self._orphans.setdefault(header.comm, [])
+            if len(held) < 100000:
+                held.append((src, header, payload))
+            return
+        local = cs.local_of.get(src)
+        if local is None:
+            return
+        self._run(cs, cs.engine.on_message(local, header, payload, time.monotonic()))
+
+    def _read_mcast(self, comm_id: int) -> None:
+        cs = self._comms.get(comm_id)
+        if cs is None or cs.mcast is None:
+            return
+        eng = cs.engine
+        for _ in range(256):
+            try:
+                data = cs.mcast.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            self._run(cs, eng.on_datagram(data, time.monotonic()))
+
+    def _multicast(self, cs: _CommState, a: Multicast) -> None:
+        if cs.mcast is None:
+            return          # posting checked this; a datagram with no socket is just lost
+        views = [self.buffers.gather(a.payload)] if (
+            a.payload is not None and a.payload.req in self.buffers) else []
+        hdr = a.header.pack(self.secret, views) if self.secret else a.header.pack()
+        dgram = (hdr, views)
+        if a.not_before > time.monotonic() + 20e-6:
+            heapq.heappush(self._paced, (a.not_before, next(self._counter), cs.id, dgram))
+        else:
+            cs.dgram_out.append(dgram)
+            self._flush_dgrams(cs)
+
+    def _flush_dgrams(self, cs: _CommState | None) -> None:
+        if cs is None or cs.mcast is None:
+            return
+        q = cs.dgram_out
+        while q:
+            hdr, views = q[0]
+            try:
+                cs.mcast.sendmsg([hdr, *views], [], 0, cs.group)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                pass        # e.g. ENOBUFS: a lost datagram, the protocol recovers it
+            q.popleft()
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if q else 0)
+        key = self._sel.get_key(cs.mcast)
+        if key.events != events:
+            self._sel.modify(cs.mcast, events, key.data)
+
+    def _send_paced(self, now: float) -> None:
+        touched = set()
+        while self._paced and self._paced[0][0] <= now:
+            _, _, comm_id, dgram = heapq.heappop(self._paced)
+            cs = self._comms.get(comm_id)
+            if cs is not None:
+                cs.dgram_out.append(dgram)
+                touched.add(comm_id)
+        for comm_id in touched:
+            self._flush_dgrams(self._comms.get(comm_id))
+
+    def _fire_timers(self, now: float) -> None:
+        heap = self._timer_heap
+        while heap and heap[0][0] <= now:
+            deadline, _, comm_id, timer = heapq.heappop(heap)
+            if self._timers.get((comm_id, timer)) != deadline:
+                continue            # moved or cancelled
+            del self._timers[(comm_id, timer)]
+            cs = self._comms.get(comm_id)
+            if cs is not None:
+                self._run(cs, cs.engine.on_timer(timer, now))
+
+    def _peer_lost(self, r: int, reason: str) -> None:
+        if r in self._lost:
+            return
+        self._lost[r] = reason
+        now = time.monotonic()
+        for cs in list(self._comms.values()):
+            local = cs.local_of.get(r)
+            if local is not None:
+                self._run(cs, cs.engine.on_peer_lost(local, now, reason))
+
+    def _shutdown(self) -> None:
+        for cs in self._comms.values():
+            if cs.mcast is not None:
+                cs.mcast.close()
+        for peer in self.world.peers.values():
+            try:
+                peer.tcp.sock.close()
+            except OSError:
+                pass
+            for ring in (peer.ring_in, peer.ring_out):
+                if ring is not None:
+                    ring.close()
+        self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # -- introspection ---------------------------------------------------------------------
+    def transports(self) -> dict[int, str]:
+        return {r: p.transport for r, p in self.world.peers.items()}
+
+    def stats(self, comm_id: int = 0):
+        cs = self._comms.get(comm_id)
+        return None if cs is None else cs.engine.stats
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+__all__ = ["Driver", "Request", "os"]

@@ -1,0 +1,65 @@
+"""UDP multicast sockets for the multicast algorithms.
+
+The group address (in 239.255.0.0/16, the IPv4 organisation-local scope) and the port are
+derived from the job id and the communicator id, so two jobs or two communicators never
+share a group. On one host the group lives on the loopback interface with TTL 0 (nothing
+leaves the host) and IP_MULTICAST_LOOP on (the other ranks are local). On several hosts,
+POLYCAST_MCAST_IF names the interface address to use and the TTL is 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+
+from ..errors import PolycastError
+
+RCVBUF_NBYTES = 32 << 20
+SNDBUF_NBYTES = 4 << 20
+MAX_DATAGRAM_NBYTES = 65507
+
+
+class MulticastUnavailable(PolycastError):
+    """The multicast group cannot be set up on this host or network."""
+
+
+def group_for(job_id: str, comm_id: int) -> tuple[str, int]:
+    d = hashlib.blake2b(f"{job_id}/{comm_id}".encode(), digest_size=6).digest()
+    # Avoid .0 and .255 in the last byte (some stacks treat them oddly) and port < 20000.
+    addr = f"239.255.{d[0]}.{1 + d[1] % 254}"
+    port = 20000 + int.from_bytes(d[2:4], "big") % 40000
+    return addr, port
+
+
+def open_group(job_id: str, comm_id: int, single_host: bool,
+               interface: str | None = None) -> tuple[socket.socket, tuple[str, int]]:
+    """A non-blocking UDP socket joined to the communicator's group, ready to send to it."""
+    group, port = group_for(job_id, comm_id)
+    iface = interface or os.environ.get("POLYCAST_MCAST_IF") or \
+        ("127.0.0.1" if single_host else "0.0.0.0")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        for opt, size in ((socket.SO_RCVBUF, RCVBUF_NBYTES), (socket.SO_SNDBUF, SNDBUF_NBYTES)):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, size)
+            except OSError:
+                pass
+        # Binding to the group address filters out other groups on the same port.
+        sock.bind((group, port))
+        mreq = socket.inet_aton(group) + socket.inet_aton(iface)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
+        if iface != "0.0.0.0":
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(iface))
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0 if single_host else 1)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise MulticastUnavailable(
+            f"cannot join multicast group {group}:{port} on interface {iface}: {exc}; "
+            "set POLYCAST_MCAST_IF to a multicast-capable interface address") from None
+    return sock, (group, port)

@@ -1,0 +1,311 @@
+"""Single-producer single-consumer byte rings in shared memory, one per ordered pair of
+ranks on a host.
+
+A ring is a file in /dev/shm mapped by both processes (created by the reader, unlinked as
+soon as the writer has mapped it, so a crash leaks nothing). Frames are the same as on TCP
+(:mod:`polycast.runtime.frames`), padded to 16 bytes. The writer copies the payload
+straight from the user's array into the ring; the reader hands the engine a view *into the
+ring*, which Deliver copies or reduces straight into the destination array: one copy on
+each side, no kernel. A frame stays pinned until its payload has been delivered; when too
+much of the ring is held (messages that arrived before the collective was posted), the
+reader copies new frames out instead. A pinned frame still holds the ring's tail until it is
+delivered, so a writer may stall behind it (never unboundedly: the wait is the peer's own
+progress; two ranks each stalled behind the other's undelivered message would need both
+rings full, which the driver makes unlikely by cutting messages to <= 1/8 ring). A message
+bigger than a quarter of the ring travels in pieces and is reassembled.
+
+Wake-ups: the reader raises ``reader_sleeping`` before it blocks in ``select``; a writer
+that sees it sends a one-frame doorbell over the peer's TCP connection. The driver also
+bounds every ``select`` so a doorbell lost to a memory-ordering race costs milliseconds,
+never a hang.
+"""
+
+from __future__ import annotations
+
+import collections
+import mmap
+import os
+import weakref
+
+import numpy as np
+
+from .frames import (KIND_BASE, KIND_FRAG_FIRST, KIND_FRAG_MORE, PREFIX, PREFIX_NBYTES)
+
+KIND_WRAP = KIND_BASE + 10
+CTRL_NBYTES = 256
+HEAD, TAIL, READER_SLEEPING, WRITER_BLOCKED = 0, 8, 16, 24   # uint64 slots (x8 bytes)
+ALIGN = 16
+DEFAULT_RING_NBYTES = 8 << 20
+SHM_DIR = "/dev/shm"
+
+
+def _pad(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+def ring_path(job_id: str, src: int, dst: int) -> str:
+    return os.path.join(SHM_DIR, f"polycast-{job_id}-{src}-{dst}")
+
+
+def shm_available() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+class Ring:
+    """One mapped ring; ``create`` for the reader side, ``attach`` for the writer side."""
+
+    def __init__(self, path: str, capacity: int, create: bool) -> None:
+        if capacity & (capacity - 1) or capacity < 1 << 16:
+            raise ValueError(f"ring capacity must be a power of two >= 64 KiB, got {capacity}")
+        self.path, self.capacity = path, capacity
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, CTRL_NBYTES + capacity)
+            self._mm = mmap.mmap(fd, CTRL_NBYTES + capacity)
+        finally:
+            os.close(fd)
+        self.ctrl = np.ndarray((CTRL_NBYTES // 8,), np.uint64, self._mm, 0)
+        self.data = np.ndarray((capacity,), np.uint8, self._mm, CTRL_NBYTES)
+        self._buf = memoryview(self._mm)[CTRL_NBYTES:]
+        # reader state
+        self._handed: collections.deque = collections.deque()   # [end, released]
+        self.pinned_nbytes = 0
+        self._frag = None        # (hdr_len, header, array, filled)
+        self._read_pos = 0
+        self.want_bell = False     # a writer blocked on us needs a doorbell
+        # writer state
+        self._out: collections.deque = collections.deque()
+
+    @classmethod
+    def create(cls, path: str, capacity: int) -> "Ring":
+        return cls(path, capacity, True)
+
+    @classmethod
+    def attach(cls, path: str, capacity: int) -> "Ring":
+        return cls(path, capacity, False)
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        self.ctrl = self.data = None
+        self._buf.release()
+        try:
+            self._mm.close()
+        except BufferError:
+            pass    # a payload view is still alive somewhere; the mapping goes with it
+
+    # -- shared counters (aligned 8-byte loads and stores are atomic on x86-64/arm64) --
+    def _get(self, slot: int) -> int:
+        return int(self.ctrl[slot // 8])
+
+    def _set(self, slot: int, value: int) -> None:
+        self.ctrl[slot // 8] = value
+
+    @property
+    def max_piece(self) -> int:
+        return self.capacity // 4
+
+    # -- writer ---------------------------------------------------------------------------
+    @property
+    def want_write(self) -> bool:
+        return bool(self._out)
+
+    def enqueue(self, hdr_len: int, header: bytes, views: list, nbytes: int, token) -> None:
+        self._out.append([hdr_len, header, [memoryview(v).cast("B") for v in views if len(v)],
+                          nbytes, token, 0])
+
+    def flush(self) -> tuple[list, bool]:
+        """Copy queued frames into the ring while they fit. Returns (tokens of messages
+        fully written, whether the reader asked for a doorbell)."""
+        done, wrote = [], False
+        while self._out:
+            entry = self._out[0]
+            if not self._write_piece(entry):
+                self._set(WRITER_BLOCKED, 1)
+                # Re-check: the reader may have freed space before it saw the flag.
+                if not self._write_piece(entry):
+                    break
+                self._set(WRITER_BLOCKED, 0)
+            wrote = True
+            if entry[5] >= entry[3]:
+                self._out.popleft()
+                if entry[4] is not None:
+                    done.append(entry[4])
+        bell = wrote and self._get(READER_SLEEPING) != 0
+        return done, bell
+
+    def _reserve(self, frame_nbytes: int) -> int | None:
+        """Position for a frame of ``frame_nbytes`` (padded), writing a wrap marker if it
+        does not fit before the end; None if the ring lacks space."""
+        cap = self.capacity
+        head, tail = self._get(HEAD), self._get(TAIL)
+        pos = head % cap
+        skip = cap - pos if pos + frame_nbytes > cap else 0
+        if cap - (head - tail) < skip + frame_nbytes:
+            return None
+        if skip:
+            PREFIX.pack_into(self._buf, pos, KIND_WRAP, 0)
+            head += skip
+            self._set(HEAD, head)
+        return head
+
+    def _write_piece(self, entry) -> bool:
+        hdr_len, header, views, nbytes, _token, sent = entry
+        data = self.data
+        cap = self.capacity
+        if sent == 0 and nbytes + len(header) + PREFIX_NBYTES <= self.max_piece:
+            total = _pad(PREFIX_NBYTES + len(header) + nbytes)
+            head = self._reserve(total)
+            if head is None:
+                return False
+            pos = head % cap
+            PREFIX.pack_into(self._buf, pos, hdr_len, nbytes)
+            p = pos + PREFIX_NBYTES
+            if header:
+                self._buf[p:p + len(header)] = header
+                p += len(header)
+            for v in views:
+                n = len(v)
+                data[p:p + n] = np.frombuffer(v, np.uint8)
+                p += n
+            entry[5] = max(nbytes, 1)
+            self._set(HEAD, head + total)
+            return True
+        # Pieces: FIRST carries the inner prefix and the header, then payload slices.
+        first = sent == 0
+        extra = PREFIX_NBYTES + len(header) if first else 0
+        piece = min(nbytes - sent, self.max_piece - PREFIX_NBYTES - extra)
+        total = _pad(PREFIX_NBYTES + extra + piece)
+        head = self._reserve(total)
+        if head is None:
+            return False
+        pos = head % cap
+        PREFIX.pack_into(self._buf, pos, KIND_FRAG_FIRST if first else KIND_FRAG_MORE, piece)
+        p = pos + PREFIX_NBYTES
+        if first:
+            PREFIX.pack_into(self._buf, p, hdr_len, nbytes)
+            p += PREFIX_NBYTES
+            if header:
+                self._buf[p:p + len(header)] = header
+                p += len(header)
+        # Copy payload bytes [sent, sent+piece) out of the gather list.
+        skip, left = sent, piece
+        for v in views:
+            n = len(v)
+            if skip >= n:
+                skip -= n
+                continue
+            take = min(n - skip, left)
+            data[p:p + take] = np.frombuffer(v, np.uint8, take, skip)
+            p += take
+            left -= take
+            skip = 0
+            if not left:
+                break
+        entry[5] = sent + piece
+        self._set(HEAD, head + total)
+        return True
+
+    # -- reader ---------------------------------------------------------------------------
+    def poll(self, out: list, max_frames: int = 64) -> bool:
+        """Append ``(hdr_len, header, payload, key)`` per whole message to ``out``; ``key``
+        is not None when ``payload`` is a view into the ring that must be given back with
+        :meth:`release`. Returns whether the writer is blocked and wants a doorbell."""
+        cap = self.capacity
+        head = self._get(HEAD)
+        pos = self._read_pos
+        n = 0
+        while pos < head and n < max_frames:
+            at = pos % cap
+            hdr_len, plen = PREFIX.unpack_from(self._buf, at)
+            if hdr_len == KIND_WRAP:
+                pos += cap - at
+                self._handed.append([pos, True])
+                continue
+            if hdr_len in (KIND_FRAG_FIRST, KIND_FRAG_MORE):
+                p = at + PREFIX_NBYTES
+                if hdr_len == KIND_FRAG_FIRST:
+                    real, total = PREFIX.unpack_from(self._buf, p)
+                    p += PREFIX_NBYTES
+                    header = bytes(self._buf[p:p + real])
+                    p += real
+                    self._frag = (real, header, np.empty(total, np.uint8), 0)
+                    size = _pad(2 * PREFIX_NBYTES + real + plen)
+                else:
+                    size = _pad(PREFIX_NBYTES + plen)
+                real, header, arr, filled = self._frag
+                arr[filled:filled + plen] = self.data[p:p + plen]
+                filled += plen
+                pos += size
+                self._handed.append([pos, True])
+                if filled == len(arr):
+                    self._frag = None
+                    out.append((real, header, memoryview(arr), None))
+                    n += 1
+                else:
+                    self._frag = (real, header, arr, filled)
+                continue
+            hl = 0 if hdr_len >= KIND_BASE else hdr_len
+            p = at + PREFIX_NBYTES
+            header = bytes(self._buf[p:p + hl]) if hl else b""
+            p += hl
+            size = _pad(PREFIX_NBYTES + hl + plen)
+            pos += size
+            if plen == 0:
+                out.append((hdr_len, header, None, None))
+                self._handed.append([pos, True])
+            elif pos - self._get(TAIL) > cap // 2:
+                out.append((hdr_len, header, memoryview(self.data[p:p + plen].copy()), None))
+                self._handed.append([pos, True])
+            else:
+                key = [pos, False, size]
+                self._handed.append(key)
+                self.pinned_nbytes += size
+                view = self.data[p:p + plen]
+                # The frame goes back to the writer when the engine lets go of the view
+                # (delivered or dropped): the view's finalizer releases it.
+                weakref.finalize(view, self._on_view_freed, key)
+                out.append((hdr_len, header, view, key))
+            n += 1
+        self._read_pos = pos
+        return self._advance()
+
+    def _on_view_freed(self, key) -> None:
+        # Runs wherever the last reference dies (the progress thread); never raises.
+        try:
+            if self.ctrl is not None and self.release(key):
+                self.want_bell = True
+        except Exception:
+            pass
+
+    want_bell = False
+
+    def release(self, key) -> bool:
+        """Give back a payload view; returns whether the writer wants a doorbell."""
+        if not key[1]:
+            key[1] = True
+            self.pinned_nbytes -= key[2]
+        return self._advance()
+
+    def _advance(self) -> bool:
+        new_tail = None
+        while self._handed and self._handed[0][1]:
+            new_tail = self._handed.popleft()[0]
+        if new_tail is not None:
+            self._set(TAIL, new_tail)
+            if self._get(WRITER_BLOCKED):
+                self._set(WRITER_BLOCKED, 0)
+                return True
+        return False
+
+    def set_sleeping(self, sleeping: bool) -> None:
+        self._set(READER_SLEEPING, 1 if sleeping else 0)
+
+    def pending_input(self) -> bool:
+        return self._get(HEAD) > self._read_pos

@@ -1,0 +1,193 @@
+"""Bootstrap: from the environment to connected peers.
+
+1. The master rank serves the rendezvous store (:mod:`polycast.runtime.store`).
+2. Every rank listens on a TCP port and publishes ``host:port`` and its host id.
+3. Rank r connects to every lower rank and accepts every higher one (a hello frame names
+   the rank and job), so each pair has exactly one TCP connection.
+4. Peers on the same host (unless POLYCAST_TRANSPORT=tcp) also get a pair of shared-memory
+   rings; the TCP connection then only carries doorbells and detects a dead peer.
+5. A final store barrier; the master then closes the store (later communicators are made
+   with collectives, not the store).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+
+from ..errors import CollectiveTimeout, InvalidArgument, PolycastError
+from .env import JobEnv, host_id
+from .shm import DEFAULT_RING_NBYTES, Ring, ring_path, shm_available
+from .store import PortInUse, StoreClient, StoreServer
+from .tcp import TcpLink
+
+_HELLO = struct.Struct("!4sI16s")
+_MAGIC = b"PCst"
+TRANSPORTS = ("auto", "shm", "tcp")
+
+
+@dataclass
+class Peer:
+    rank: int
+    tcp: TcpLink
+    ring_in: Ring | None = None       # this peer -> us
+    ring_out: Ring | None = None      # us -> this peer
+    same_host: bool = False
+
+    @property
+    def transport(self) -> str:
+        return "shm" if self.ring_out is not None else "tcp"
+
+
+@dataclass
+class World:
+    rank: int
+    size: int
+    job_id: str
+    single_host: bool
+    timeout_seconds: float
+    peers: dict[int, Peer] = field(default_factory=dict)
+    local_rank: int = 0
+
+
+def _transport_choice(transport: str | None) -> str:
+    t = (transport or os.environ.get("POLYCAST_TRANSPORT") or "auto").lower()
+    if t not in TRANSPORTS:
+        raise InvalidArgument(f"POLYCAST_TRANSPORT={t!r}; valid choices: {', '.join(TRANSPORTS)}")
+    return t
+
+
+def _local_ip_towards(addr: str) -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((addr, 9))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def _barrier(store: StoreClient, name: str, size: int, timeout: float) -> None:
+    # The last to arrive releases the others and does not wait itself: the master may
+    # close the store as soon as it is through the final barrier.
+    if store.add(f"barrier/{name}", 1) == size:
+        store.set(f"barrier/{name}/done", b"1")
+    else:
+        store.wait(f"barrier/{name}/done", timeout)
+
+
+def _job_token(job_id: str) -> bytes:
+    return job_id.encode()[:16].ljust(16, b"\0")
+
+
+def connect(env: JobEnv, transport: str | None = None,
+            ring_nbytes: int | None = None) -> World:
+    """Rendezvous and connect every pair of ranks; bounded by ``env.timeout_seconds``."""
+    choice = _transport_choice(transport)
+    timeout = env.timeout_seconds
+    deadline = time.monotonic() + timeout
+    ring_nbytes = ring_nbytes or int(os.environ.get("POLYCAST_SHM_RING_NBYTES",
+                                                    DEFAULT_RING_NBYTES))
+    server = None
+    if env.rank == 0:
+        bind = env.master_addr if env.master_addr.startswith("127.") else "0.0.0.0"
+        server = StoreServer(bind, env.master_port)
+    listener = None
+    try:
+        store = StoreClient(env.master_addr, env.master_port, timeout)
+        if env.rank == 0:
+            store.set("job_id", env.job_id or secrets.token_hex(6))
+        job_id = store.wait("job_id", timeout).decode()
+        loopback = env.single_host and env.master_addr.startswith("127.")
+        my_ip = "127.0.0.1" if loopback else _local_ip_towards(env.master_addr)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((my_ip if loopback else "0.0.0.0", 0))
+        listener.listen(max(16, env.size))
+        me = {"addr": my_ip, "port": listener.getsockname()[1], "host": host_id(),
+              "pid": os.getpid()}
+        store.set(f"rank/{env.rank}", json.dumps(me))
+        info = {}
+        for r in range(env.size):
+            info[r] = json.loads(store.wait(f"rank/{r}", max(0.1, deadline - time.monotonic())))
+        world = World(env.rank, env.size, job_id,
+                      len({i["host"] for i in info.values()}) == 1, timeout,
+                      local_rank=env.local_rank)
+        socks = _connect_pairs(env.rank, env.size, info, listener, job_id, deadline)
+        use_shm = choice != "tcp" and shm_available()
+        if choice == "shm" and not shm_available():
+            raise PolycastError("POLYCAST_TRANSPORT=shm but /dev/shm is not writable here")
+        same = {r for r in range(env.size)
+                if r != env.rank and info[r]["host"] == me["host"]}
+        if choice == "shm" and same != set(range(env.size)) - {env.rank}:
+            raise PolycastError("POLYCAST_TRANSPORT=shm needs every rank on one host; ranks "
+                                f"{sorted(set(range(env.size)) - same - {env.rank})} are not")
+        rings_in: dict[int, Ring] = {}
+        if use_shm:
+            for r in same:
+                path = ring_path(job_id, r, env.rank)
+                rings_in[r] = Ring.create(path, ring_nbytes)
+        _barrier(store, "rings-made", env.size, max(0.1, deadline - time.monotonic()))
+        rings_out: dict[int, Ring] = {}
+        if use_shm:
+            for r in same:
+                rings_out[r] = Ring.attach(ring_path(job_id, env.rank, r), ring_nbytes)
+        _barrier(store, "rings-mapped", env.size, max(0.1, deadline - time.monotonic()))
+        for ring in rings_in.values():
+            ring.unlink()          # both sides have it mapped: nothing can leak now
+        for r, sock in socks.items():
+            world.peers[r] = Peer(r, TcpLink(sock, r), rings_in.get(r), rings_out.get(r),
+                                  r in same)
+        _barrier(store, "connected", env.size, max(0.1, deadline - time.monotonic()))
+        store.close()
+        return world
+    except (socket.timeout, TimeoutError) as exc:
+        raise CollectiveTimeout(f"rank {env.rank}: rendezvous did not finish within "
+                                f"{timeout:g} s ({exc})") from None
+    finally:
+        if listener is not None:
+            listener.close()
+        if server is not None:
+            server.close()
+
+
+def _connect_pairs(rank: int, size: int, info: dict, listener: socket.socket, job_id: str,
+                   deadline: float) -> dict[int, socket.socket]:
+    token = _job_token(job_id)
+    socks: dict[int, socket.socket] = {}
+    for r in range(rank):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CollectiveTimeout(f"rank {rank}: could not connect to rank {r} in time")
+        s = socket.create_connection((info[r]["addr"], info[r]["port"]), timeout=left)
+        s.sendall(_HELLO.pack(_MAGIC, rank, token))
+        socks[r] = s
+    while len(socks) < size - 1:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            missing = sorted(set(range(size)) - set(socks) - {rank})
+            raise CollectiveTimeout(f"rank {rank}: ranks {missing} did not connect in time")
+        listener.settimeout(left)
+        s, _ = listener.accept()
+        s.settimeout(max(0.1, deadline - time.monotonic()))
+        data = b""
+        while len(data) < _HELLO.size:
+            chunk = s.recv(_HELLO.size - len(data))
+            if not chunk:
+                break
+            data += chunk
+        if len(data) < _HELLO.size:
+            s.close()
+            continue
+        magic, peer, tok = _HELLO.unpack(data)
+        if magic != _MAGIC or tok != token or not rank < peer < size or peer in socks:
+            s.close()           # a stray connection (another job, a port scanner)
+            continue
+        socks[peer] = s
+    return socks
+
+
+__all__ = ["World", "Peer", "connect", "PortInUse", "TRANSPORTS"]
