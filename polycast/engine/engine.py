@@ -373,12 +373,16 @@ class Engine:
         # A peer already lost: fail at once, clearly.
         for p in self._lost:
             if r.multicast or p in plan.peers:
+                for _, _, h, _ in self._early.pop(seq, ()):
+                    self._early_release(h)
                 self._fail(r, PeerLost(p, f"rank {self.rank}: {desc} needs rank {p}, which "
                                           f"was lost earlier ({self._lost[p]})"), out,
                            abort=None)
                 return out
         why = self._early_failed.pop(seq, None)
         if why is not None:
+            for _, _, h, _ in self._early.pop(seq, ()):
+                self._early_release(h)
             self._fail(r, ProtocolError(f"rank {self.rank}: {desc}: {why}"), out,
                        abort=AbortReason.OVERFLOW)
             return out
@@ -627,7 +631,7 @@ class Engine:
             return
         if h.kind is MsgKind.MCAST_DATA:
             if s.bitmap is None:            # the MRECV step has not started: hold
-                if self._charge(h.length + _ENTRY_OVERHEAD_NBYTES):
+                if self._charge(h.length + _ENTRY_OVERHEAD_NBYTES, datagram=True):
                     s.held.append((h, payload))
                     r.held_nbytes += h.length + _ENTRY_OVERHEAD_NBYTES
                 else:
@@ -668,9 +672,14 @@ class Engine:
             st.drop("bad_kind")
 
     # -- early buffer ---------------------------------------------------------------------
-    def _charge(self, cost: int) -> bool:
+    def _charge(self, cost: int, datagram: bool = False) -> bool:
         st = self.stats
-        if st.early_nbytes + cost > self.config.max_early_nbytes:
+        limit = self.config.max_early_nbytes
+        if datagram:
+            # Datagrams can be recovered, reliable messages cannot: keep a quarter of the
+            # budget for messages so a flood of early datagrams never costs a FIN.
+            limit -= limit // 4
+        if st.early_nbytes + cost > limit:
             return False
         st.early_nbytes += cost
         if st.early_nbytes > st.early_peak_nbytes:
@@ -690,7 +699,7 @@ class Engine:
         if seq in self._early_failed:
             self.stats.drop("early_overflow")
             return
-        if not self._charge(nbytes + _ENTRY_OVERHEAD_NBYTES):
+        if not self._charge(nbytes + _ENTRY_OVERHEAD_NBYTES, datagram=not is_msg):
             self.stats.drop("early_overflow")
             if is_msg:
                 # A reliable message is never resent: the collective cannot succeed.

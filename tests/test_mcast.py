@@ -1,0 +1,313 @@
+"""The reliable-multicast protocol, state by state, in the fake-clock world."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from world import Net, World, mcast_allgather, mcast_broadcast  # noqa: E402
+
+from polycast.engine.actions import Multicast, SetTimer  # noqa: E402
+from polycast.engine.engine import Engine, EngineConfig  # noqa: E402
+from polycast.engine.wire import Header, MsgKind  # noqa: E402
+from polycast.errors import CollectiveTimeout, MismatchError, PeerLost  # noqa: E402
+
+SMALL = EngineConfig(mtu_nbytes=64)         # 16 float32 per datagram: many chunks
+
+
+def control_kinds(w: World) -> set:
+    return {h.kind for _, _, h in w.sent if h.kind is not MsgKind.DATA}
+
+
+# -- the no-loss handshake: exactly one control message per rank -----------------------
+
+@pytest.mark.parametrize("P", [2, 3, 8, 16])
+def test_no_loss_broadcast_sends_exactly_one_fin_per_rank(P):
+    w = World(P, SMALL, seed=P)
+    c = w.post_call(mcast_broadcast(P, 100, root=P // 2))
+    w.run()
+    w.check(c)
+    for r in range(P):
+        sent = [(peer, h.kind) for rank, peer, h in w.sent if rank == r]
+        assert sent == [((r + 1) % P, MsgKind.FIN)], (r, sent)
+        assert w.engines[r].stats.control_messages_out == 1
+        assert w.engines[r].stats.recovery_requests == 0
+    # the root sent 7 data datagrams (100 floats / 16) + 3 EOS
+    assert w.engines[P // 2].stats.datagrams_out == 7 + 3
+
+
+def test_no_loss_allgather_only_fins_and_tokens():
+    P = 6
+    w = World(P, SMALL, seed=1)
+    c = w.post_call(mcast_allgather(P, 40, roots=2))
+    w.run()
+    w.check(c)
+    assert control_kinds(w) == {MsgKind.FIN}
+    assert w.sends_of(MsgKind.FIN) == P
+    assert w.sends_of(MsgKind.DATA) == P - 2          # tokens between consecutive roots
+
+
+def test_own_datagrams_are_dropped_and_counted():
+    w = World(3, SMALL)
+    c = w.post_call(mcast_broadcast(3, 40))
+    w.run()
+    w.check(c)
+    assert w.engines[0].stats.drops["own_datagram"] == 3 + 3
+    assert "own_datagram" not in w.engines[1].stats.drops
+
+
+# -- loss, reordering, duplicates --------------------------------------------------------
+
+@pytest.mark.parametrize("loss,dup,jitter", [(0.1, 0, 0), (0.3, 0.2, 5e-5), (0.0, 0.5, 1e-4)])
+def test_broadcast_and_allgather_exact_under_loss(loss, dup, jitter):
+    P = 7
+    w = World(P, SMALL, Net(loss=loss, dup=dup, jitter_s=jitter), seed=11)
+    calls = [w.post_call(mcast_broadcast(P, 333, root=2), "float16", seed=1),
+             w.post_call(mcast_allgather(P, 50, roots=3, nchunks=2), "int8", seed=2)]
+    w.run()
+    for c in calls:
+        w.check(c)
+    stats = [e.stats for e in w.engines]
+    if loss:
+        assert sum(s.recovered_bytes for s in stats) > 0
+        assert sum(s.recovery_requests for s in stats) > 0
+    if dup:
+        assert sum(s.drops.get("duplicate", 0) for s in stats) > 0
+    assert all(s.early_nbytes == 0 for s in stats)
+
+
+def test_recovery_pulls_gaps_from_successor_with_deferral_chain():
+    """Ranks 1 and 2 miss the same chunks; 1 asks 2, which must defer until 3 answers it."""
+    P = 5
+    lost = {3, 4, 5}
+
+    def drop(h, dst):
+        return h.kind is MsgKind.MCAST_DATA and dst in (1, 2) and h.tag in lost
+
+    w = World(P, SMALL, Net(drop=drop), seed=2)
+    c = w.post_call(mcast_broadcast(P, 160, root=0))
+    w.run()
+    w.check(c)
+    reqs = [(r, peer, h.offset, h.length) for r, peer, h in w.sent
+            if h.kind is MsgKind.RECOVER_REQ]
+    # one request per gap range (chunks 3..5 = bytes 192..384), to the ring successor only
+    assert sorted(reqs) == [(1, 2, 192, 192), (2, 3, 192, 192)]
+    served = [(r, peer) for r, peer, h in w.sent if h.kind is MsgKind.RECOVER_DATA]
+    assert sorted(served) == [(2, 1), (3, 2)]
+    assert w.engines[2].stats.recovery_deferred == 1
+    assert w.engines[1].stats.recovered_bytes == 192 == w.engines[2].stats.recovered_bytes
+    assert w.sends_of(MsgKind.FIN) == P
+
+
+def test_root_answers_recovery_as_owner():
+    P = 3
+    w = World(P, SMALL, Net(drop=lambda h, dst: h.kind is MsgKind.MCAST_DATA and dst == 2
+                            and h.tag == 0))
+    c = w.post_call(mcast_broadcast(P, 40, root=0))
+    w.run()
+    w.check(c)
+    served = [(r, peer) for r, peer, h in w.sent if h.kind is MsgKind.RECOVER_DATA]
+    assert served == [(0, 2)]                       # rank 2's successor is the root
+
+
+def test_lost_eos_is_caught_by_the_coarse_timeout():
+    P = 4
+    cfg = EngineConfig(mtu_nbytes=64, recovery_timeout_s=0.5)
+
+    def drop(h, dst):           # every EOS lost, and chunk 1 lost at rank 3
+        return h.kind is MsgKind.MCAST_EOS or (dst == 3 and h.tag == 1)
+
+    w = World(P, cfg, Net(drop=drop))
+    c = w.post_call(mcast_broadcast(P, 64, root=1))
+    w.run()
+    w.check(c)
+    assert 0.5 <= w.done[(3, 0)] < 1.0             # waited for the timeout, then recovered
+    assert w.engines[3].stats.recovery_requests == 1
+
+
+def test_stream_wholly_lost_is_recovered():
+    P = 3
+    w = World(P, SMALL, Net(drop=lambda h, dst: dst == 1))    # rank 1 hears nothing at all
+    c = w.post_call(mcast_allgather(P, 30, roots=1))
+    w.run()
+    w.check(c)
+    assert w.engines[1].stats.recovered_bytes == 2 * 30 * 4
+
+
+def test_late_recovery_data_never_rewrites_a_completed_stream():
+    P = 2
+    e = Engine(1, P, config=SMALL)
+    s = mcast_broadcast(P, 16)
+    e.post(0, s, 4, 0.0)
+    sig = e._reqs[0].sig
+    payload = np.arange(16, dtype=np.float32).tobytes()
+    h = Header(MsgKind.MCAST_DATA, 0, 0, 0, 0, 0, 64, sig, 0)
+    acts = e.on_datagram_header(h, payload, 0.0)
+    assert any(a.__class__.__name__ == "Deliver" for a in acts)
+    late = Header(MsgKind.RECOVER_DATA, 0, 0, 0, 0, 0, 64, sig, 0)
+    assert not any(a.__class__.__name__ == "Deliver"
+                   for a in e.on_message(0, late, payload, 0.1))
+    assert e.stats.drops["late_recovery"] == 1
+
+
+# -- early datagrams, stale, foreign, forged ---------------------------------------------
+
+def test_datagrams_before_post_are_held_then_placed():
+    P = 3
+    w = World(P, SMALL)
+    s = mcast_broadcast(P, 100)
+    send = np.arange(100, dtype=np.float32)
+    w.post(0, s, send, np.zeros(100, np.float32))
+    w.advance(0.01)                     # the stream is over before the others post
+    assert w.engines[1].stats.early_nbytes > 400
+    recvs = [np.zeros(100, np.float32) for _ in range(P)]
+    for r in (1, 2):
+        w.post(r, s, None, recvs[r])
+    w.run()
+    for r in (1, 2):
+        np.testing.assert_array_equal(recvs[r], send)
+        assert w.engines[r].stats.recovery_requests == 0
+        assert w.engines[r].stats.early_nbytes == 0
+
+
+def test_early_datagram_overflow_is_dropped_then_recovered():
+    P = 3
+    cfg = EngineConfig(mtu_nbytes=64, max_early_nbytes=400)
+    w = World(P, cfg)
+    s = mcast_broadcast(P, 100)
+    send = np.arange(100, dtype=np.float32)
+    w.post(0, s, send, np.zeros(100, np.float32))
+    w.advance(0.01)
+    assert w.engines[1].stats.drops["early_overflow"] > 0
+    assert w.engines[1].stats.early_peak_nbytes <= 400
+    recvs = [np.zeros(100, np.float32) for _ in range(P)]
+    for r in (1, 2):
+        w.post(r, s, None, recvs[r])
+    w.run()
+    for r in (1, 2):
+        np.testing.assert_array_equal(recvs[r], send)
+    assert w.engines[1].stats.recovered_bytes > 0
+
+
+def test_stale_foreign_and_unknown_stream_datagrams_dropped():
+    P = 2
+    w = World(P, SMALL)
+    c = w.post_call(mcast_broadcast(P, 16))
+    w.run()
+    w.check(c)
+    before = c.recvs[1].copy()
+    sig = w.engines[1]._sig_cache and next(iter(w.engines[1]._sig_cache.values()))
+    junk = b"\x7f" * 64
+    for h in (Header(MsgKind.MCAST_DATA, 0, 0, 0, 0, 0, 64, sig, 0),    # seq 0 is finished
+              Header(MsgKind.MCAST_DATA, 5, 1, 0, 0, 0, 64, sig, 0),    # another comm
+              Header(MsgKind.MCAST_DATA, 0, 0, 9, 0, 0, 64, sig, 0)):   # no such rank
+        w.inject_datagram(1, h.pack() + junk)
+    drops = w.engines[1].stats.drops
+    assert (drops["stale"], drops["foreign_comm"], drops["bad_src"]) == (1, 1, 1)
+    np.testing.assert_array_equal(c.recvs[1], before)
+    # A datagram with a bad chunk geometry for a posted call is dropped too
+    e = Engine(1, 2, config=SMALL)
+    e.post(0, mcast_broadcast(P, 16), 4, 0.0)
+    sig = e._reqs[0].sig
+    for h in (Header(MsgKind.MCAST_DATA, 0, 0, 0, 5, 0, 64, sig, 0),     # chunk 5 of 1
+              Header(MsgKind.MCAST_DATA, 0, 0, 0, 0, 4, 60, sig, 0),     # misplaced
+              Header(MsgKind.MCAST_DATA, 0, 0, 0, 0, 0, 64, sig ^ 1, 0),  # other call
+              Header(MsgKind.MCAST_DATA, 0, 0, 0, 0, 0, 64, sig, 3)):    # no such stream
+        assert e.on_datagram_header(h, junk, 0.0) == []
+    assert e.stats.drops == {"bad_chunk": 2, "bad_sig": 1, "bad_stream": 1}
+
+
+def test_secret_world_exact_and_forgeries_dropped():
+    P = 4
+    secret = b"k" * 32
+    w = World(P, EngineConfig(mtu_nbytes=64, secret=secret), Net(loss=0.2), seed=4, raw=True)
+    c = w.post_call(mcast_allgather(P, 33, roots=2))
+    forged = Header(MsgKind.MCAST_DATA, 0, 0, 0, 0, 0, 64, 0, 0).pack(b"guess", b"x" * 64)
+    w.inject_datagram(2, forged + b"x" * 64)
+    w.run()
+    w.check(c)
+    assert w.engines[2].stats.drops["bad_mac"] == 1
+
+
+# -- pacing --------------------------------------------------------------------------------
+
+def test_pacing_spaces_datagrams_and_delays_the_token():
+    e = Engine(0, 3, config=EngineConfig(mtu_nbytes=1000, pacing_gbps=1.0))
+    s = mcast_allgather(3, 2500, roots=1)      # rank 0 streams 10000 bytes, then a token
+    acts = e.post(0, s, 4, 0.0)
+    times = [a.not_before for a in acts if isinstance(a, Multicast)]
+    assert len(times) == 10 + 3
+    gaps = np.diff(times[:10])
+    np.testing.assert_allclose(gaps, (1000 + 44) * 8 / 1e9)
+    assert not any(a.__class__.__name__ == "Send" for a in acts)    # token waits
+    timer = next(a for a in acts if isinstance(a, SetTimer) and a.deadline < 1.0)
+    later = e.on_timer(timer.timer, timer.deadline)
+    sends = [a for a in later if a.__class__.__name__ == "Send"]
+    assert len(sends) == 1 and sends[0].peer == 1 and sends[0].header.length == 0
+
+
+def test_pacing_adapts_to_loss():
+    P = 4
+    cfg = EngineConfig(mtu_nbytes=64, pacing_gbps=10.0)
+    w = World(P, cfg, Net(loss=0.2), seed=9)
+    c = w.post_call(mcast_allgather(P, 200, roots=1))
+    w.run()
+    w.check(c)
+    rates = [e.stats.pacing_gbps for e in w.engines]
+    assert all(r < 10.0 for r in rates) and all(r >= 1.0 for r in rates)
+    w2 = World(P, cfg, seed=9)
+    c2 = w2.post_call(mcast_allgather(P, 200, roots=1))
+    w2.run()
+    w2.check(c2)
+    assert all(e.stats.pacing_gbps == 10.0 for e in w2.engines)
+
+
+# -- failures --------------------------------------------------------------------------------
+
+def test_mcast_timeout_names_the_missing_chunks():
+    P = 3
+    cfg = EngineConfig(mtu_nbytes=64, op_timeout_s=1.0)
+    w = World(P, cfg)
+    s = mcast_broadcast(P, 64, root=0)
+    recvs = [np.zeros(64, np.float32) for _ in range(P)]
+    w.post(1, s, None, recvs[1])              # neither the root nor rank 2 ever post
+    w.posted.update({(0, 0), (2, 0)})
+    w.dead.update({0, 2})
+    w.run(max_time_s=5.0)
+    err = w.errors[(1, 0)]
+    assert isinstance(err, CollectiveTimeout)
+    assert "rank 1: broadcast mcast" in str(err)
+    assert "step 0 (mrecv from rank 0: 4 of 4 chunks missing)" in str(err)
+
+
+def test_peer_lost_during_allgather_fails_everyone():
+    P = 4
+    w = World(P, SMALL)
+    w.post_call(mcast_allgather(P, 40, roots=1), ranks=[0, 1, 3])
+    w.posted.add((2, 0))
+    w.kill(2)
+    w.run(max_time_s=1.0)
+    for r in (0, 1, 3):
+        err = w.errors[(r, 0)]
+        assert isinstance(err, PeerLost) and err.rank == 2
+
+
+def test_mismatched_multicast_calls_fail_everywhere():
+    P = 3
+    w = World(P, SMALL)
+    a, b = mcast_broadcast(P, 32), mcast_broadcast(P, 48)
+    for r in range(P):
+        s = b if r == 1 else a
+        w.post(r, s, np.zeros(s.count, np.float32), np.zeros(s.count, np.float32))
+    w.run(max_time_s=5.0)
+    # Nobody hangs. Ranks 1 (the odd one) and 2 (its successor, which it FINs) fail with
+    # MismatchError. The root may legitimately finish first: its own exchanges all matched
+    # and its data is right; the ABORT then reaches a finished call (dropped as stale).
+    assert isinstance(w.errors[(1, 0)], MismatchError)
+    assert isinstance(w.errors[(2, 0)], MismatchError)
+    assert (0, 0) in w.errors or (0, 0) in w.done
+    assert all(not e.busy for e in w.engines)
