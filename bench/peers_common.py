@@ -1,0 +1,121 @@
+"""What every peer worker of bench/peers.py shares: the test data, the expected results and
+the timing loop, so MPICH and gloo are measured exactly the same way.
+
+Needs numpy only (no polycast import): the workers may run in another interpreter.
+
+Timing (say it once, here): after ``warmup`` untimed calls and a barrier, each rank times
+``iters`` back-to-back calls with ``time.perf_counter`` and divides by ``iters``; the reported
+time is the **maximum over ranks of that per-rank mean** (the slowest rank), the conservative
+choice nccl-tests offers as ``-a 3``. ``iters`` is either fixed or, when 0 ("auto"), chosen
+from the warmup so that the timed loop lasts about ``TARGET_SECONDS`` (every rank takes the
+slowest rank's warmup time, so all agree on the count).
+
+Correctness: the inputs are small integers in float32 (exact under summation), the output
+of the first call and of the last timed call are compared with numpy on every rank, and
+the check passes only when every rank agrees.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+DTYPE = np.float32
+TARGET_SECONDS = 0.25        # per timed loop when iters is "auto"
+MIN_ITERS, MAX_ITERS = 5, 2000
+COLLECTIVES = ("allgather", "allreduce", "broadcast")
+ROOT = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: ``count`` is the per-call element count as mpi4py/NCCL use it."""
+    collective: str
+    count: int
+    nbytes: int              # nccl-tests' S, the size algbw divides by
+
+
+@dataclass
+class Measured:
+    collective: str
+    count: int
+    nbytes: int
+    dtype: str
+    iters: int
+    warmup: int
+    time_us: float
+    correct: bool
+    detail: str = ""
+
+
+def send_data(collective: str, rank: int, count: int) -> np.ndarray:
+    """Small distinct integers per rank: sums over a few ranks stay exact in float32."""
+    i = np.arange(count, dtype=np.int64)
+    return ((i * 3 + rank * 11 + 1) % 101).astype(DTYPE)
+
+
+def expected(collective: str, nranks: int, count: int) -> np.ndarray:
+    sends = [send_data(collective, r, count) for r in range(nranks)]
+    if collective == "allgather":
+        return np.concatenate(sends)
+    if collective == "allreduce":
+        return np.sum(sends, axis=0, dtype=DTYPE)
+    if collective == "broadcast":
+        return sends[ROOT]
+    raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
+
+
+def measure(case: Case, rank: int, nranks: int, prepare, barrier, max_over_ranks,
+            min_over_ranks, warmup: int, iters: int) -> Measured:
+    """Time one case on this rank; every rank must call it with the same arguments.
+
+    ``prepare(case) -> (call, result, reset)``: ``call()`` runs the collective once on
+    preallocated buffers, ``result()`` returns this rank's output as a numpy array and
+    ``reset()`` fills the output with a sentinel (the buffers start filled with it).
+    ``barrier()``, ``max_over_ranks(x)`` and ``min_over_ranks(x)`` are the peer's own.
+    """
+    call, result, reset = prepare(case)
+    want = expected(case.collective, nranks, case.count)
+    call()
+    ok_first = bool(np.array_equal(result(), want))
+    barrier()
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        call()
+    warm = (time.perf_counter() - t0) / max(warmup, 1)
+    if iters <= 0:
+        per_call = max_over_ranks(max(warm, 1e-7))
+        iters = int(min(MAX_ITERS, max(MIN_ITERS, TARGET_SECONDS / per_call)))
+    reset()                  # the last timed call must write the output afresh
+    barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    mean = (time.perf_counter() - t0) / iters
+    ok_last = bool(np.array_equal(result(), want))
+    seconds = max_over_ranks(mean)
+    ok = min_over_ranks(1.0 if ok_first and ok_last else 0.0) == 1.0
+    detail = "" if ok else (f"rank {rank}: first call {'ok' if ok_first else 'WRONG'}, "
+                            f"last call {'ok' if ok_last else 'WRONG'}")
+    return Measured(case.collective, case.count, case.nbytes, np.dtype(DTYPE).name, iters,
+                    warmup, seconds * 1e6, ok, detail)
+
+
+def load_plan(text: str) -> tuple[list[Case], int, int]:
+    """The worker's argument: ``{"cases": [...], "warmup": W, "iters": N}`` as JSON."""
+    plan = json.loads(text)
+    return [Case(**c) for c in plan["cases"]], int(plan["warmup"]), int(plan["iters"])
+
+
+def dump_plan(cases: list[Case], warmup: int, iters: int) -> str:
+    return json.dumps({"cases": [asdict(c) for c in cases], "warmup": warmup, "iters": iters})
+
+
+def append_row(path: str, row: Measured, **extra) -> None:
+    """One JSON line per finished case, flushed at once: a run killed on timeout keeps the
+    rows it finished."""
+    with open(path, "a") as f:
+        f.write(json.dumps({**asdict(row), **extra}) + "\n")

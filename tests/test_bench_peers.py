@@ -1,0 +1,142 @@
+"""bench/peers.py: the plan, the bandwidth arithmetic, the table on synthetic rows, the
+bounded launcher, and a short real MPICH run when mpi4py and mpiexec are installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import peers  # noqa: E402
+import peers_common as pc  # noqa: E402
+
+from polycast.errors import InvalidArgument  # noqa: E402
+
+
+def test_plan_rounds_sizes_up_to_whole_elements_per_rank():
+    cases = peers.plan_cases(["allgather", "allreduce", "bcast"], [8, 65536], 4)
+    got = {(c.collective, c.nbytes): c.count for c in cases}
+    # allgather: S = count x 4 ranks x 4 bytes, so 8 B rounds up to 16 B (count 1)
+    assert got == {("allgather", 16): 1, ("allgather", 65536): 4096,
+                   ("allreduce", 8): 2, ("allreduce", 65536): 16384,
+                   ("broadcast", 8): 2, ("broadcast", 65536): 16384}
+
+
+def test_plan_rejects_a_collective_it_does_not_compare():
+    with pytest.raises(InvalidArgument, match="allgather, allreduce, broadcast"):
+        peers.plan_cases(["alltoall"], [1024], 4)
+
+
+def test_bandwidth_follows_nccl_tests():
+    row = peers.with_bandwidth({"collective": "allreduce", "nbytes": 16 << 20,
+                                "time_us": 10_000.0}, 4)
+    assert row["algbw"] == pytest.approx((16 << 20) / 1e-2 / 1e9)
+    assert row["busbw"] == pytest.approx(row["algbw"] * 2 * 3 / 4)
+    row = peers.with_bandwidth({"collective": "broadcast", "nbytes": 1000, "time_us": 1.0}, 4)
+    assert row["busbw"] == pytest.approx(1.0)       # factor 1, 1000 B in 1 us = 1 GB/s
+
+
+def test_expected_results_match_a_hand_computation():
+    # rank r, element i: (3i + 11r + 1) mod 101
+    assert pc.expected("allgather", 2, 2).tolist() == [1, 4, 12, 15]
+    assert pc.expected("allreduce", 2, 2).tolist() == [13, 19]
+    assert pc.expected("broadcast", 3, 2).tolist() == [1, 4]
+
+
+def _run(name, rows, unavailable=""):
+    run = peers.PeerRun(name, unavailable=unavailable)
+    for r in rows:
+        r = peers.with_bandwidth({"correct": True, **r}, 4)
+        run.rows[(r["collective"], r["nbytes"])] = r
+    return run
+
+
+def test_comparison_gives_ratios_and_reasons():
+    cases = peers.plan_cases(["allgather", "allreduce"], [8, 1 << 20], 4)
+    runs = {
+        "polycast": _run("polycast", [
+            {"collective": "allgather", "nbytes": 1 << 20, "time_us": 100.0,
+             "algorithm": "mcast"},
+            {"collective": "allreduce", "nbytes": 1 << 20, "time_us": 400.0,
+             "algorithm": "ring", "correct": False}]),
+        "mpich": _run("mpich", [
+            {"collective": "allgather", "nbytes": 1 << 20, "time_us": 200.0},
+            {"collective": "allreduce", "nbytes": 1 << 20, "time_us": 200.0},
+            {"collective": "allreduce", "nbytes": 8, "time_us": 20.0}]),
+        "gloo": _run("gloo", [], unavailable="torch not installed"),
+    }
+    columns, rows, records = peers.comparison(cases, runs)
+    by = {(r[0], r[1]): dict(zip(columns, r)) for r in rows}
+    ag = by[("allgather", "1MiB")]
+    assert ag["polycast/MPICH"] == 2.0 and ag["polycast algo"] == "mcast"
+    assert ag["gloo busbw GB/s"] == "n/a (torch not installed)"
+    assert ag["polycast/gloo"] == "n/a"
+    ar = by[("allreduce", "1MiB")]
+    assert ar["polycast busbw GB/s"].endswith("WRONG")
+    assert ar["polycast/MPICH"] == "n/a"            # no ratio against a wrong result
+    assert by[("allgather", "16B")]["MPICH busbw GB/s"].startswith("n/a")
+    rec = {(r["collective"], r["nbytes"]): r for r in records}
+    assert rec[("allgather", 1 << 20)]["mpich"]["time_us"] == 200.0
+    assert rec[("allgather", 1 << 20)]["gloo"] == {"na": "torch not installed"}
+    title, _, lat_rows, lat_rec = peers.latency(cases, runs)
+    assert title == "8B allreduce latency"
+    assert lat_rec["mpich"]["time_us"] == 20.0
+    assert lat_rows[1][2] == "20.0"
+
+
+def test_polycast_rows_pick_the_best_correct_algorithm():
+    text = "progress...\n" + json.dumps([
+        {"collective": "allgather", "algorithm": "ring", "nranks": 4, "nbytes": 4096,
+         "time_us": 10.0, "algbw": 0.4, "busbw": 0.3, "correct": True},
+        {"collective": "allgather", "algorithm": "mcast", "nranks": 4, "nbytes": 4096,
+         "time_us": 5.0, "algbw": 0.8, "busbw": 0.6, "correct": True},
+        {"collective": "allgather", "algorithm": "fast_but_wrong", "nranks": 4,
+         "nbytes": 4096, "time_us": 1.0, "algbw": 4, "busbw": 3, "correct": False}])
+    best = peers.best_rows(peers.parse_json_rows(text), 4)
+    assert best[("allgather", 4096)]["algorithm"] == "mcast"
+    assert best[("allgather", 4096)]["busbw"] == pytest.approx(4096 / 5e3 * 3 / 4)
+
+
+def test_a_launch_past_its_timeout_is_killed_with_its_children():
+    t0 = time.monotonic()
+    done = peers.run_bounded(
+        [sys.executable, "-c",
+         "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+         "'import time; time.sleep(60)']); print('started', flush=True); time.sleep(60)"],
+        timeout_seconds=1.5)
+    assert done.timed_out and done.returncode is None
+    assert time.monotonic() - t0 < 15
+    assert "started" in done.stdout
+    assert "timed out after 1.5s" in done.why("sleeper", 1.5)
+
+
+def test_bad_arguments_exit_2_with_the_valid_choices(capsys):
+    assert peers.main(["--peers", "nccl"]) == 2
+    assert "valid choices: polycast, mpich, gloo" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or peers.find_mpiexec() is None,
+                    reason="mpi4py/mpich not installed (pip install mpich mpi4py)")
+def test_a_short_real_run_measures_mpich_and_says_why_others_are_missing(tmp_path, capsys):
+    out = tmp_path / "peers.json"
+    rc = peers.main(["-n", "2", "--collectives", "allreduce,allgather", "--sizes", "8B,4KiB",
+                     "--iters", "5", "--warmup", "1", "--peers", "mpich",
+                     "--timeout", "60", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "8B allreduce latency" in text
+    data = json.loads(out.read_text())
+    mpich = data["peers"]["mpich"]
+    assert mpich["status"] == "ok", mpich
+    assert len(mpich["rows"]) == 4 and all(r["correct"] for r in mpich["rows"])
+    assert all(r["iters"] == 5 and r["time_us"] > 0 for r in mpich["rows"])
+    assert data["peers"]["gloo"]["status"] == "n/a: not selected"
+    assert np.isfinite(data["latency"]["mpich"]["time_us"])
