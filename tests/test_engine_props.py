@@ -20,7 +20,7 @@ from polycast.engine.engine import EngineConfig  # noqa: E402
 from polycast.reference import DTYPES  # noqa: E402
 
 OPS = ("sum", "prod", "min", "max", "avg")
-SETTINGS = settings(max_examples=int(os.environ.get("POLYCAST_PROP_EXAMPLES", "70")),
+SETTINGS = settings(max_examples=int(os.environ.get("POLYCAST_PROP_EXAMPLES", "200")),
                     deadline=None, suppress_health_check=[HealthCheck.too_slow],
                     derandomize=True)
 
@@ -35,7 +35,7 @@ def calls(draw):
     algos = _algorithms()
     algo = draw(st.sampled_from(algos))
     P = draw(st.integers(1, 16).filter(lambda p: algo.unsupported_reason(p) is None))
-    count = draw(st.integers(0, 40))
+    count = draw(st.one_of(st.integers(0, 40), st.integers(41, 300)))
     root = draw(st.integers(0, P - 1)) if algo.collective.rooted else 0
     nchunks = draw(st.integers(1, 3))
     dtype = draw(st.sampled_from(DTYPES))

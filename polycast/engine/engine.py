@@ -36,7 +36,55 @@ from ..schedule.ir import Kind, Schedule
 from .actions import (Action, CancelTimer, Complete, Copy, Deliver, Fail, Multicast,
                       Region, Send, SetTimer)
 from .wire import (F_NO_PAYLOAD, HEADER_NBYTES, AbortReason, Header, MsgKind, WireError,
-                   call_signature, parse_datagram)
+                   call_signature, make_header, parse_datagram)
+
+_new = object.__new__
+
+
+def _fast(cls):
+    """A positional constructor for a frozen slots dataclass that skips the generated
+    __init__'s per-field ``object.__setattr__`` (the engine's hot path makes millions)."""
+    setters = tuple(getattr(cls, f).__set__ for f in cls.__slots__)
+    n = len(setters)
+    if n == 3:
+        a, b, c = setters
+
+        def make(x, y, z):
+            o = _new(cls)
+            a(o, x)
+            b(o, y)
+            c(o, z)
+            return o
+    elif n == 4:
+        a, b, c, d = setters
+
+        def make(x, y, z, w):
+            o = _new(cls)
+            a(o, x)
+            b(o, y)
+            c(o, z)
+            d(o, w)
+            return o
+    elif n == 5:
+        a, b, c, d, e = setters
+
+        def make(x, y, z, w, v):
+            o = _new(cls)
+            a(o, x)
+            b(o, y)
+            c(o, z)
+            d(o, w)
+            e(o, v)
+            return o
+    else:                                   # pragma: no cover - not used
+        return cls
+    return make
+
+
+_region = _fast(Region)
+_deliver = _fast(Deliver)
+_multicast = _fast(Multicast)
+_send_action = _fast(Send)
 
 MIB = 1 << 20
 _ENTRY_OVERHEAD_NBYTES = 64          # what one held message costs beyond its payload
@@ -546,9 +594,9 @@ class Engine:
             state = r.state[idx]
             if state == _STARTED:
                 if nbytes:
-                    out.append(Deliver(payload, Region(r.req, r.prog[idx].buf,
-                                                       r.plan.runs[idx], nbytes),
-                                       r.prog[idx].reduce))
+                    out.append(_deliver(payload, _region(r.req, r.prog[idx].buf,
+                                                         r.plan.runs[idx], nbytes),
+                                        r.prog[idx].reduce))
                 self._step_done(r, idx)
                 self._pump(r, now, out)
                 self._maybe_complete(r, out)
@@ -653,7 +701,7 @@ class Engine:
             s.have += 1
             s.last_progress = now
             r.mcast_bytes_in += nb
-            out.append(Deliver(payload, s.chunk_regions[i], False))
+            out.append(_deliver(payload, s.chunk_regions[i], False))
             if s.have == s.nchunks:
                 self._stream_complete(r, s, now, out)
             elif s.deferred:
@@ -736,8 +784,9 @@ class Engine:
         plan = r.plan
         if kind is Kind.SEND:
             nbytes = plan.nelems[idx] * r.itemsize
-            h = Header(MsgKind.DATA, self.comm, r.seq, self.rank, step.tag, 0, nbytes, r.sig)
-            region = Region(r.req, step.buf, plan.runs[idx], nbytes) if nbytes else None
+            h = make_header(MsgKind.DATA, self.comm, r.seq, self.rank, step.tag, 0, nbytes,
+                            r.sig)
+            region = _region(r.req, step.buf, plan.runs[idx], nbytes) if nbytes else None
             self._send(r, step.peer, h, region, idx, out)
         elif kind is Kind.RECV:
             held = r.held.pop((step.peer, step.tag), None)
@@ -772,7 +821,7 @@ class Engine:
         st = self.stats
         st.messages_out += 1
         st.message_bytes_out += h.payload_nbytes
-        out.append(Send(peer, h, region, token, data))
+        out.append(_send_action(peer, h, region, token, data))
 
     # -- multicast: the root --------------------------------------------------------------
     def _start_mcast(self, r: _Request, idx: int, now: float, out: list) -> None:
@@ -790,10 +839,11 @@ class Engine:
             self._step_done(r, idx)
             return
         pieces = _chunk_runs(s.runs, ce, s.nelems)
+        MCAST_DATA = MsgKind.MCAST_DATA
         for i, runs in enumerate(pieces):
             nb = sum(b - a for a, b in runs) * isz
-            h = Header(MsgKind.MCAST_DATA, comm, seq, me, i, i * ce * isz, nb, sig, ordinal)
-            out.append(Multicast(h, Region(req, buf, runs, nb), t))
+            h = make_header(MCAST_DATA, comm, seq, me, i, i * ce * isz, nb, sig, ordinal)
+            out.append(_multicast(h, _region(req, buf, runs, nb), t))
             st.datagrams_out += 1
             st.datagram_bytes_out += nb
             if rate:
@@ -824,8 +874,8 @@ class Engine:
     def _start_mrecv(self, r: _Request, idx: int, now: float, out: list) -> None:
         step = r.prog[idx]
         s = r.streams[(step.peer, step.tag)]
-        s.chunk_regions = [Region(r.req, step.buf, runs, sum(b - a for a, b in runs)
-                                  * r.itemsize)
+        s.chunk_regions = [_region(r.req, step.buf, runs, sum(b - a for a, b in runs)
+                                   * r.itemsize)
                            for runs in _chunk_runs(s.runs, s.chunk_elems, s.nelems)]
         s.bitmap = bytearray(s.nchunks)
         s.requested = bytearray(s.nchunks)
