@@ -122,7 +122,8 @@ class Buffers:
         return self._reqs[req].arrays[buf]
 
     # -- the driver's memory operations --------------------------------------------------
-    def views(self, region) -> list[np.ndarray]:
+    def view(self, region) -> list[np.ndarray]:
+        """Numpy views of the region's runs (no copy)."""
         arr = self._reqs[region.req].arrays[region.buf]
         return [arr[a:b] for a, b in region.runs]
 

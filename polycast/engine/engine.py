@@ -348,7 +348,7 @@ class Engine:
         self._lost: dict[int, str] = {}
         self._pace_next = 0.0
         self._rate_gbps = self.config.pacing_gbps
-        self._sig_cache: dict[tuple, int] = {}
+        self._sig_cache: dict[tuple, tuple] = {}    # -> (schedule, sig)
         self._plans: dict[tuple, tuple] = {}        # (id(schedule), rank) -> (schedule, plan)
 
     # -- public state ---------------------------------------------------------------------
@@ -390,14 +390,16 @@ class Engine:
         seq = self._next_seq & 0xFFFFFFFF
         self._next_seq += 1
         key = (id(schedule), itemsize, dtype, op)
-        sig = self._sig_cache.get(key)
-        if sig is None or len(self._sig_cache) > 256:
-            if len(self._sig_cache) > 256:
+        hit = self._sig_cache.get(key)
+        if hit is not None and hit[0] is schedule:      # ids are reused after GC: check
+            sig = hit[1]
+        else:
+            if len(self._sig_cache) >= 256:
                 self._sig_cache.clear()
             sig = call_signature(str(schedule.collective), schedule.algorithm, schedule.count,
                                  schedule.root, schedule.nranks, itemsize, dtype, op,
                                  schedule.options)
-            self._sig_cache[key] = sig
+            self._sig_cache[key] = (schedule, sig)
         desc = (f"{schedule.collective} {schedule.algorithm} (request {req}, seq {seq}, "
                 f"P={schedule.nranks}, count={schedule.count}, root={schedule.root}"
                 + (f", {dtype}" if dtype else "") + (f", op={op}" if op else "") + ")")

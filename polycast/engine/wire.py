@@ -176,7 +176,10 @@ def parse_header(data: bytes | bytearray | memoryview, secret: bytes | None = No
     is verified here, else the caller verifies it with :func:`verify_mac` after reading the
     payload. Checks: size, magic, version, kind, flags, payload bound, MAC presence/value.
     """
-    n = len(data)
+    try:
+        n = len(data)
+    except TypeError:
+        raise WireError("malformed", f"expected bytes, got {type(data).__name__}") from None
     if n < HEADER_NBYTES:
         raise WireError("truncated", f"{n} bytes, a header needs {HEADER_NBYTES}")
     try:
