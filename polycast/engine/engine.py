@@ -173,6 +173,7 @@ class _Plan:
     peers: frozenset                        # ranks the program talks to point-to-point
     n_mrecv: int
     mcast_nelems: int                       # elements this rank receives by multicast
+    multicast: bool                         # the schedule multicasts (FIN ring on every rank)
 
 
 def _plan(schedule: Schedule, rank: int) -> _Plan:
@@ -220,7 +221,7 @@ def _plan(schedule: Schedule, rank: int) -> _Plan:
             n_mrecv += 1
             mcast_nelems += nelems[-1]
     return _Plan(ndeps, succ, runs, nelems, dst_runs, recv_index, streams, frozenset(peers),
-                 n_mrecv, mcast_nelems)
+                 n_mrecv, mcast_nelems, schedule.uses_multicast)
 
 
 def slice_runs(runs, start: int, stop: int) -> tuple[tuple[int, int], ...]:
@@ -307,7 +308,7 @@ class _Request:
         self.held_nbytes = 0
         self.streams = {}               # (root, ordinal) -> _Stream
         self.mrecv_left = plan.n_mrecv
-        self.multicast = bool(plan.streams)
+        self.multicast = plan.multicast
         self.fin_sent = self.fin_received = False
         self.outstanding = 0            # Sends not yet reported done
         self.op_timer = self.rec_timer = None
