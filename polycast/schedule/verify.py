@@ -54,12 +54,23 @@ class _Verifier:
         s = self.s
         if len(s.programs) != self.P:
             self.fail(f"{len(s.programs)} programs for {self.P} ranks")
+        self.check_layouts()
         for rank, prog in enumerate(s.programs):
             for idx, step in enumerate(prog):
                 self.check_step(rank, idx, step)
             self.check_races(rank, prog)
         matches = self.match()
         self.execute(matches)
+
+    def check_layouts(self) -> None:
+        """The send and recv layouts must cover exactly the call's buffers."""
+        nsend, nrecv = self.s.collective.buffer_counts(self.P, self.s.count)
+        for name, want in (("send", nsend), ("recv", nrecv)):
+            lay = self.s.layouts.get(name)
+            if lay is not None and lay.nelems != want:
+                self.fail(f"the {name!r} layout covers {lay.nelems} elements but a "
+                          f"{self.s.collective} of count {self.s.count} over {self.P} ranks "
+                          f"has {want}")
 
     def check_step(self, rank: int, idx: int, st: Step) -> None:
         for d in st.deps:
@@ -68,6 +79,9 @@ class _Verifier:
         if st.kind in (Kind.SEND, Kind.RECV, Kind.MRECV):
             if not 0 <= st.peer < self.P or st.peer == rank:
                 self.fail(f"peer {st.peer} is not another rank of {self.P}", rank, idx)
+        wr = st.writes()
+        if wr and wr[0] == "send":
+            self.fail("writes into its input buffer 'send', which is read-only", rank, idx)
         if st.reduce:
             if not self.s.collective.has_op:
                 self.fail(f"reduces, but {self.s.collective} has no reduction op", rank, idx)
@@ -154,9 +168,26 @@ class _Verifier:
                 if rank != root and len(m.mrecvs.get((root, rank), [])) != len(ms):
                     self.fail(f"does not receive the {len(ms)} multicasts of root {root}",
                               rank, None)
+        for (a, _), idxs in m.sends.items():
+            self.check_tags(a, idxs)
+        for (_, b), idxs in list(m.recvs.items()) + list(m.mrecvs.items()):
+            self.check_tags(b, idxs)
+        for root, idxs in m.mcasts.items():
+            self.check_tags(root, idxs)
         for rnode, snode in m.sender.items():
             self.check_sizes(snode, rnode)
         return m.sender
+
+    def check_tags(self, rank: int, idxs: list[int]) -> None:
+        """The engine matches messages by tag, the verifier by program order: they agree only
+        if the k-th message of each stream carries tag k."""
+        prog = self.s.programs[rank]
+        for k, idx in enumerate(idxs):
+            if prog[idx].tag != k:
+                self.fail(f"carries tag {prog[idx].tag} but is message {k} of its stream "
+                          "(tags must number the messages between two ranks in program "
+                          "order)", rank, idx)
+
 
     def check_sizes(self, snode: tuple[int, int], rnode: tuple[int, int]) -> None:
         s = self.s
