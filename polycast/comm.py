@@ -427,13 +427,14 @@ class Comm:
         """Ranks with the same ``color`` form a new communicator, ordered by (key, rank).
         ``color=polycast.UNDEFINED`` takes part but gets None."""
         pairs = self.allgather((color, key))
-        cid = self._child_id("split")
+        # Same id on every member: from the parent's id, its split count and the color
+        # (never Python's hash(), which differs between processes).
+        cid = self._child_id(f"split/{color!r}")
         if color == UNDEFINED:
             return None
         group = sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)
         members = [self.members[r] for _, r in group]
-        comm_id = (cid ^ (hash(("color", color)) & 0xFFFF0000)) & 0xFFFFFFFF or 1
-        return self._make_child(comm_id, members)
+        return self._make_child(cid, members)
 
     def Dup(self) -> "Comm":
         self.Barrier()      # every member makes the child in the same order

@@ -166,8 +166,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transport", choices=("auto", "shm", "tcp"), default=None,
                         help="force the point-to-point transport (sets POLYCAST_TRANSPORT)")
     parser.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
-    parser.add_argument("-m", dest="module", default=None,
-                        help="run a module (as python -m) instead of a script")
+    parser.add_argument("-m", dest="module", default=None, nargs=argparse.REMAINDER,
+                        metavar="MODULE ARGS",
+                        help="run a module (as python -m) with its arguments, instead of a "
+                             "script")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="script.py [ARGS] (or the module's ARGS with -m)")
 
@@ -176,7 +178,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     extra = {}
     if args.transport:
         extra["POLYCAST_TRANSPORT"] = args.transport
-    command = (["-m", args.module] if args.module else []) + list(args.command)
+    command = (["-m", *args.module] if args.module else []) + list(args.command)
     return launch(args.nranks, command, port=args.port or None,
                   timeout_seconds=args.timeout, extra_env=extra, prefix=not args.no_prefix)
 
