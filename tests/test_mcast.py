@@ -342,3 +342,53 @@ def test_registry_multicast_no_loss_one_fin_per_rank(algo, P):
         control = [(peer, h.kind) for rank, peer, h in w.sent
                    if rank == r and h.kind is not MsgKind.DATA]
         assert control == [((r + 1) % P, MsgKind.FIN)], (r, control)
+
+
+# -- hostile input in the middle of a run -------------------------------------------------
+
+def _fuzz_header(rng, P):
+    kind = rng.choice(list(MsgKind))
+    length = rng.choice([0, 1, 4, 64, 1000])
+    h = Header(kind, rng.choice([0, 0, 1]), rng.choice([0, 0, 1, 2**32 - 1]),
+               rng.randrange(P + 2), rng.randrange(8), rng.choice([0, 64, 128, 2**40]),
+               length, rng.getrandbits(32), rng.randrange(3), rng.choice([0, 2]))
+    payload = bytes(rng.getrandbits(8) for _ in range(h.payload_nbytes))
+    return h, payload
+
+
+def test_fuzzed_datagrams_never_raise_or_corrupt():
+    import random
+    rng = random.Random(7)
+    P = 4
+    w = World(P, SMALL, Net(loss=0.1), seed=5)
+    c = w.post_call(mcast_allgather(P, 64, roots=2))
+    for i in range(3000):
+        h, payload = _fuzz_header(rng, P)
+        dst = rng.randrange(P)
+        w._execute(dst, w.engines[dst].on_datagram_header(h, payload, w.now))
+        if i % 100 == 0:
+            w.advance(1e-6)
+    w.run()
+    w.check(c)                      # a forged signature never lands in a buffer
+    assert sum(e.stats.dropped for e in w.engines) > 2500
+
+
+def test_fuzzed_messages_never_raise_and_nothing_hangs():
+    import random
+    rng = random.Random(8)
+    P = 4
+    w = World(P, EngineConfig(mtu_nbytes=64, op_timeout_s=1.0), seed=6)
+    w.post_call(mcast_allgather(P, 64, roots=2))
+    for i in range(3000):
+        h, payload = _fuzz_header(rng, P)
+        dst = rng.randrange(P)
+        if h.src < P and h.src != dst:
+            w._execute(dst, w.engines[dst].on_message(h.src, h, payload, w.now))
+        if i % 100 == 0:
+            w.advance(1e-6)
+    w.run(max_time_s=10.0)          # every request completes or fails: none hangs
+    assert w.finished()
+    for e in w.engines:
+        assert not e.busy
+        held = e.stats.early_nbytes
+        assert held <= e.config.max_early_nbytes

@@ -362,10 +362,6 @@ class Engine:
     def next_seq(self) -> int:
         return self._next_seq
 
-    def header_for(self, kind: MsgKind, seq: int = 0, **fields) -> Header:
-        """A header from this rank (for drivers and tests)."""
-        return Header(kind, self.comm, seq, self.rank, **fields)
-
     # -- posting --------------------------------------------------------------------------
     def post(self, req: int, schedule: Schedule, itemsize: int, now: float, *,
              dtype: str = "", op: str = "") -> list[Action]:
