@@ -30,6 +30,7 @@ from ..reference import make_inputs, reference
 class Checker:
     def __init__(self, comm) -> None:
         self.comm, self.n, self.failed = comm, 0, []
+        self.algos: set[tuple[str, str]] = set()     # (collective, algorithm) exercised
 
     def check(self, name: str, ok: bool, detail: str = "") -> None:
         self.n += 1
@@ -88,6 +89,8 @@ def one(ck: Checker, coll: Collective, algo: str | None, count: int, root: int =
     if coll in (Collective.REDUCE, Collective.GATHER) and r != root:
         recv = None
     name = f"{coll}/{algo or 'auto'}/P{P}/n{count}/root{root}/{op}/{dtype}"
+    if algo:
+        ck.algos.add((str(coll), algo))
 
     def go():
         call(comm, coll, inputs[r].copy(), recv, root, op, algo)
@@ -315,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite not in ("death",):
         comm.Barrier()
     print(f"SELFTEST {args.suite} OK {ck.n} checks in {dt:.1f}s "
-          f"transports={sorted(set(comm.transports().values()))}", flush=True)
+          f"transports={','.join(sorted(set(comm.transports().values())))} "
+          f"mcast={'no' if comm.mcast_error else 'yes'} algos={len(ck.algos)}", flush=True)
     if args.suite == "death":
         os._exit(0)     # the world lost a rank: skip the goodbye round
     pcomm.finalize()

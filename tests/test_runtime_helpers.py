@@ -1,0 +1,51 @@
+"""Start groups of real rank processes for the runtime tests (bounded, killed by pid)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from polycast.runtime.launch import free_port, rank_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int
+    out: str
+    err: str
+
+
+def spawn_ranks(nranks: int, argv: list[str], *, env: dict | None = None,
+                timeout: float = 90.0) -> list[RankResult]:
+    """Run ``python argv...`` as ``nranks`` ranks without a launcher in between (so one
+    rank's exit does not end the others); return every rank's status and output."""
+    port = free_port()
+    job = f"t{os.getpid()}{port}"
+    procs = []
+    try:
+        for r in range(nranks):
+            e = rank_env(r, nranks, port, job, extra=env)
+            e["PYTHONPATH"] = REPO + os.pathsep + e.get("PYTHONPATH", "")
+            procs.append(subprocess.Popen([sys.executable, *argv], env=e, cwd=REPO,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          stdin=subprocess.DEVNULL, text=True))
+        results = []
+        for r, p in enumerate(procs):
+            out, err = p.communicate(timeout=timeout)
+            results.append(RankResult(r, p.returncode, out, err))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def selftest(nranks: int, suite: str, env: dict | None = None, timeout: float = 120.0):
+    return spawn_ranks(nranks, ["-m", "polycast.runtime.selftest", "--suite", suite],
+                       env=env, timeout=timeout)
