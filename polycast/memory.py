@@ -163,7 +163,8 @@ class Buffers:
         """Copy (or combine) ``src`` into ``dst``; a no-op when both are the same memory."""
         r = self._reqs[src.req]
         sa, da = r.arrays[src.buf], r.arrays[dst.buf]
-        if src.runs == dst.runs and _same_memory(sa, da):
+        if _addresses(sa, src.runs) == _addresses(da, dst.runs):
+            # In place (send is recv, or send is recv's own block as MPI_IN_PLACE allows).
             if reduce:
                 raise InvalidArgument("a reducing copy of a region onto itself")
             return
@@ -196,6 +197,14 @@ class Buffers:
             apply_avg(r.arrays["recv"], r.nranks)
 
 
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    ia, ib = a.__array_interface__, b.__array_interface__
-    return ia["data"][0] == ib["data"][0] and a.dtype == b.dtype
+def _addresses(arr: np.ndarray, runs) -> list[tuple[int, int]]:
+    """The byte ranges ``runs`` cover in memory, adjacent ones merged."""
+    base, isz = arr.__array_interface__["data"][0], arr.itemsize
+    out: list[tuple[int, int]] = []
+    for a, b in runs:
+        lo, hi = base + a * isz, base + b * isz
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        elif hi > lo:
+            out.append((lo, hi))
+    return out
