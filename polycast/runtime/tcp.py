@@ -34,7 +34,8 @@ class TcpLink:
     def __init__(self, sock: socket.socket, peer: int) -> None:
         self.sock, self.peer = sock, peer
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             try:
                 sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF_NBYTES)

@@ -1,0 +1,205 @@
+"""Runtime pieces in one process: environment detection, the rendezvous store, the shm
+ring, the TCP link, multicast groups and the tuner's multicast fallback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from polycast.collectives import Collective
+from polycast.errors import CollectiveTimeout, InvalidArgument
+from polycast.runtime import env as envmod
+from polycast.runtime.mcast import group_for, open_group
+from polycast.runtime.shm import Ring
+from polycast.runtime.store import PortInUse, StoreClient, StoreServer
+from polycast.runtime.tcp import TcpLink
+
+
+# -- environment ------------------------------------------------------------------------
+def test_missing_environment_names_the_variables():
+    with pytest.raises(envmod.EnvironmentMissing) as exc:
+        envmod.detect({})
+    msg = str(exc.value)
+    for var in ("POLYCAST_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        assert var in msg
+
+
+def test_torchrun_environment_uses_master_port_plus_one():
+    job = envmod.detect({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2",
+                         "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1",
+                         "MASTER_PORT": "29500"})
+    assert (job.rank, job.size, job.local_rank, job.launcher) == (2, 4, 2, "torchrun")
+    assert (job.master_addr, job.master_port) == ("10.0.0.1", 29501)
+    with pytest.raises(envmod.EnvironmentMissing, match="MASTER_PORT"):
+        envmod.detect({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "x"})
+
+
+def test_mpi_and_slurm_environments():
+    ompi = envmod.detect({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3",
+                          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
+                          "OMPI_MCA_ess_base_jobid": "777"})
+    assert (ompi.rank, ompi.size, ompi.launcher, ompi.master_addr) == (1, 3, "mpi", "127.0.0.1")
+    again = envmod.detect({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3",
+                           "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
+                           "OMPI_MCA_ess_base_jobid": "777"})
+    assert again.master_port == ompi.master_port        # every rank derives the same port
+    hydra = envmod.detect({"PMI_RANK": "0", "PMI_SIZE": "2", "MASTER_ADDR": "h",
+                           "MASTER_PORT": "1234"})
+    assert (hydra.size, hydra.master_addr, hydra.master_port) == (2, "h", 1234)
+    slurm = envmod.detect({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                           "SLURM_NNODES": "2", "MASTER_ADDR": "node1", "MASTER_PORT": "4000"})
+    assert (slurm.rank, slurm.size, slurm.local_rank, slurm.launcher) == (5, 8, 1, "slurm")
+    with pytest.raises(envmod.EnvironmentMissing, match="MASTER_ADDR"):
+        envmod.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NNODES": "2",
+                       "SLURM_JOB_ID": "1"})
+
+
+def test_environment_rejects_bad_values():
+    with pytest.raises(envmod.EnvironmentMissing, match="out of range"):
+        envmod.detect({"POLYCAST_RANK": "4", "POLYCAST_SIZE": "4",
+                       "POLYCAST_MASTER_ADDR": "127.0.0.1", "POLYCAST_MASTER_PORT": "1"})
+    with pytest.raises(InvalidArgument, match="POLYCAST_TIMEOUT"):
+        envmod.timeout_from_env({"POLYCAST_TIMEOUT": "-3"})
+
+
+# -- rendezvous store -------------------------------------------------------------------
+def test_store_set_get_wait_add():
+    server = StoreServer("127.0.0.1", 0)
+    try:
+        a = StoreClient("127.0.0.1", server.port, timeout_seconds=5)
+        b = StoreClient("127.0.0.1", server.port, timeout_seconds=5)
+        assert a.get("k") is None
+        got = []
+        t = threading.Thread(target=lambda: got.append(b.wait("k", 5)))
+        t.start()
+        time.sleep(0.05)
+        a.set("k", b"value")
+        t.join(5)
+        assert got == [b"value"] and a.get("k") == b"value"
+        assert [a.add("n"), b.add("n", 2)] == [1, 3]
+        a.close()
+        b.close()
+    finally:
+        server.close()
+
+
+def test_store_wait_is_bounded_and_names_the_key():
+    server = StoreServer("127.0.0.1", 0)
+    try:
+        c = StoreClient("127.0.0.1", server.port, timeout_seconds=5)
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeout, match="never-set"):
+            c.wait("never-set", timeout=0.3)
+        assert time.monotonic() - t0 < 2
+    finally:
+        server.close()
+
+
+def test_store_unreachable_and_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeout, match="MASTER_ADDR"):
+            StoreClient("127.0.0.1", port, timeout_seconds=0.5)   # bound, not listening
+        assert time.monotonic() - t0 < 3
+        s.listen()
+        with pytest.raises(PortInUse, match="in use"):
+            StoreServer("127.0.0.1", port)
+
+
+# -- shared-memory ring -----------------------------------------------------------------
+def test_ring_roundtrip_with_pieces_and_pinning(tmp_path):
+    path = str(tmp_path / "ring")
+    reader = Ring.create(path, 1 << 16)
+    writer = Ring.attach(path, 1 << 16)
+    reader.unlink()
+    rng = np.random.default_rng(3)
+    msgs = [rng.integers(0, 255, int(n), dtype=np.uint8) for n in rng.integers(0, 50000, 120)]
+    got, held, sent = [], [], 0
+    for step in range(20000):
+        while sent < len(msgs) and len(writer._out) < 4:
+            m = msgs[sent]
+            writer.enqueue(3, b"h%02d" % (sent % 100), [m[:len(m) // 3], m[len(m) // 3:]],
+                           len(m), sent)
+            sent += 1
+        writer.flush()
+        frames = []
+        reader.poll(frames)
+        for hdr_len, header, payload, _key in frames:
+            assert hdr_len == 3 and header == b"h%02d" % (len(got) % 100)
+            got.append(bytes(payload) if payload is not None else b"")
+            held.append(payload)           # the engine may hold payloads a while
+        frames = payload = None
+        if step % 3 == 0:
+            held.clear()                   # ... then let go: the frames go back
+        if len(got) == len(msgs):
+            break
+    assert [g for g in got] == [m.tobytes() for m in msgs]
+
+
+# -- TCP link ---------------------------------------------------------------------------
+def test_tcp_links_exchange_large_messages_both_ways_without_blocking():
+    a, b = socket.socketpair()
+    la, lb = TcpLink(a, 1), TcpLink(b, 0)
+    big = np.arange(3 << 20, dtype=np.uint8)          # larger than both socket buffers
+    for link in (la, lb):
+        link.enqueue(44, b"H" * 44, [memoryview(big)], big.nbytes, "big")
+        link.enqueue(44, b"S" * 44, [b"small"], 5, "small")
+    got = {id(la): [], id(lb): []}
+    done = []
+    for _ in range(20000):
+        for link in (la, lb):
+            done += link.flush()                       # never blocks
+            link.read(got[id(link)])
+        if all(len(v) == 2 for v in got.values()):
+            break
+    for frames in got.values():
+        (h1, hdr1, p1), (h2, hdr2, p2) = frames
+        assert h1 == 44 and hdr1 == b"H" * 44 and np.array_equal(np.frombuffer(p1, np.uint8), big)
+        assert hdr2 == b"S" * 44 and bytes(p2) == b"small"
+    assert sorted(done) == ["big", "big", "small", "small"]
+    a.close()
+    b.close()
+
+
+# -- multicast --------------------------------------------------------------------------
+def test_multicast_group_is_derived_and_joinable():
+    g1, g2 = group_for("job", 0), group_for("job", 1)
+    assert g1 != g2 and g1[0].startswith("239.255.") and g1 == group_for("job", 0)
+    s1, grp = open_group("job-t", 5, single_host=True)
+    s2, _ = open_group("job-t", 5, single_host=True)
+    try:
+        s1.sendto(b"hello", grp)
+        deadline = time.monotonic() + 2
+        data = None
+        while time.monotonic() < deadline and data is None:
+            try:
+                data = s2.recv(100)
+            except BlockingIOError:
+                time.sleep(0.005)
+        assert data == b"hello"
+    finally:
+        s1.close()
+        s2.close()
+
+
+def test_multicast_unavailable_falls_back_with_a_warning():
+    from polycast.comm import Comm
+
+    class FakeDriver:
+        rank = 0
+    comm = Comm(FakeDriver(), 0, [0, 1, 2, 3], 60.0, mcast_error="cannot join (test)")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        algo = comm.choose_algorithm(Collective.ALLGATHER, 1 << 20, "mcast")
+    assert algo != "mcast" and "mcast" not in algo
+    assert any("multicast" in str(x.message) and algo in str(x.message) for x in w)
+    # and auto never picks multicast
+    assert "mcast" not in comm.choose_algorithm(Collective.BROADCAST, 64 << 20, None)
