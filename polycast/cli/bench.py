@@ -1,0 +1,179 @@
+"""``polycast bench``: nccl-tests-style measurements on local ranks.
+
+    polycast bench -n 4 allgather --algo ring,mcast --min 1KiB --max 64MiB [--json]
+
+Starts the ranks itself (polycast.runtime.launch), runs every size (from --min to --max,
+times --step-factor) with every algorithm, and prints per row: size, count, dtype,
+algorithm, time (us), algbw and busbw (GB/s = 1e9 B/s; busbw = algbw x the nccl-tests
+factor of the collective) and whether the result matched polycast.reference exactly.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import threading
+
+from ..collectives import Collective, ReduceOp
+from ..errors import InvalidArgument
+from ..units import format_size, parse_size
+
+
+class _Sink(io.RawIOBase):
+    """Collects the ranks' forwarded output: rows and progress from rank 0."""
+
+    def __init__(self, progress) -> None:
+        self.rows: list[dict] = []
+        self.errors: list[dict] = []
+        self.other: list[str] = []
+        self._progress = progress
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        line = bytes(data).decode("utf-8", "replace").rstrip("\n")
+        body = line.split("] ", 1)[1] if line.startswith("[rank ") else line
+        with self._lock:
+            if body.startswith("BENCHROW "):
+                self.rows.append(json.loads(body[9:]))
+            elif body.startswith("BENCHERROR "):
+                self.errors.append(json.loads(body[11:]))
+            elif body.startswith("BENCHPROGRESS "):
+                done, total = (int(x) for x in body.split()[1:3])
+                self._progress(done, total)
+            else:
+                self.other.append(line)
+        return len(data)
+
+
+def _progress_factory(enabled: bool):
+    """A progress callback: rich's bar when available, else a plain line on stderr."""
+    if not enabled:
+        return (lambda done, total: None), (lambda: None)
+    try:
+        from rich.progress import Progress
+    except ImportError:
+        def plain(done, total):
+            print(f"\rpolycast bench: {done}/{total}", end="" if done < total else "\n",
+                  file=sys.stderr, flush=True)
+        return plain, (lambda: None)
+    prog = Progress(transient=True)
+    prog.start()
+    task = prog.add_task("benchmark", total=None)
+
+    def update(done, total):
+        prog.update(task, completed=done, total=total)
+    return update, prog.stop
+
+
+def _table(rows: list[dict], coll: str, nranks: int) -> None:
+    headers = ("size", "count", "type", "algorithm", "time (us)", "algbw (GB/s)",
+               "busbw (GB/s)", "correct")
+
+    def cells(r):
+        ok = {True: "ok", False: "WRONG", None: "-"}[r["correct"]]
+        return (format_size(r["nbytes"]), str(r["count"]), r["dtype"], r["algorithm"],
+                f"{r['time_us']:.1f}", f"{r['algbw']:.3f}", f"{r['busbw']:.3f}", ok)
+    title = (f"polycast bench: {coll}, {nranks} ranks, transport "
+             f"{rows[0]['transport'] if rows else '?'}")
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(title)
+        widths = [max(len(h), *(len(cells(r)[i]) for r in rows)) for i, h in enumerate(headers)]
+        print("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+        for r in rows:
+            print("  ".join(c.rjust(w) for c, w in zip(cells(r), widths)))
+        return
+    t = Table(title=title)
+    for h in headers:
+        t.add_column(h, justify="right")
+    for r in rows:
+        t.add_row(*cells(r))
+    Console().print(t)
+
+
+def run(args) -> int:
+    from ..runtime.launch import launch
+    coll = Collective.parse(args.collective)
+    if args.nranks < 1:
+        raise InvalidArgument(f"-n must be a positive number of ranks, got {args.nranks}")
+    lo, hi = parse_size(args.min), parse_size(args.max)
+    if lo < 1 or hi < lo:
+        raise InvalidArgument(f"need 1 <= --min <= --max, got {args.min} and {args.max}")
+    if args.step_factor < 2:
+        raise InvalidArgument(f"--step-factor must be >= 2, got {args.step_factor}")
+    if args.iters < 1 or args.warmup < 0:
+        raise InvalidArgument("--iters must be >= 1 and --warmup >= 0")
+    ReduceOp.parse(args.op)
+    import numpy as np
+    try:
+        np.dtype(args.dtype)
+    except TypeError:
+        raise InvalidArgument(f"unknown dtype {args.dtype!r}; e.g. float32, float64, "
+                              "int32, int8") from None
+    from ..algorithms import supported
+    algos = [a.strip() for a in args.algo.split(",") if a.strip()]
+    valid = supported(coll, args.nranks)
+    for a in algos:
+        if a != "auto" and a not in valid:
+            raise InvalidArgument(f"{coll} has no algorithm {a!r} for {args.nranks} ranks; "
+                                  f"valid: auto, {', '.join(valid)}")
+    from ..runtime.bench_rank import sizes_between
+    sizes = sizes_between(lo, hi, args.step_factor)
+    total = len(sizes) * len(algos)
+    update, stop = _progress_factory(not args.json and total >= 4 and sys.stderr.isatty())
+    sink = _Sink(update)
+    cmd = ["-m", "polycast.runtime.bench_rank", str(coll), "--algo", ",".join(algos),
+           "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
+           "--warmup", str(args.warmup), "--dtype", args.dtype, "--op", args.op,
+           "--root", str(args.root)] + (["--no-check"] if args.no_check else [])
+    extra = {"POLYCAST_TRANSPORT": args.transport} if args.transport else {}
+    try:
+        status = launch(args.nranks, cmd, extra_env=extra, stdout=sink,
+                        timeout_seconds=args.timeout)
+    finally:
+        stop()
+    if sink.errors or status != 0:
+        for e in sink.errors:
+            print(f"polycast bench: {e['algorithm']} at {format_size(e['nbytes'])}: "
+                  f"{e['error']}", file=sys.stderr)
+        for line in sink.other[-20:]:
+            print(line, file=sys.stderr)
+        if status == 0:
+            status = 1
+    if args.json:
+        print(json.dumps(sink.rows, indent=1))
+    elif sink.rows:
+        _table(sink.rows, str(coll), args.nranks)
+    if any(r["correct"] is False for r in sink.rows):
+        return 1
+    return status
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="measure collectives on local ranks "
+                              "(nccl-tests style)", description=__doc__.splitlines()[0])
+    p.add_argument("-n", "--nranks", type=int, default=4, help="local ranks (default 4)")
+    p.add_argument("collective", help="allgather, allreduce, broadcast, reduce_scatter, ...")
+    p.add_argument("--algo", default="auto",
+                   help="comma-separated algorithms (default: auto, the tuner's choice)")
+    p.add_argument("--min", default="1KiB", help="smallest size S (default 1KiB)")
+    p.add_argument("--max", default="16MiB", help="largest size S (default 16MiB)")
+    p.add_argument("-f", "--step-factor", type=int, default=4,
+                   help="multiply the size by this between rows (default 4)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--op", default="sum")
+    p.add_argument("--root", type=int, default=0)
+    p.add_argument("--transport", choices=("auto", "shm", "tcp"), default=None)
+    p.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    p.add_argument("--timeout", type=float, default=900.0,
+                   help="end the run after this many seconds (default 900)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(func=run)
