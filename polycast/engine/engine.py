@@ -172,56 +172,95 @@ class _Plan:
     streams: dict                           # (root, ordinal) -> step index (MCAST / MRECV)
     peers: frozenset                        # ranks the program talks to point-to-point
     n_mrecv: int
-    mcast_nelems: int                       # elements this rank receives by multicast
+    mcast_nelems: int                       # elements of all its MCAST and MRECV steps
     multicast: bool                         # the schedule multicasts (FIN ring on every rank)
+
+
+_USES_MULTICAST: dict[int, tuple[Schedule, bool]] = {}
+
+
+def _uses_multicast(schedule: Schedule) -> bool:
+    """schedule.uses_multicast scans every rank's program: cached per schedule for the whole
+    process, since a simulator posts one schedule on thousands of engines."""
+    hit = _USES_MULTICAST.get(id(schedule))
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
+    if len(_USES_MULTICAST) >= 64:
+        _USES_MULTICAST.pop(next(iter(_USES_MULTICAST)))
+    value = schedule.uses_multicast
+    _USES_MULTICAST[id(schedule)] = (schedule, value)
+    return value
+
+
+_RUNS: dict[tuple, tuple] = {}
+
+
+def _runs(layout, blocks: tuple[int, ...]) -> tuple:
+    """(layout.runs(blocks), their element count), memoised: the ranks of one schedule
+    name the same blocks over and over."""
+    key = (layout, blocks)
+    hit = _RUNS.get(key)
+    if hit is None:
+        if len(_RUNS) >= 200_000:
+            _RUNS.clear()
+        runs = tuple(layout.runs(blocks))
+        hit = _RUNS[key] = (runs, sum(b - a for a, b in runs))
+    return hit
 
 
 def _plan(schedule: Schedule, rank: int) -> _Plan:
     prog = schedule.program(rank)
     n = len(prog)
+    nranks = schedule.nranks
+    layouts = schedule.layouts
     ndeps = [len(st.deps) for st in prog]
     succ: list[list[int]] = [[] for _ in range(n)]
     runs, nelems, dst_runs = [], [], []
     recv_index, streams = {}, {}
     peers = set()
     n_mrecv = mcast_nelems = 0
+    SEND, RECV, COPY, MCAST, MRECV = Kind.SEND, Kind.RECV, Kind.COPY, Kind.MCAST, Kind.MRECV
+    empty = ((), 0)
     for idx, st in enumerate(prog):
         for d in st.deps:
             if not 0 <= d < idx:
                 raise InvalidArgument(f"{schedule.describe()}: rank {rank} step {idx} "
                                       f"depends on step {d}, not an earlier step")
             succ[d].append(idx)
+        kind = st.kind
         if st.blocks:
-            lay = schedule.layouts.get(st.buf)
+            lay = layouts.get(st.buf)
             if lay is None:
                 raise InvalidArgument(f"{schedule.describe()}: rank {rank} step {idx} names "
                                       f"buffer {st.buf!r}, which has no layout")
-            r = tuple(lay.runs(st.blocks))
+            r, ne = _runs(lay, st.blocks)
         else:
-            r = ()
+            r, ne = empty
         runs.append(r)
-        nelems.append(sum(b - a for a, b in r))
-        if st.kind is Kind.COPY:
-            dst_runs.append(tuple(schedule.layouts[st.dst].runs(st.dst_blocks)))
-        else:
-            dst_runs.append(())
-        if st.kind in (Kind.SEND, Kind.RECV, Kind.MRECV):
-            if not 0 <= st.peer < schedule.nranks or st.peer == rank:
-                raise InvalidArgument(f"{schedule.describe()}: rank {rank} step {idx} has "
-                                      f"peer {st.peer}, not another of {schedule.nranks} ranks")
-        if st.kind is Kind.RECV:
-            recv_index[(st.peer, st.tag)] = idx
-            peers.add(st.peer)
-        elif st.kind is Kind.SEND:
-            peers.add(st.peer)
-        elif st.kind is Kind.MCAST:
+        nelems.append(ne)
+        if kind is COPY:
+            dst_runs.append(_runs(layouts[st.dst], st.dst_blocks)[0] if st.dst_blocks else ())
+            continue
+        dst_runs.append(())
+        if kind is MCAST:
             streams[(rank, st.tag)] = idx
-        elif st.kind is Kind.MRECV:
-            streams[(st.peer, st.tag)] = idx
+            mcast_nelems += ne
+            continue
+        peer = st.peer
+        if not 0 <= peer < nranks or peer == rank:
+            raise InvalidArgument(f"{schedule.describe()}: rank {rank} step {idx} has "
+                                  f"peer {peer}, not another of {nranks} ranks")
+        if kind is RECV:
+            recv_index[(peer, st.tag)] = idx
+            peers.add(peer)
+        elif kind is SEND:
+            peers.add(peer)
+        elif kind is MRECV:
+            streams[(peer, st.tag)] = idx
             n_mrecv += 1
-            mcast_nelems += nelems[-1]
+            mcast_nelems += ne
     return _Plan(ndeps, succ, runs, nelems, dst_runs, recv_index, streams, frozenset(peers),
-                 n_mrecv, mcast_nelems, schedule.uses_multicast)
+                 n_mrecv, mcast_nelems, bool(streams) or _uses_multicast(schedule))
 
 
 def slice_runs(runs, start: int, stop: int) -> tuple[tuple[int, int], ...]:
@@ -265,7 +304,7 @@ class _Stream:
     """One multicast stream as this rank sees it: the root's MCAST, or an MRECV of it."""
 
     __slots__ = ("idx", "root", "ordinal", "owner", "nelems", "nbytes", "chunk_elems",
-                 "nchunks", "chunk_regions", "bitmap", "have", "held", "eos_seen",
+                 "nchunks", "buf", "bitmap", "have", "held", "eos_seen",
                  "last_progress", "requested", "deferred", "runs")
 
     def __init__(self, idx, root, ordinal, owner, runs, nelems, itemsize, mtu):
@@ -275,7 +314,7 @@ class _Stream:
         self.nbytes = nelems * itemsize
         self.chunk_elems = max(1, mtu // itemsize)
         self.nchunks = -(-nelems // self.chunk_elems)
-        self.chunk_regions = None
+        self.buf = ""
         self.bitmap = None
         self.have = 0
         self.held = []                  # (header, payload) datagrams before the step started
@@ -407,13 +446,8 @@ class Engine:
         out: list[Action] = []
         r.op_timer = self._set_timer(out, now + self.config.op_timeout_s, "op", r, None)
         if r.multicast:
-            mtu = self.config.mtu_nbytes
-            for key2, idx in plan.streams.items():
-                st = _Stream(idx, key2[0], key2[1], key2[0] == self.rank, plan.runs[idx],
-                             plan.nelems[idx], itemsize, mtu)
-                r.streams[key2] = st
             rate = self._rate_gbps or self.config.line_rate_gbps
-            total = sum(s.nbytes for s in r.streams.values())
+            total = plan.mcast_nelems * itemsize
             r.rto = self.config.recovery_timeout_s + 2 * total * 8 / (rate * 1e9)
             if self.nranks == 1:                # nobody to hear it, nobody to shake hands with
                 r.fin_sent = r.fin_received = True
@@ -672,7 +706,7 @@ class Engine:
         if h.sig != r.sig:
             st.drop("bad_sig")
             return
-        s = r.streams.get((src, h.stream))
+        s = r.streams.get((src, h.stream)) or self._stream(r, (src, h.stream))
         if s is None or s.owner:
             st.drop("bad_stream")
             return
@@ -700,7 +734,15 @@ class Engine:
             s.have += 1
             s.last_progress = now
             r.mcast_bytes_in += nb
-            out.append(_deliver(payload, s.chunk_regions[i], False))
+            runs = s.runs
+            e0 = i * ce
+            e1 = e0 + nb // r.itemsize
+            if len(runs) == 1:          # the common case: the stream is one element range
+                a0 = runs[0][0]
+                chunk = ((a0 + e0, a0 + e1),)
+            else:
+                chunk = slice_runs(runs, e0, e1)
+            out.append(_deliver(payload, _region(r.req, s.buf, chunk, nb), False))
             if s.have == s.nchunks:
                 self._stream_complete(r, s, now, out)
             elif s.deferred:
@@ -823,9 +865,22 @@ class Engine:
         out.append(_send_action(peer, h, region, token, data))
 
     # -- multicast: the root --------------------------------------------------------------
+    def _stream(self, r: _Request, key: tuple[int, int]) -> _Stream | None:
+        """The stream state of (root, ordinal), made on first use: a simulated allgather
+        on thousands of ranks must not allocate P streams per rank up front."""
+        s = r.streams.get(key)
+        if s is None:
+            idx = r.plan.streams.get(key)
+            if idx is None:
+                return None
+            s = _Stream(idx, key[0], key[1], key[0] == self.rank, r.plan.runs[idx],
+                        r.plan.nelems[idx], r.itemsize, self.config.mtu_nbytes)
+            r.streams[key] = s
+        return s
+
     def _start_mcast(self, r: _Request, idx: int, now: float, out: list) -> None:
         step = r.prog[idx]
-        s = r.streams[(self.rank, step.tag)]
+        s = self._stream(r, (self.rank, step.tag))
         isz = r.itemsize
         ce = s.chunk_elems
         rate = self._rate_gbps
@@ -872,10 +927,8 @@ class Engine:
     # -- multicast: receivers -------------------------------------------------------------
     def _start_mrecv(self, r: _Request, idx: int, now: float, out: list) -> None:
         step = r.prog[idx]
-        s = r.streams[(step.peer, step.tag)]
-        s.chunk_regions = [_region(r.req, step.buf, runs, sum(b - a for a, b in runs)
-                                   * r.itemsize)
-                           for runs in _chunk_runs(s.runs, s.chunk_elems, s.nelems)]
+        s = self._stream(r, (step.peer, step.tag))
+        s.buf = step.buf
         s.bitmap = bytearray(s.nchunks)
         s.requested = bytearray(s.nchunks)
         s.last_progress = now
@@ -964,7 +1017,7 @@ class Engine:
         return off // cb, -(-end // cb)
 
     def _on_recover_req(self, r: _Request, src: int, h: Header, out: list) -> None:
-        s = r.streams.get((h.tag, h.stream))
+        s = self._stream(r, (h.tag, h.stream))
         rng = self._range_chunks(r, s, h) if s is not None else None
         if rng is None or not h.flags & F_NO_PAYLOAD:
             self.stats.drop("bad_recover_req")
@@ -1003,7 +1056,7 @@ class Engine:
 
     def _on_recover_data(self, r: _Request, src: int, h: Header, payload, now: float,
                          out: list) -> None:
-        s = r.streams.get((h.tag, h.stream))
+        s = self._stream(r, (h.tag, h.stream))
         rng = self._range_chunks(r, s, h) if s is not None and not s.owner else None
         if rng is None or s.bitmap is None:
             self.stats.drop("bad_recover_data")
@@ -1118,8 +1171,8 @@ class Engine:
             elif step.kind in (Kind.RECV, Kind.MRECV):
                 what += f" from rank {step.peer}"
             if step.kind is Kind.MRECV:
-                s = r.streams[(step.peer, step.tag)]
-                if s.bitmap is not None:
+                s = r.streams.get((step.peer, step.tag))
+                if s is not None and s.bitmap is not None:
                     what += f": {s.nchunks - s.have} of {s.nchunks} chunks missing"
             parts.append(what + ")")
             if len(parts) == 4:
