@@ -142,6 +142,13 @@ def connect(env: JobEnv, transport: str | None = None,
             world.peers[r] = Peer(r, TcpLink(sock, r), rings_in.get(r), rings_out.get(r),
                                   r in same)
         _barrier(store, "connected", env.size, max(0.1, deadline - time.monotonic()))
+        # The master closes the store only once every rank said it is done with it (a
+        # rank still waiting for a barrier reply must not find the store gone).
+        if env.rank != 0:
+            store.set(f"done/{env.rank}", b"1")
+        else:
+            for r in range(1, env.size):
+                store.wait(f"done/{r}", max(0.1, deadline - time.monotonic()))
         store.close()
         return world
     except (socket.timeout, TimeoutError) as exc:
