@@ -1,4 +1,30 @@
-"""polycast.engine: the sans-I/O per-rank state machine, its wire format and actions."""
+"""polycast.engine: the sans-I/O per-rank state machine, its wire format and actions.
+
+The driver's side of the contract (the runtime's progress thread and the simulator follow
+it; ``tests/world.py`` is a complete small driver):
+
+* One :class:`Engine` per (rank, communicator). Feed it events with your clock's ``now``
+  (seconds): ``post``, ``on_message``, ``on_datagram`` (raw bytes) or
+  ``on_datagram_header`` (pre-parsed), ``on_send_done``, ``on_timer``, ``on_peer_lost``.
+  Carry out the returned actions **in order** (a Deliver must land before a later Send of
+  the same memory).
+* ``Send``: write ``header.pack(secret, payload)`` then the payload (``payload`` Region
+  gathered, or the inline ``data`` bytes when ``payload`` is None) to ``peer`` over the
+  reliable channel, in order per peer; call ``on_send_done(token)`` when the memory may be
+  reused. ``header.payload_nbytes`` bytes follow the header on the wire.
+* Reading: ``parse_header(first header_nbytes(secret) bytes, secret)``, read
+  ``payload_nbytes`` more bytes, ``verify_mac(header, payload, secret)``, then
+  ``on_message(src, header, payload)``. The engine may keep the payload object until it
+  returns it in a ``Deliver``: pass memory you will not overwrite (a copy).
+* ``Multicast``: send ``header.pack(secret, payload) + payload`` to the group, not before
+  ``not_before``; datagrams may be lost. The engine drops its own looped-back datagrams.
+* ``SetTimer``: call ``on_timer(timer)`` at the absolute ``deadline``; a later SetTimer of
+  the same id moves it; ``CancelTimer`` removes it.
+* ``Complete``/``Fail``: the request is over; its buffers may be reused (for AVG call
+  ``polycast.memory.Buffers.finalize`` on Complete).
+* ``post(..., dtype=, op=)``: pass the same strings on every rank (``str(array.dtype)``);
+  they are part of the call signature that detects mismatched calls.
+"""
 
 from .actions import (Action, CancelTimer, Complete, Copy, Deliver, Fail, Multicast, Region,
                       Send, SetTimer)
