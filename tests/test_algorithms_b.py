@@ -5,6 +5,9 @@ rank, every message matched, no races, no deadlock, input never written)."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from polycast.algorithms.registry import algorithms, build
@@ -168,3 +171,39 @@ def test_hdbtree_patterns_differ():
     assert all(r % 2 == 1 for r in inter_host_senders("split"))
     both = inter_host_senders("balanced")
     assert any(r % 2 == 0 for r in both) and any(r % 2 == 1 for r in both)
+
+
+# -- real data through the engine (tests/world.py: every rank's engine, an in-memory net) --
+
+_ENGINE_CASES = [
+    ("allreduce", "mcast", 5, {}),
+    ("allgather", "hmcast", 6, {"hosts": 2, "roots": 1}),
+    ("allreduce", "hmcast", 6, {"hosts": 3}),
+    ("broadcast", "hmcast", 6, {"hosts": 2}),
+    ("allreduce", "hring", 6, {"hosts": 2}),
+    ("allgather", "hring", 6, {"hosts": 3}),
+    ("allreduce", "ring2d", 8, {"hosts": 2}),
+    ("allgather", "ring2d", 6, {"hosts": 2}),
+    ("allreduce", "hdbtree", 8, {"hosts": 4, "pattern": "balanced"}),
+    ("broadcast", "hdbtree", 8, {"hosts": 4, "pattern": "split"}),
+    ("reduce", "hdbtree", 6, {"hosts": 3, "pattern": "balanced"}),
+    ("reduce_scatter", "rechalving", 6, {}),
+    ("allreduce", "rabenseifner", 7, {}),
+]
+
+
+@pytest.mark.parametrize("collective,algorithm,P,opts", _ENGINE_CASES,
+                         ids=[f"{c}-{a}-P{P}" for c, a, P, _ in _ENGINE_CASES])
+def test_engine_runs_exact(collective, algorithm, P, opts):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from world import World
+
+    root = P - 2 if collective in ("broadcast", "reduce") else 0
+    s = build(collective, algorithm, P, 13, root=root, nchunks=2, **opts)
+    w = World(P, seed=P)
+    ops = ["sum", "avg"] if s.collective.has_op else [None]
+    calls = [w.post_call(s, "float32", op=op, seed=i) for i, op in enumerate(ops)]
+    w.run()
+    for c in calls:
+        w.check(c)
+    assert all(not e.busy for e in w.engines)
