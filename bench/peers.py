@@ -42,6 +42,7 @@ import datetime
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -82,25 +83,29 @@ class Finished:
     def why(self, what: str, timeout_seconds: float) -> str:
         if self.timed_out:
             return f"{what} timed out after {timeout_seconds:g}s"
-        tail = [ln for ln in (self.stderr + "\n" + self.stdout).splitlines() if ln.strip()]
-        last = tail[-1].strip()[:160] if tail else "no output"
+        tail = ([ln for ln in self.stderr.splitlines() if ln.strip()]
+                or [ln for ln in self.stdout.splitlines() if ln.strip()])
+        last = tail[-1].strip()[:200] if tail else "no output"
         return f"{what} failed (exit {self.returncode}): {last}"
 
 
 @dataclass
 class PeerRun:
     """One peer's outcome: ``rows`` by (collective, nbytes); ``unavailable`` is the reason
-    the peer did not run at all, ``missing`` the reason shown for cases it did not finish."""
+    the peer did not run at all, ``missing`` the reason shown for cases it did not finish
+    (``missing_by`` per case where known)."""
     name: str
     rows: dict[tuple[str, int], dict] = field(default_factory=dict)
     unavailable: str = ""
     missing: str = ""
+    missing_by: dict[tuple[str, int], str] = field(default_factory=dict)
     library: str = ""
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
-    def reason(self) -> str:
-        return self.unavailable or self.missing or "no result"
+    def reason(self, key: tuple[str, int] | None = None) -> str:
+        return (self.unavailable or self.missing_by.get(key) or self.missing
+                or "no result")
 
 
 def run_bounded(cmd: list[str], timeout_seconds: float, env: dict | None = None) -> Finished:
@@ -281,7 +286,22 @@ def best_rows(rows: list[dict], nranks: int) -> dict[tuple[str, int], dict]:
     return best
 
 
+def polycast_algorithms(collective: str, nranks: int, algo: str | None) -> list[str]:
+    """``--algo`` as given, else the tuner's choice plus every algorithm this polycast
+    supports for the collective at ``nranks`` (the table shows the best of them)."""
+    names = [a.strip() for a in (algo or "").split(",") if a.strip()]
+    if names:
+        return names
+    from polycast.algorithms import supported
+    return ["auto", *supported(collective, nranks)]
+
+
+_BENCH_ERROR = re.compile(r"^polycast bench: (\S+) at \S+: (.*)$", re.M)
+
+
 def run_polycast(cases, nranks, warmup, iters, timeout_seconds, algo: str | None) -> PeerRun:
+    """``polycast bench --json`` once per case with every algorithm; an algorithm that
+    raises ends that launch, so the case is launched again with the ones not yet run."""
     run = PeerRun("polycast")
     t0 = time.monotonic()
     helptext = polycast_bench_help()
@@ -293,35 +313,74 @@ def run_polycast(cases, nranks, warmup, iters, timeout_seconds, algo: str | None
         opts += ["--iters", str(iters)]
     if "--warmup" in helptext:
         opts += ["--warmup", str(warmup)]
-    if algo:
-        opts += ["--algo", algo]
+    if "--timeout" in helptext:    # let it end its own ranks first
+        opts += ["--timeout", f"{max(1.0, timeout_seconds - 10):g}"]
     run.library = "polycast bench"
     for case in cases:
-        size = str(case.nbytes)
-        cmd = polycast_command() + ["bench", "-n", str(nranks), case.collective,
-                                    "--min", size, "--max", size, *opts, "--json"]
-        done = run_bounded(cmd, timeout_seconds)
-        if done.timed_out or done.returncode != 0:
+        todo = polycast_algorithms(case.collective, nranks, algo)
+        found: list[dict] = []
+        label = f"{case.collective} {format_size(case.nbytes)}"
+        timed_out = False
+        for _ in range(len(todo)):           # at most one launch per algorithm
+            size = str(case.nbytes)
+            cmd = polycast_command() + ["bench", "-n", str(nranks), case.collective,
+                                        "--algo", ",".join(todo), "--min", size,
+                                        "--max", size, *opts, "--json"]
+            done = run_bounded(cmd, timeout_seconds)
+            timed_out = done.timed_out
+            try:
+                rows = parse_json_rows(done.stdout) if done.stdout.strip() else []
+            except ValueError as exc:
+                rows = []
+                run.notes.append(f"{label}: unreadable polycast bench output: {exc}")
+            found += rows
+            ran = {r.get("requested", r.get("algorithm")) for r in rows}
+            if not done.timed_out and done.returncode == 0:
+                break
+            left = [a for a in todo if a not in ran]
+            if not left and not done.timed_out:
+                break                            # exit 1 for a wrong result: rows say it
             reason = done.why("polycast bench", timeout_seconds)
-            run.notes.append(f"{case.collective} {format_size(case.nbytes)}: {reason}")
-            run.missing = reason
-            if done.timed_out:   # a hang is likely to repeat: do not wait for it again
+            # bench runs the algorithms in order: the first one without a row failed
+            failed = dict(_BENCH_ERROR.findall(done.stderr)) or (
+                {left[0]: reason} if left and not done.timed_out else {})
+            for name, err in failed.items():
+                run.notes.append(f"{label}: algorithm {name} failed: {err[:200]}")
+            if not failed:
+                run.notes.append(f"{label}: {reason}")
+            todo = [a for a in left if a not in failed]
+            if done.timed_out or not failed or not todo:
+                run.missing_by[(case.collective, case.nbytes)] = reason
+                break
+        best = best_rows(found, nranks).get((case.collective, case.nbytes))
+        if best is None:
+            sizes = sorted({int(r["nbytes"]) for r in found})
+            run.missing_by.setdefault(
+                (case.collective, case.nbytes),
+                f"polycast bench gave no row for {case.nbytes} B"
+                + (f" (got {sizes})" if sizes else ""))
+            if timed_out:
+                run.missing = "skipped after a polycast bench timeout"
                 run.notes.append("later polycast cases skipped after the timeout")
                 break
             continue
-        try:
-            found = best_rows(parse_json_rows(done.stdout), nranks)
-        except (ValueError, KeyError, TypeError) as exc:
-            run.missing = f"unreadable polycast bench output: {exc}"
-            run.notes.append(f"{case.collective} {format_size(case.nbytes)}: {run.missing}")
-            continue
-        if (case.collective, case.nbytes) in found:
-            run.rows[(case.collective, case.nbytes)] = found[(case.collective, case.nbytes)]
-        else:
-            run.missing = f"polycast bench gave no row for {format_size(case.nbytes)}"
+        auto = [r for r in found if r.get("requested") == "auto"]
+        if auto:
+            a = with_bandwidth({**auto[0], "collective": case.collective,
+                                "nbytes": int(auto[0]["nbytes"])}, nranks)
+            best["auto"] = {"algorithm": a.get("algorithm"), "busbw": a["busbw"],
+                            "time_us": a["time_us"], "correct": a.get("correct")}
+        best["all"] = [{k: r.get(k) for k in ("algorithm", "requested", "time_us", "busbw",
+                                               "correct", "transport", "iters")}
+                       for r in found]
+        run.rows[(case.collective, case.nbytes)] = best
+        if timed_out:
+            run.missing = "skipped after a polycast bench timeout"
+            run.notes.append("later polycast cases skipped after the timeout")
+            break
     run.seconds = time.monotonic() - t0
-    if not run.rows and run.missing:
-        run.unavailable = run.missing
+    if not run.rows and run.missing_by:
+        run.unavailable = next(iter(run.missing_by.values()))
     return run
 
 
@@ -331,8 +390,19 @@ def run_polycast(cases, nranks, warmup, iters, timeout_seconds, algo: str | None
 def _bw_cell(run: PeerRun, key) -> object:
     row = run.rows.get(key)
     if row is None:
-        return f"n/a ({run.reason()})"
+        return f"n/a ({run.reason(key)})"
     return _gbps(row["busbw"]) + ("" if row["correct"] else " WRONG")
+
+
+def _auto_cell(row: dict | None) -> str:
+    """busbw of the tuner's own choice ("auto"), when it was measured, and what it chose
+    when that is not the best algorithm."""
+    auto = (row or {}).get("auto")
+    if not auto:
+        return ""
+    cell = _gbps(auto["busbw"]) + ("" if auto.get("correct", True) else " WRONG")
+    return cell if auto.get("algorithm") == row.get("algorithm") else \
+        f"{cell} ({auto.get('algorithm')})"
 
 
 def _gbps(x: float) -> str:
@@ -348,7 +418,7 @@ def _ratio(a: dict | None, b: dict | None) -> float | str:
 
 def comparison(cases: list[pc.Case], runs: dict[str, PeerRun]):
     """(table columns, table rows, JSON records) of busbw per collective and size."""
-    columns = ["collective", "size", "polycast busbw GB/s", "polycast algo",
+    columns = ["collective", "size", "polycast busbw GB/s", "polycast algo", "auto GB/s",
                "MPICH busbw GB/s", "gloo busbw GB/s", "polycast/MPICH", "polycast/gloo"]
     rows, records = [], []
     for case in cases:
@@ -357,18 +427,19 @@ def comparison(cases: list[pc.Case], runs: dict[str, PeerRun]):
         pcast = got["polycast"]
         rows.append([case.collective, format_size(case.nbytes),
                      _bw_cell(runs["polycast"], key),
-                     pcast.get("algorithm", "?") if pcast else "",
+                     pcast.get("algorithm", "?") if pcast else "", _auto_cell(pcast),
                      _bw_cell(runs["mpich"], key), _bw_cell(runs["gloo"], key),
                      _ratio(pcast, got["mpich"]), _ratio(pcast, got["gloo"])])
         rec = {"collective": case.collective, "nbytes": case.nbytes, "count": case.count,
                "dtype": np.dtype(pc.DTYPE).name,
                "polycast_algorithm": pcast.get("algorithm") if pcast else None,
+               "polycast_auto": pcast.get("auto") if pcast else None,
                "polycast_vs_mpich": _ratio(pcast, got["mpich"]),
                "polycast_vs_gloo": _ratio(pcast, got["gloo"])}
         for name, run in runs.items():
             r = got[name]
             rec[name] = ({k: r[k] for k in ("time_us", "algbw", "busbw", "correct")}
-                         if r else {"na": run.reason()})
+                         if r else {"na": run.reason(key)})
         records.append(rec)
     return columns, rows, records
 
@@ -385,8 +456,8 @@ def latency(cases: list[pc.Case], runs: dict[str, PeerRun]):
     for name, run in runs.items():
         r = run.rows.get(key)
         if r is None:
-            rows.append([LABELS[name], "", f"n/a ({run.reason()})", ""])
-            record[name] = {"na": run.reason()}
+            rows.append([LABELS[name], "", f"n/a ({run.reason(key)})", ""])
+            record[name] = {"na": run.reason(key)}
         else:
             rows.append([LABELS[name], r.get("algorithm", ""), f"{r['time_us']:.1f}",
                          "yes" if r["correct"] else "WRONG"])
@@ -471,6 +542,8 @@ def main(argv=None) -> int:
     columns, rows, records = comparison(cases, runs)
     print_table(f"busbw, {args.nranks} local ranks, float32 (GB/s = 1e9 B/s)", columns, rows,
                 right=set(columns[2:3] + columns[4:]))
+    print("polycast: the best of the algorithms run (--algo, default all it supports); "
+          "auto: polycast's own choice (named when it differs)")
     lat = latency(cases, runs)
     if lat:
         print_table(lat[0], lat[1], lat[2], right={"time us"})

@@ -140,3 +140,51 @@ def test_a_short_real_run_measures_mpich_and_says_why_others_are_missing(tmp_pat
     assert all(r["iters"] == 5 and r["time_us"] > 0 for r in mpich["rows"])
     assert data["peers"]["gloo"]["status"] == "n/a: not selected"
     assert np.isfinite(data["latency"]["mpich"]["time_us"])
+
+
+FAKE_BENCH = r'''
+import json, sys
+args = sys.argv[2:]                     # argv[1] is "bench"
+if "--help" in args:
+    print("usage: polycast bench [--iters N] [--warmup N] [--timeout S] [--json]")
+    sys.exit(0)
+coll, size = args[2], int(args[args.index("--min") + 1])
+speed = {"auto": 2.0, "ring": 2.0, "mcast": 1.0}      # time_us per byte
+rows = []
+for algo in args[args.index("--algo") + 1].split(","):
+    if algo == "boom":
+        print(json.dumps(rows))
+        print(f"polycast bench: boom at {size}B: it exploded", file=sys.stderr)
+        sys.exit(1)
+    if algo == "silent":                 # a rank died without a message
+        print(json.dumps(rows))
+        sys.exit(1)
+    rows.append({"collective": coll, "algorithm": "ring" if algo == "auto" else algo,
+                 "requested": algo, "nranks": 4, "nbytes": size,
+                 "time_us": speed[algo] * size, "algbw": 0, "busbw": 0, "correct": True})
+print(json.dumps(rows))
+'''
+
+
+def test_polycast_cases_go_on_past_an_algorithm_that_fails(tmp_path, monkeypatch):
+    fake = tmp_path / "fake_polycast.py"
+    fake.write_text(FAKE_BENCH)
+    monkeypatch.setattr(peers, "polycast_command", lambda: [sys.executable, str(fake)])
+    cases = peers.plan_cases(["allgather"], [4096], 4)
+    run = peers.run_polycast(cases, 4, warmup=1, iters=3, timeout_seconds=30,
+                             algo="auto,ring,boom,silent,mcast")
+    row = run.rows[("allgather", 4096)]
+    assert row["algorithm"] == "mcast"
+    assert row["busbw"] == pytest.approx(4096 / 4096e3 * 3 / 4)
+    assert row["auto"]["algorithm"] == "ring"
+    assert sorted(r["requested"] for r in row["all"]) == ["auto", "mcast", "ring"]
+    assert any("boom failed: it exploded" in n for n in run.notes)
+    assert any("silent failed" in n for n in run.notes)
+    assert not run.unavailable
+
+
+def test_polycast_without_a_bench_command_says_so(monkeypatch):
+    monkeypatch.setattr(peers, "polycast_command",
+                        lambda: [sys.executable, "-c", "import sys; sys.exit(2)"])
+    run = peers.run_polycast(peers.plan_cases(["allreduce"], [8], 4), 4, 1, 3, 30, None)
+    assert run.unavailable == "polycast bench not available" and not run.rows
