@@ -392,3 +392,44 @@ def test_fuzzed_messages_never_raise_and_nothing_hangs():
         assert not e.busy
         held = e.stats.early_nbytes
         assert held <= e.config.max_early_nbytes
+
+
+# -- timing of recovery: late roots, forwarded evidence --------------------------------------
+
+def test_late_root_triggers_no_recovery():
+    """A root that starts 3 coarse timeouts late is not mistaken for a lost stream."""
+    P = 4
+    cfg = EngineConfig(mtu_nbytes=64, recovery_timeout_s=0.1)
+    w = World(P, cfg)
+    s = mcast_broadcast(P, 200, root=0)
+    recvs = [np.zeros(200, np.float32) for _ in range(P)]
+    for r in range(1, P):
+        w.post(r, s, None, recvs[r])
+    w.advance(0.3)
+    send = np.arange(200, dtype=np.float32)
+    w.post(0, s, send, recvs[0])
+    w.run()
+    for r in range(P):
+        np.testing.assert_array_equal(recvs[r], send)
+    assert w.sends_of(MsgKind.RECOVER_REQ) == 0 and w.sends_of(MsgKind.FIN) == P
+
+
+def test_request_from_predecessor_is_forwarded_at_once():
+    """Rank 2 lost chunk 2 and every EOS; rank 1 lost chunk 2 but saw EOS. Rank 1's request
+    makes rank 2 pull from rank 3 immediately, not at its own coarse timeout."""
+    P = 4
+    cfg = EngineConfig(mtu_nbytes=64, recovery_timeout_s=1.0)
+
+    def drop(h, dst):
+        if dst == 2 and h.kind is MsgKind.MCAST_EOS:
+            return True
+        return h.kind is MsgKind.MCAST_DATA and dst in (1, 2) and h.tag == 2
+
+    w = World(P, cfg, Net(drop=drop))
+    c = w.post_call(mcast_broadcast(P, 64, root=0))
+    w.run()
+    w.check(c)
+    reqs = [(r, t) for (r, _, h), t in zip(w.sent, w.sent_at) if h.kind is MsgKind.RECOVER_REQ]
+    assert [r for r, _ in reqs] == [1, 2]
+    assert all(t < 0.01 for _, t in reqs)               # long before the 1 s timeout
+    assert w.now < 0.01

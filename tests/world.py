@@ -65,6 +65,7 @@ class World:
         self.errors: dict[tuple[int, int], Exception] = {}  # (rank, req) -> error
         self.posted: set[tuple[int, int]] = set()
         self.sent: list[tuple[int, int, object]] = []        # (rank, peer, header) of Sends
+        self.sent_at: list[float] = []                       # ... and when
         self.datagrams_sent = 0
         self.events = 0
         self._next_req = [0] * nranks
@@ -172,6 +173,7 @@ class World:
 
     def _send(self, rank: int, a: Send) -> None:
         self.sent.append((rank, a.peer, a.header))
+        self.sent_at.append(self.now)
         if a.payload is not None:
             payload = bytes(self.mem[rank].gather(a.payload))     # copy: sender may reuse
         else:

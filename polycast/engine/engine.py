@@ -88,6 +88,10 @@ _send_action = _fast(Send)
 
 MIB = 1 << 20
 _ENTRY_OVERHEAD_NBYTES = 64          # what one held message costs beyond its payload
+# A stream of which nothing at all arrived is most likely not sent yet (its root is late):
+# pulling it early would make every successor send the whole stream again over the
+# reliable channel once it arrives. Such streams wait this many coarse timeouts.
+_SILENT_RTO_FACTOR = 4
 _PENDING, _STARTED, _DONE = 0, 1, 2
 
 
@@ -975,18 +979,21 @@ class Engine:
             if s.owner or s.bitmap is None or s.have == s.nchunks:
                 continue
             pending = True
-            if now - s.last_progress >= r.rto * 0.999:
+            wait = r.rto if (s.have or s.eos_seen) else r.rto * _SILENT_RTO_FACTOR
+            if now - s.last_progress >= wait * 0.999:
                 self._request_gaps(r, s, out)
         if pending:
             r.rec_timer = self._set_timer(out, now + r.rto, "recover", r, None)
 
-    def _request_gaps(self, r: _Request, s: _Stream, out: list) -> None:
-        """Ask the ring successor for every missing chunk range not already asked for."""
+    def _request_gaps(self, r: _Request, s: _Stream, out: list, lo: int = 0,
+                      hi: int | None = None) -> None:
+        """Ask the ring successor for every missing chunk range (within chunks [lo, hi))
+        not already asked for."""
         bm, asked = s.bitmap, s.requested
-        n = s.nchunks
+        n = s.nchunks if hi is None else hi
         ce, isz = s.chunk_elems, r.itemsize
         succ = (self.rank + 1) % self.nranks
-        i = 0
+        i = lo
         while i < n:
             if bm[i] or asked[i]:
                 i += 1
@@ -1027,6 +1034,10 @@ class Engine:
         else:
             self.stats.recovery_deferred += 1
             s.deferred.append((src, h, rng))
+            if s.bitmap is not None and not s.owner:
+                # The predecessor's request is evidence the stream was sent and that this
+                # range is missing here too: pull it now rather than at our own timeout.
+                self._request_gaps(r, s, out, rng[0], rng[1])
 
     def _can_serve(self, r: _Request, s: _Stream, rng) -> bool:
         if s.owner:
