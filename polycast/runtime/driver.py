@@ -142,6 +142,7 @@ class Driver:
         self._dirty: set[int] = set()                # peers with queued output
         self._want_bell: set[int] = set()
         self._rings_in = [(p.rank, p.ring_in) for p in world.peers.values() if p.ring_in]
+        self._rings_out = [(p.rank, p.ring_out) for p in world.peers.values() if p.ring_out]
         for p in world.peers.values():
             self._sel.register(p.tcp.sock, selectors.EVENT_READ, ("peer", p.rank))
         self._stopping = False
@@ -299,6 +300,11 @@ class Driver:
             now = time.monotonic()
             self._fire_timers(now)
             self._send_paced(now)
+            # A writer blocked on a full ring retries every round (its doorbell may have
+            # been lost to a memory-ordering race; the select bound caps the delay).
+            for r, ring in self._rings_out:
+                if ring.want_write:
+                    self._dirty.add(r)
             self._flush_all()
             timeout = self._select_timeout(busy)
             if timeout > 0:

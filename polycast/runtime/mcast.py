@@ -15,9 +15,10 @@ import socket
 
 from ..errors import PolycastError
 
-RCVBUF_NBYTES = 32 << 20
+RCVBUF_NBYTES = 64 << 20
 SNDBUF_NBYTES = 4 << 20
 MAX_DATAGRAM_NBYTES = 65507
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 
 
 class MulticastUnavailable(PolycastError):
@@ -46,6 +47,13 @@ def open_group(job_id: str, comm_id: int, single_host: bool,
         for opt, size in ((socket.SO_RCVBUF, RCVBUF_NBYTES), (socket.SO_SNDBUF, SNDBUF_NBYTES)):
             try:
                 sock.setsockopt(socket.SOL_SOCKET, opt, size)
+            except OSError:
+                pass
+        # Past net.core.rmem_max when allowed (CAP_NET_ADMIN): a receiver descheduled for a
+        # few ms must not drop a stream; this changes only this socket, never the system.
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < RCVBUF_NBYTES:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_NBYTES)
             except OSError:
                 pass
         # Binding to the group address filters out other groups on the same port.
