@@ -337,7 +337,7 @@ class _Request:
                  "ndeps", "ndone", "ready", "held", "held_nbytes", "streams", "mrecv_left",
                  "multicast", "fin_sent", "fin_received", "outstanding", "op_timer",
                  "rec_timer", "pace_timers", "rto", "mcast_bytes_in", "recovered_nbytes",
-                 "tokens")
+                 "tokens", "mismatch", "mis_timer")
 
     def __init__(self, req, seq, sched, plan, itemsize, sig, desc):
         self.req, self.seq, self.sched, self.plan = req, seq, sched, plan
@@ -360,6 +360,8 @@ class _Request:
         self.mcast_bytes_in = 0
         self.recovered_nbytes = 0
         self.tokens = set()
+        self.mismatch = None            # our MismatchError text, while awaiting the other call
+        self.mis_timer = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -578,6 +580,10 @@ class Engine:
         elif kind == "recover":
             r.rec_timer = None
             self._recovery_timer(r, now, out)
+        elif kind == "mismatch":
+            r.mis_timer = None
+            self._fail(r, MismatchError(f"{r.mismatch} (the other rank did not describe its "
+                                        "call in time)"), out, abort=None)
         return out
 
     def on_peer_lost(self, peer: int, now: float, reason: str = "") -> list[Action]:
@@ -616,7 +622,7 @@ class Engine:
             return
         if h.sig != r.sig:
             self._mismatch(r, f"rank {src}'s {kind} message carries call signature "
-                              f"0x{h.sig:08x}, this call's is 0x{r.sig:08x}", out)
+                              f"0x{h.sig:08x}, this call's is 0x{r.sig:08x}", now, out)
             return
         if kind is MsgKind.DATA:
             idx = r.plan.recv_index.get((src, h.tag))
@@ -626,7 +632,7 @@ class Engine:
             nbytes = r.plan.nelems[idx] * r.itemsize
             if h.length != nbytes:
                 self._mismatch(r, f"step {idx} expects {nbytes} bytes from rank {src} but "
-                                  f"its message (tag {h.tag}) carries {h.length}", out)
+                                  f"its message (tag {h.tag}) carries {h.length}", now, out)
                 return
             state = r.state[idx]
             if state == _STARTED:
@@ -671,9 +677,19 @@ class Engine:
         except Exception:
             text = ""
         text = text[:2000] or "(no reason given)"
+        if r.mismatch is not None:
+            # We found the mismatch and were waiting for the other side's call: name both.
+            self._fail(r, MismatchError(f"{r.mismatch}; rank {src} says: {text}"), out,
+                       abort=None)
+            return
         what = f"rank {self.rank}: {r.desc} aborted by rank {src}: {text}"
         reason = h.tag
         if reason == AbortReason.MISMATCH:
+            if h.sig != r.sig:
+                # The detector names its call; tell it ours, so both errors name both.
+                self._send_aborts(r, AbortReason.MISMATCH,
+                                  f"rank {self.rank} called {r.desc}, call signature "
+                                  f"0x{r.sig:08x}", 0, out, only=src)
             err: PolycastError = MismatchError(
                 f"{what} (this rank's call signature 0x{r.sig:08x}, rank {src}'s "
                 f"0x{h.sig:08x})")
@@ -685,10 +701,16 @@ class Engine:
             err = ProtocolError(what)
         self._fail(r, err, out, abort=None)
 
-    def _mismatch(self, r: _Request, detail: str, out: list) -> None:
-        self._fail(r, MismatchError(f"rank {self.rank}: {r.desc}: ranks called collectives "
-                                    f"differently: {detail}"), out,
-                   abort=AbortReason.MISMATCH)
+    def _mismatch(self, r: _Request, detail: str, now: float, out: list) -> None:
+        """Abort every peer now; fail this request once the other call's description
+        comes back (its ABORT), or after a short grace, so the error names both calls."""
+        if r.mismatch is not None:
+            return
+        r.mismatch = (f"rank {self.rank}: {r.desc}: ranks called collectives differently: "
+                      f"{detail}")
+        self._send_aborts(r, AbortReason.MISMATCH, r.mismatch, 0, out)
+        grace = min(self.config.op_timeout_s, 4 * self.config.recovery_timeout_s)
+        r.mis_timer = self._set_timer(out, now + grace, "mismatch", r, None)
 
     # -- datagrams ------------------------------------------------------------------------
     def _datagram(self, h: Header, payload, now: float, out: list) -> None:
@@ -1100,7 +1122,7 @@ class Engine:
 
     # -- completion and failure -----------------------------------------------------------
     def _maybe_complete(self, r: _Request, out: list) -> None:
-        if r.ndone != len(r.state) or r.outstanding:
+        if r.ndone != len(r.state) or r.outstanding or r.mismatch is not None:
             return
         if r.multicast and not (r.fin_sent and r.fin_received):
             return
@@ -1131,31 +1153,36 @@ class Engine:
         if r.req not in self._reqs:
             return
         if abort is not None:
-            text = str(err).encode("utf-8")[:4000]
-            for p in range(self.nranks):
-                if p == self.rank or p in self._lost:
-                    continue
-                h = Header(MsgKind.ABORT, self.comm, r.seq, self.rank, int(abort), lost,
-                           len(text), r.sig)
-                token = self._next_token
-                self._next_token += 1
-                self._tokens[token] = (None, -1)
-                self.stats.aborts_out += 1
-                self.stats.control_messages_out += 1
-                self.stats.messages_out += 1
-                self.stats.message_bytes_out += len(text)
-                out.append(Send(p, h, None, token, text))
+            self._send_aborts(r, abort, str(err), lost, out)
         self._cleanup(r, out)
         self.stats.failed += 1
         out.append(Fail(r.req, err))
 
+    def _send_aborts(self, r: _Request, reason: AbortReason, text: str, lost: int, out: list,
+                     only: int | None = None) -> None:
+        data = text.encode("utf-8")[:4000]
+        for p in range(self.nranks) if only is None else (only,):
+            if p == self.rank or p in self._lost:
+                continue
+            h = make_header(MsgKind.ABORT, self.comm, r.seq, self.rank, int(reason), lost,
+                            len(data), r.sig)
+            token = self._next_token
+            self._next_token += 1
+            self._tokens[token] = (None, -1)
+            st = self.stats
+            st.aborts_out += 1
+            st.control_messages_out += 1
+            st.messages_out += 1
+            st.message_bytes_out += len(data)
+            out.append(Send(p, h, None, token, data))
+
     def _cleanup(self, r: _Request, out: list) -> None:
         del self._reqs[r.req]
         self._by_seq.pop(r.seq, None)
-        for tid in [r.op_timer, r.rec_timer, *r.pace_timers]:
+        for tid in [r.op_timer, r.rec_timer, r.mis_timer, *r.pace_timers]:
             if tid is not None and tid in self._timers:
                 self._cancel_timer(out, tid)
-        r.op_timer = r.rec_timer = None
+        r.op_timer = r.rec_timer = r.mis_timer = None
         r.pace_timers.clear()
         for token in r.tokens:
             self._tokens.pop(token, None)
