@@ -282,7 +282,7 @@ def slice_runs(runs, start: int, stop: int) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _chunk_runs(runs, chunk_elems: int, nelems: int) -> list[tuple]:
+def _chunk_runs(runs, chunk_elems: int) -> list[tuple]:
     """Split runs into consecutive pieces of ``chunk_elems`` elements (the last shorter)."""
     out = []
     cur: list[tuple[int, int]] = []
@@ -326,10 +326,6 @@ class _Stream:
         self.last_progress = 0.0
         self.requested = None           # bytearray: chunks asked of the successor
         self.deferred = []              # (requester, header) recovery requests to answer
-
-    @property
-    def complete(self) -> bool:
-        return self.owner or self.have == self.nchunks
 
 
 class _Request:
@@ -918,7 +914,7 @@ class Engine:
         if self.nranks == 1:
             self._step_done(r, idx)
             return
-        pieces = _chunk_runs(s.runs, ce, s.nelems)
+        pieces = _chunk_runs(s.runs, ce)
         MCAST_DATA = MsgKind.MCAST_DATA
         for i, runs in enumerate(pieces):
             nb = sum(b - a for a, b in runs) * isz
@@ -941,13 +937,11 @@ class Engine:
                 # after it must not overtake the paced stream.
                 tid = self._set_timer(out, t, "pace", r, idx)
                 r.pace_timers[tid] = idx
-                self._serve_deferred_all(r, s, out)
+                if s.deferred:
+                    self._answer_deferred(r, s, out)
                 return
         self._step_done(r, idx)
-        self._serve_deferred_all(r, s, out)
-
-    def _serve_deferred_all(self, r: _Request, s: _Stream, out: list) -> None:
-        if s.deferred:
+        if s.deferred:                  # requests that reached the root before it started
             self._answer_deferred(r, s, out)
 
     # -- multicast: receivers -------------------------------------------------------------
