@@ -16,3 +16,8 @@ __all__ = [
     "Unsupported", "ScheduleError", "ProtocolError", "MismatchError", "PeerLost",
     "CollectiveTimeout", "__version__",
 ]
+
+# The runtime's user API (mpi4py style): comm = polycast.init(); comm.Allreduce(...)
+from .comm import IN_PLACE, UNDEFINED, Comm, finalize, init  # noqa: E402
+from .runtime.driver import Request  # noqa: E402
+__all__ += ["init", "finalize", "Comm", "Request", "IN_PLACE", "UNDEFINED"]
