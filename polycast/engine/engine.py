@@ -473,19 +473,19 @@ class Engine:
             if n == 0:
                 r.ready.append(idx)
         self._pump(r, now, out)
-        if r.multicast and r.mrecv_left == 0 and not r.fin_sent and r.req in self._reqs:
+        if r.multicast and r.mrecv_left == 0 and not r.fin_sent and self._reqs.get(r.req) is r:
             self._send_fin(r, out)
         early = self._early.pop(seq, None)
         if early:
             for is_msg, src, h, payload in early:
                 self._early_release(h)
-                if r.req not in self._reqs:
+                if self._reqs.get(r.req) is not r:
                     break
                 if is_msg:
                     self._message(src, h, payload, now, out)
                 else:
                     self._datagram(h, payload, now, out)
-        if r.req in self._reqs:
+        if self._reqs.get(r.req) is r:
             self._maybe_complete(r, out)
         return out
 
@@ -544,7 +544,7 @@ class Engine:
             return []
         r, idx = ent
         out: list[Action] = []
-        if r is None or r.req not in self._reqs:
+        if r is None or self._reqs.get(r.req) is not r:
             return out
         r.outstanding -= 1
         r.tokens.discard(token)
@@ -560,7 +560,7 @@ class Engine:
             return []
         kind, r, arg = ent
         out: list[Action] = []
-        if r.req not in self._reqs:
+        if self._reqs.get(r.req) is not r:
             return out
         if kind == "op":
             r.op_timer = None
@@ -825,7 +825,7 @@ class Engine:
         """Start every ready step; steps that finish at once release their successors."""
         ready = r.ready
         while ready:
-            if r.req not in self._reqs:
+            if self._reqs.get(r.req) is not r:
                 ready.clear()
                 return
             idx = ready.popleft()
@@ -961,7 +961,7 @@ class Engine:
             r.held_nbytes -= cost
             self.stats.early_nbytes -= cost
             self._datagram(h, payload, now, out)
-            if r.req not in self._reqs:
+            if self._reqs.get(r.req) is not r:
                 return
         if s.have < s.nchunks:
             if s.eos_seen:
@@ -1120,7 +1120,7 @@ class Engine:
             return
         if r.multicast and not (r.fin_sent and r.fin_received):
             return
-        if r.req not in self._reqs:
+        if self._reqs.get(r.req) is not r:
             return
         self._adapt_pacing(r)
         self._cleanup(r, out)
@@ -1144,7 +1144,7 @@ class Engine:
 
     def _fail(self, r: _Request, err: PolycastError, out: list, abort: AbortReason | None,
               lost: int = 0) -> None:
-        if r.req not in self._reqs:
+        if self._reqs.get(r.req) is not r:
             return
         if abort is not None:
             self._send_aborts(r, abort, str(err), lost, out)
