@@ -187,7 +187,8 @@ class Simulation:
 
     def _event(self, ev) -> None:
         self.events += 1
-        t, _, kind, a, b, c = ev
+        _, _, kind, a, b, c = ev
+        t = self.now            # the batch's time: every event of a batch sees one clock
         if kind == _MSG:                       # a: dst, b: src, c: header
             self._do(a, self.engines[a].on_message(b, c, None, t))
         elif kind == _DGRAM:                   # a: receivers, b: headers, c: kept mask
@@ -260,7 +261,7 @@ class Simulation:
         src = key[0]
         while q:
             act = q[0]
-            if type(act) is A.Multicast and act.not_before > now:
+            if type(act) is A.Multicast and act.not_before > same_time_bound(now):
                 self._busy.add(key)
                 self._push(act.not_before, _KICK, key, None, None)
                 return
@@ -287,7 +288,7 @@ class Simulation:
                     h2 = nxt.header
                     if (type(nxt) is not A.Multicast or h2.kind is not MsgKind.MCAST_DATA
                             or h2.seq != hdr.seq or h2.stream != hdr.stream
-                            or nxt.not_before > now):
+                            or nxt.not_before > same_time_bound(now)):
                         break
                     acts.append(q.popleft())
                     nbytes += h2.payload_nbytes

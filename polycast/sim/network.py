@@ -149,53 +149,32 @@ class Network:
         if not self._dirty_links:
             return
         flows, link_flows = self.flows, self._link_flows
-        seen_links = self._dirty_links
+        dirty = self._dirty_links
         self._dirty_links = set()
-        comp: dict[int, Flow] = {}
-        stack = [l for l in seen_links if link_flows[l]]
-        while stack:
-            l = stack.pop()
-            for fid in link_flows[l]:
-                if fid in comp:
-                    continue
-                f = flows[fid]
-                comp[fid] = f
-                for l2 in f.links.tolist():
-                    if l2 not in seen_links:
-                        seen_links.add(l2)
-                        stack.append(l2)
-        if not comp:
-            return
-        # Split the touched flows into independent components so each water-fills alone
-        # (cheap for the many disjoint flows of a ring step).
-        for group in self._components(comp):
+        seen: set[int] = set()
+        done: set[int] = set()
+        # One breadth-first search per connected component (flows joined by shared
+        # links) that a changed link belongs to; each component water-fills alone, so the
+        # many disjoint flows of a ring step stay cheap.
+        for seed in dirty:
+            if seed in seen or not link_flows[seed]:
+                continue
+            seen.add(seed)
+            stack = [seed]
+            group: list[Flow] = []
+            while stack:
+                l = stack.pop()
+                for fid in link_flows[l]:
+                    if fid in done:
+                        continue
+                    done.add(fid)
+                    f = flows[fid]
+                    group.append(f)
+                    for l2 in f.links.tolist():
+                        if l2 not in seen:
+                            seen.add(l2)
+                            stack.append(l2)
             self._fill(group, now)
-
-    def _components(self, comp: dict[int, Flow]) -> list[list[Flow]]:
-        if len(comp) == 1:
-            return [list(comp.values())]
-        parent: dict[int, int] = {}
-
-        def find(x: int) -> int:
-            while parent.get(x, x) != x:
-                parent[x] = parent.get(parent[x], parent[x])
-                x = parent[x]
-            return x
-
-        owner: dict[int, int] = {}
-        for fid, f in comp.items():
-            for l in f.links.tolist():
-                o = owner.get(l)
-                if o is None:
-                    owner[l] = fid
-                else:
-                    a, b = find(o), find(fid)
-                    if a != b:
-                        parent[a] = b
-        groups: dict[int, list[Flow]] = {}
-        for fid, f in comp.items():
-            groups.setdefault(find(fid), []).append(f)
-        return list(groups.values())
 
     def _fill(self, group: list[Flow], now: float) -> None:
         self.recomputes += 1
