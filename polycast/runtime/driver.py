@@ -35,6 +35,7 @@ IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost d
 # While requests are outstanding and input came recently, poll instead of sleeping in
 # select (yielding the core between polls). Off by default: with more ranks than cores
 # (4 ranks on 2 cores here) spinning steals the CPU the peers need, measured 2-3x slower.
+PARK_SECONDS = 0.002          # the progress thread's nap while user threads drive progress
 SPIN_SECONDS = float(os.environ.get("POLYCAST_SPIN_US", "0")) * 1e-6
 
 
@@ -42,7 +43,7 @@ class Request:
     """A posted collective. ``Wait`` / ``Test`` as mpi4py; see :mod:`polycast.comm`."""
 
     __slots__ = ("req", "comm", "desc", "_event", "error", "timeout_seconds", "on_done",
-                 "result")
+                 "result", "driver")
 
     def __init__(self, req: int, comm: int, desc: str, timeout_seconds: float) -> None:
         self.req, self.comm, self.desc = req, comm, desc
@@ -51,6 +52,7 @@ class Request:
         self.timeout_seconds = timeout_seconds
         self.on_done = None          # called with the request in the waiting thread
         self.result = None
+        self.driver = None
 
     def _finish(self, error: BaseException | None = None) -> None:
         self.error = error
@@ -67,7 +69,9 @@ class Request:
         """Wait for completion, at most ``timeout`` seconds (default: the communicator's
         timeout plus a margin; the engine itself fails requests after that timeout)."""
         bound = timeout if timeout is not None else self.timeout_seconds + 5.0
-        if not self._event.wait(bound):
+        if not self._event.is_set() and self.driver is not None:
+            self.driver.drive(self, time.monotonic() + bound)
+        if not self._event.wait(0 if self.driver is not None else bound):
             raise CollectiveTimeout(f"{self.desc}: not complete after {bound:g} s")
         self._finalize()
         return self.result
@@ -146,6 +150,10 @@ class Driver:
         for p in world.peers.values():
             self._sel.register(p.tcp.sock, selectors.EVENT_READ, ("peer", p.rank))
         self._stopping = False
+        self._plock = threading.Lock()               # engines, sockets, rings, timers
+        self._driving = 0                            # user threads driving progress now
+        self._drive_ended = 0.0
+        self._drive_cv = threading.Condition()
         self._last_activity = 0.0
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="polycast-progress",
@@ -194,8 +202,14 @@ class Driver:
 
     def post(self, comm_id: int, request: Request, schedule, itemsize: int, dtype: str,
              op: str) -> None:
+        if self.error is not None:
+            raise PolycastError(f"the progress thread died: {self.error!r}")
+        request.driver = self
         self._requests[request.req] = request
-        self.call(self._post, comm_id, request, schedule, itemsize, dtype, op)
+        # Straight into the engine from this thread: no hand-off, no wake-up.
+        with self._plock:
+            self._post(comm_id, request, schedule, itemsize, dtype, op)
+            self._flush_all()
 
     def close(self, timeout: float = 5.0) -> None:
         if self._stopping or not self._thread.is_alive():
@@ -210,6 +224,8 @@ class Driver:
         except PolycastError:
             pass
         self._stopping = True
+        with self._drive_cv:
+            self._drive_cv.notify_all()
         self.call(lambda: None)
         self._thread.join(timeout)
 
@@ -293,47 +309,98 @@ class Driver:
             self._shutdown()
 
     def _loop(self) -> None:
-        sel = self._sel
         while not self._stopping:
-            self._drain_commands()
-            busy = self._poll_rings()
-            now = time.monotonic()
-            self._fire_timers(now)
-            self._send_paced(now)
-            # A writer blocked on a full ring retries every round (its doorbell may have
-            # been lost to a memory-ordering race; the select bound caps the delay).
-            for r, ring in self._rings_out:
-                if ring.want_write:
-                    self._dirty.add(r)
-            self._flush_all()
-            timeout = self._select_timeout(busy)
-            if timeout > 0:
-                for ring in self._rings_in:
-                    ring[1].set_sleeping(True)
-                if any(r.pending_input() for _, r in self._rings_in):
-                    timeout = 0
-            events = sel.select(timeout)
-            if timeout > 0:
-                for ring in self._rings_in:
-                    ring[1].set_sleeping(False)
-            for key, mask in events:
-                kind, arg = key.data
-                self._last_activity = time.monotonic()
-                if kind == "peer":
-                    if mask & selectors.EVENT_READ:
-                        self._read_peer(arg)
-                    if mask & selectors.EVENT_WRITE:
-                        self._dirty.add(arg)
-                elif kind == "mcast":
-                    if mask & selectors.EVENT_READ:
-                        self._read_mcast(arg)
-                    if mask & selectors.EVENT_WRITE:
-                        self._flush_dgrams(self._comms.get(arg))
-                elif kind == "wake":
+            if self._driving or time.monotonic() - self._drive_ended < PARK_SECONDS:
+                # A user thread waiting on a request drives progress itself (no thread
+                # hand-offs on the critical path); stay out of its way, and for a moment
+                # after, since a blocking caller usually posts again at once. Parked, the
+                # thread still looks every PARK_SECONDS for work nobody waits on.
+                with self._drive_cv:
+                    if not self._stopping:
+                        self._drive_cv.wait(PARK_SECONDS)
+                if not self._driving and self._plock.acquire(blocking=False):
                     try:
-                        self._wake_r.recv(4096)
-                    except (BlockingIOError, InterruptedError):
-                        pass
+                        self._round()
+                    finally:
+                        self._plock.release()
+                continue
+            with self._plock:
+                timeout = self._round()
+            self._block(timeout)
+
+    def _round(self) -> float:
+        """One non-blocking pass over every source of work (call with ``_plock`` held).
+        Returns how long the caller may block before the next pass."""
+        self._drain_commands()
+        busy = self._poll_rings()
+        now = time.monotonic()
+        self._fire_timers(now)
+        self._send_paced(now)
+        # A writer blocked on a full ring retries every round (its doorbell may have
+        # been lost to a memory-ordering race; the select bound caps the delay).
+        for r, ring in self._rings_out:
+            if ring.want_write:
+                self._dirty.add(r)
+        self._flush_all()
+        for key, mask in self._sel.select(0):
+            kind, arg = key.data
+            busy = True
+            if kind == "peer":
+                if mask & selectors.EVENT_READ:
+                    self._read_peer(arg)
+                if mask & selectors.EVENT_WRITE:
+                    self._dirty.add(arg)
+            elif kind == "mcast":
+                if mask & selectors.EVENT_READ:
+                    self._read_mcast(arg)
+                if mask & selectors.EVENT_WRITE:
+                    self._flush_dgrams(self._comms.get(arg))
+            elif kind == "wake":
+                try:
+                    self._wake_r.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    pass
+        if busy:
+            self._flush_all()
+        return self._select_timeout(busy)
+
+    def _block(self, timeout: float) -> None:
+        """Sleep until some input may be ready (without ``_plock``), at most ``timeout``."""
+        if timeout <= 0:
+            return
+        rings = self._rings_in
+        for _, ring in rings:
+            ring.set_sleeping(True)
+        try:
+            if any(ring.pending_input() for _, ring in rings):
+                return
+            self._sel.select(timeout)
+        finally:
+            for _, ring in rings:
+                ring.set_sleeping(False)
+
+    def drive(self, request: Request, deadline: float) -> None:
+        """Progress from the calling (user) thread until ``request`` is done or the
+        deadline passes."""
+        with self._drive_cv:
+            self._driving += 1
+        try:
+            ev = request._event
+            while not ev.is_set() and self._thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                if self._plock.acquire(timeout=min(left, IDLE_POLL_SECONDS)):
+                    try:
+                        timeout = self._round()
+                    finally:
+                        self._plock.release()
+                    if not ev.is_set():
+                        self._block(min(timeout, left))
+        finally:
+            with self._drive_cv:
+                self._driving -= 1
+                self._drive_ended = time.monotonic()
 
     def _select_timeout(self, busy: bool) -> float:
         if busy or self._cmds:
