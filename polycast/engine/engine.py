@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import (CollectiveTimeout, InvalidArgument, MismatchError, PeerLost,
                       PolycastError, ProtocolError)
 from ..schedule.ir import Kind, Schedule
@@ -265,6 +267,19 @@ def _plan(schedule: Schedule, rank: int) -> _Plan:
             mcast_nelems += ne
     return _Plan(ndeps, succ, runs, nelems, dst_runs, recv_index, streams, frozenset(peers),
                  n_mrecv, mcast_nelems, bool(streams) or _uses_multicast(schedule))
+
+
+def _gaps(held: bytearray, asked: bytearray, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Chunk ranges [i, j) within [lo, hi) neither held nor asked for (numpy: streams of
+    a million chunks are scanned at C speed)."""
+    if hi <= lo:
+        return []
+    have = np.frombuffer(held, np.uint8, hi - lo, lo) | np.frombuffer(asked, np.uint8,
+                                                                      hi - lo, lo)
+    edges = np.diff(np.concatenate(([1], have, [1])).astype(np.int8))
+    starts = np.flatnonzero(edges == -1) + lo
+    ends = np.flatnonzero(edges == 1) + lo
+    return list(zip(starts.tolist(), ends.tolist()))
 
 
 def slice_runs(runs, start: int, stop: int) -> tuple[tuple[int, int], ...]:
@@ -1005,27 +1020,18 @@ class Engine:
                       hi: int | None = None) -> None:
         """Ask the ring successor for every missing chunk range (within chunks [lo, hi))
         not already asked for."""
-        bm, asked = s.bitmap, s.requested
-        n = s.nchunks if hi is None else hi
+        hi = s.nchunks if hi is None else hi
         ce, isz = s.chunk_elems, r.itemsize
         succ = (self.rank + 1) % self.nranks
-        i = lo
-        while i < n:
-            if bm[i] or asked[i]:
-                i += 1
-                continue
-            j = i
-            while j < n and not bm[j] and not asked[j]:
-                asked[j] = 1
-                j += 1
+        for i, j in _gaps(s.bitmap, s.requested, lo, hi):
+            s.requested[i:j] = b"\x01" * (j - i)
             off = i * ce * isz
             nbytes = min(j * ce, s.nelems) * isz - off
-            h = Header(MsgKind.RECOVER_REQ, self.comm, r.seq, self.rank, s.root, off, nbytes,
-                       r.sig, s.ordinal, F_NO_PAYLOAD)
+            h = make_header(MsgKind.RECOVER_REQ, self.comm, r.seq, self.rank, s.root, off,
+                            nbytes, r.sig, s.ordinal, F_NO_PAYLOAD)
             self.stats.recovery_requests += 1
             self.stats.control_messages_out += 1
             self._send(r, succ, h, None, -1, out)
-            i = j
 
     def _range_chunks(self, r: _Request, s: _Stream, h: Header) -> tuple[int, int] | None:
         """Chunk range [c0, c1) that a recovery header's byte range covers exactly."""
