@@ -433,3 +433,26 @@ def test_request_from_predecessor_is_forwarded_at_once():
     assert [r for r, _ in reqs] == [1, 2]
     assert all(t < 0.01 for _, t in reqs)               # long before the 1 s timeout
     assert w.now < 0.01
+
+
+def test_gap_finder_matches_a_plain_scan():
+    import random
+    from polycast.engine.engine import _gaps
+    rng = random.Random(3)
+    for _ in range(500):
+        n = rng.randrange(0, 40)
+        held = bytearray(rng.random() < 0.5 for _ in range(n))
+        asked = bytearray(rng.random() < 0.3 for _ in range(n))
+        lo = rng.randrange(0, n + 1)
+        hi = rng.randrange(lo, n + 1)
+        want, i = [], lo
+        while i < hi:
+            if held[i] or asked[i]:
+                i += 1
+                continue
+            j = i
+            while j < hi and not held[j] and not asked[j]:
+                j += 1
+            want.append((i, j))
+            i = j
+        assert _gaps(held, asked, lo, hi) == want
