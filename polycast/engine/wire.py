@@ -20,12 +20,13 @@ MCAST_EOS    number of chunks   ordinal         stream size in bytes     0
 RECOVER_REQ  stream's root      ordinal         first byte wanted        bytes wanted (*)
 RECOVER_DATA stream's root      ordinal         byte offset in stream    payload bytes
 FIN          0                  0               0                        0
-ABORT        reason code        0               0                        utf-8 reason text
+ABORT        reason code        0               the lost rank (PEER_LOST) utf-8 reason text
 ============ ================== =============== ======================== ===================
 
 (*) RECOVER_REQ sets the ``F_NO_PAYLOAD`` flag: its ``length`` is a count and no payload
 follows, so framing stays uniform (read :attr:`Header.payload_nbytes` bytes after the header).
-``sig`` always carries the call signature; every kind is checked against the posted call.
+``sig`` always carries the sender's call signature; every kind but ABORT (whose point may be
+that the calls differ) is checked against the posted call.
 
 The MAC (``flags & F_MAC``) is BLAKE2b(key=secret, digest_size=16) over the 44 header bytes
 followed by the payload. :func:`parse_header` verifies it when the payload is in the same
