@@ -20,7 +20,7 @@ MCAST_EOS    number of chunks   ordinal         stream size in bytes     0
 RECOVER_REQ  stream's root      ordinal         first byte wanted        bytes wanted (*)
 RECOVER_DATA stream's root      ordinal         byte offset in stream    payload bytes
 FIN          0                  0               0                        0
-ABORT        reason code        0               the lost rank (PEER_LOST) utf-8 reason text
+ABORT        reason code        0               lost rank (PEER_LOST)    utf-8 reason text
 ============ ================== =============== ======================== ===================
 
 (*) RECOVER_REQ sets the ``F_NO_PAYLOAD`` flag: its ``length`` is a count and no payload
