@@ -203,3 +203,20 @@ def test_multicast_unavailable_falls_back_with_a_warning():
     assert any("multicast" in str(x.message) and algo in str(x.message) for x in w)
     # and auto never picks multicast
     assert "mcast" not in comm.choose_algorithm(Collective.BROADCAST, 64 << 20, None)
+
+
+def test_algorithm_from_environment_and_auto_rules(monkeypatch):
+    from polycast.comm import Comm
+
+    class FakeDriver:
+        rank = 1
+    comm = Comm(FakeDriver(), 0, [0, 1, 2, 3], 60.0)
+    monkeypatch.setenv("POLYCAST_ALLGATHER_ALGO", "bruck")
+    assert comm.choose_algorithm(Collective.ALLGATHER, 1 << 20, None) == "bruck"
+    assert comm.choose_algorithm(Collective.ALLGATHER, 1 << 20, "ring") == "ring"  # call wins
+    monkeypatch.delenv("POLYCAST_ALLGATHER_ALGO")
+    assert comm.choose_algorithm(Collective.ALLREDUCE, 8, None) == "recdoubling"
+    assert comm.choose_algorithm(Collective.ALLREDUCE, 16 << 20, None) == "ring"
+    monkeypatch.setenv("POLYCAST_ALLREDUCE_ALGO", "nonsense")
+    with pytest.raises(InvalidArgument, match="ring"):
+        comm.choose_algorithm(Collective.ALLREDUCE, 8, None)
