@@ -29,10 +29,11 @@ launch is bounded by ``--timeout`` and its whole process group is killed when it
 Measured as nccl-tests do (bench/peers_common.py has the details): float32 data, S = the
 nccl-tests total size (allgather: per-rank count x P x 4 bytes), a size that does not split
 evenly over the ranks is rounded up to the next one that does; time = the maximum over
-ranks of each rank's mean over ``iters`` back-to-back calls after ``warmup`` calls (``iters``
-auto-sized to about 0.25 s per case unless given); algbw = S / time; busbw = algbw x
-``Collective.busbw_factor(P)``. Every peer's output is checked against numpy on every rank.
-polycast's rows are timed by ``polycast bench`` itself.
+ranks of each rank's mean over ``iters`` back-to-back calls after ``warmup`` calls, the same
+``iters`` for every peer (``--iters``, or by size: 128 MiB / S clamped to 8..200, so that
+8-byte latencies average over 200 calls and a 16 MiB case stays short); algbw = S / time;
+busbw = algbw x ``Collective.busbw_factor(P)``. Every peer's output is checked against numpy
+on every rank. polycast's rows are timed the same way by ``polycast bench`` itself.
 """
 
 from __future__ import annotations
@@ -146,7 +147,16 @@ def _kill_group(proc: subprocess.Popen) -> tuple[str, str]:
 # ---------------------------------------------------------------------------- the plan
 
 
-def plan_cases(collectives: list[str], sizes: list[int], nranks: int) -> list[pc.Case]:
+ITERS_BYTES, MIN_ITERS, MAX_ITERS = 128 << 20, 8, 200
+
+
+def iters_for(nbytes: int, iters: int = 0) -> int:
+    """``iters`` when given (> 0), else by size: about 128 MiB moved per case, 8..200 calls."""
+    return iters if iters > 0 else max(MIN_ITERS, min(MAX_ITERS, ITERS_BYTES // max(nbytes, 1)))
+
+
+def plan_cases(collectives: list[str], sizes: list[int], nranks: int,
+               iters: int = 0) -> list[pc.Case]:
     """One case per collective and size; a size that does not split into whole float32
     elements over ``nranks`` is rounded up to the next one that does (nccl-tests' S)."""
     itemsize = np.dtype(pc.DTYPE).itemsize
@@ -160,7 +170,7 @@ def plan_cases(collectives: list[str], sizes: list[int], nranks: int) -> list[pc
         for nbytes in sizes:
             nbytes = max(unit, -(-nbytes // unit) * unit)
             cases.append(pc.Case(coll.value, count_for_nbytes(coll, nranks, nbytes, itemsize),
-                                 nbytes))
+                                 nbytes, iters_for(nbytes, iters)))
     return cases
 
 
@@ -191,7 +201,7 @@ def find_mpiexec() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
-def run_mpich(cases, nranks, warmup, iters, timeout_seconds, workdir: Path) -> PeerRun:
+def run_mpich(cases, nranks, warmup, timeout_seconds, workdir: Path) -> PeerRun:
     run = PeerRun("mpich")
     if importlib.util.find_spec("mpi4py") is None:
         run.unavailable = "mpi4py not installed: pip install mpich mpi4py"
@@ -202,7 +212,7 @@ def run_mpich(cases, nranks, warmup, iters, timeout_seconds, workdir: Path) -> P
         return run
     out = workdir / "mpich.jsonl"
     cmd = [mpiexec, "-n", str(nranks), sys.executable, str(HERE / "peers_mpi_worker.py"),
-           pc.dump_plan(cases, warmup, iters), str(out)]
+           pc.dump_plan(cases, warmup), str(out)]
     return _finish(run, run_bounded(cmd, timeout_seconds), out, nranks, "mpiexec",
                    timeout_seconds)
 
@@ -213,7 +223,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_gloo(cases, nranks, warmup, iters, timeout_seconds, workdir: Path) -> PeerRun:
+def run_gloo(cases, nranks, warmup, timeout_seconds, workdir: Path) -> PeerRun:
     run = PeerRun("gloo")
     if importlib.util.find_spec("torch") is None:
         run.unavailable = "torch not installed: pip install torch==2.13.0 (CPU build)"
@@ -222,7 +232,7 @@ def run_gloo(cases, nranks, warmup, iters, timeout_seconds, workdir: Path) -> Pe
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
            "PYTHONWARNINGS": "ignore::FutureWarning"}
     cmd = [sys.executable, str(HERE / "peers_gloo_worker.py"), str(nranks), str(free_port()),
-           pc.dump_plan(cases, warmup, iters), str(out)]
+           pc.dump_plan(cases, warmup), str(out)]
     return _finish(run, run_bounded(cmd, timeout_seconds, env), out, nranks, "gloo ranks",
                    timeout_seconds)
 
@@ -296,12 +306,24 @@ def polycast_algorithms(collective: str, nranks: int, algo: str | None) -> list[
     return ["auto", *supported(collective, nranks)]
 
 
-_BENCH_ERROR = re.compile(r"^polycast bench: (\S+) at \S+: (.*)$", re.M)
+_BENCH_ERROR = re.compile(r"^polycast bench: (\S+) at (\S+): (.*)$", re.M)
 
 
-def run_polycast(cases, nranks, warmup, iters, timeout_seconds, algo: str | None) -> PeerRun:
-    """``polycast bench --json`` once per case with every algorithm; an algorithm that
-    raises ends that launch, so the case is launched again with the ones not yet run."""
+# polycast bench runs iters // 4 calls above 8 MiB (polycast/runtime/bench_rank.py): ask
+# for 4x there so that every peer makes the same number of calls; the rows say what ran.
+BENCH_QUARTER_ABOVE_BYTES = 8 << 20
+
+
+def bench_iters_arg(nbytes: int, iters: int) -> int:
+    return iters * 4 if nbytes > BENCH_QUARTER_ABOVE_BYTES else iters
+
+
+def run_polycast(cases, nranks, warmup, timeout_seconds, algo: str | None) -> PeerRun:
+    """``polycast bench --json`` with every algorithm: one launch per collective when the
+    bench takes ``--sizes``, else one per case. The bench runs sizes in order and the
+    algorithms in order within a size, and an algorithm that raises ends the launch: the
+    (size, algorithm) pairs it did not reach are launched again, without the one that
+    failed (at most one launch per pair)."""
     run = PeerRun("polycast")
     t0 = time.monotonic()
     helptext = polycast_bench_help()
@@ -309,74 +331,93 @@ def run_polycast(cases, nranks, warmup, iters, timeout_seconds, algo: str | None
         run.unavailable = "polycast bench not available"
         return run
     opts = []
-    if iters > 0 and "--iters" in helptext:
-        opts += ["--iters", str(iters)]
     if "--warmup" in helptext:
         opts += ["--warmup", str(warmup)]
     if "--timeout" in helptext:    # let it end its own ranks first
         opts += ["--timeout", f"{max(1.0, timeout_seconds - 10):g}"]
     run.library = "polycast bench"
+    by_collective: dict[str, list[pc.Case]] = {}
     for case in cases:
-        todo = polycast_algorithms(case.collective, nranks, algo)
+        by_collective.setdefault(case.collective, []).append(case)
+    stop = False
+    for coll, ccases in by_collective.items():
+        algos = polycast_algorithms(coll, nranks, algo)
+        sizes = [c.nbytes for c in ccases]
+        iters = {c.nbytes: c.iters for c in ccases}
+        if "--sizes" in helptext:    # one launch per iteration count
+            same: dict[int, list[int]] = {}
+            for n in sizes:
+                same.setdefault(bench_iters_arg(n, iters[n]), []).append(n)
+            queue = [(group, algos) for group in same.values()]
+        else:
+            queue = [([n], algos) for n in sizes]
         found: list[dict] = []
-        label = f"{case.collective} {format_size(case.nbytes)}"
-        timed_out = False
-        for _ in range(len(todo)):           # at most one launch per algorithm
-            size = str(case.nbytes)
-            cmd = polycast_command() + ["bench", "-n", str(nranks), case.collective,
-                                        "--algo", ",".join(todo), "--min", size,
-                                        "--max", size, *opts, "--json"]
+        for _ in range(len(sizes) * len(algos)):
+            if not queue:
+                break
+            bsizes, balgos = queue.pop(0)
+            size_opts = (["--sizes", ",".join(map(str, bsizes))] if len(bsizes) > 1 else
+                         ["--min", str(bsizes[0]), "--max", str(bsizes[0])])
+            if "--iters" in helptext:
+                size_opts += ["--iters", str(bench_iters_arg(bsizes[0], iters[bsizes[0]]))]
+            cmd = polycast_command() + ["bench", "-n", str(nranks), coll,
+                                        "--algo", ",".join(balgos), *size_opts, *opts,
+                                        "--json"]
             done = run_bounded(cmd, timeout_seconds)
-            timed_out = done.timed_out
             try:
                 rows = parse_json_rows(done.stdout) if done.stdout.strip() else []
             except ValueError as exc:
                 rows = []
-                run.notes.append(f"{label}: unreadable polycast bench output: {exc}")
+                run.notes.append(f"{coll}: unreadable polycast bench output: {exc}")
             found += rows
-            ran = {r.get("requested", r.get("algorithm")) for r in rows}
             if not done.timed_out and done.returncode == 0:
-                break
-            left = [a for a in todo if a not in ran]
-            if not left and not done.timed_out:
-                break                            # exit 1 for a wrong result: rows say it
+                continue
+            got = {(int(r["nbytes"]), r.get("requested", r.get("algorithm"))) for r in rows}
+            pending = [(n, a) for n in bsizes for a in balgos if (n, a) not in got]
+            if not pending:
+                continue                     # exit 1 for a wrong result: the rows say it
             reason = done.why("polycast bench", timeout_seconds)
-            # bench runs the algorithms in order: the first one without a row failed
-            failed = dict(_BENCH_ERROR.findall(done.stderr)) or (
-                {left[0]: reason} if left and not done.timed_out else {})
-            for name, err in failed.items():
-                run.notes.append(f"{label}: algorithm {name} failed: {err[:200]}")
-            if not failed:
-                run.notes.append(f"{label}: {reason}")
-            todo = [a for a in left if a not in failed]
-            if done.timed_out or not failed or not todo:
-                run.missing_by[(case.collective, case.nbytes)] = reason
-                break
-        best = best_rows(found, nranks).get((case.collective, case.nbytes))
-        if best is None:
-            sizes = sorted({int(r["nbytes"]) for r in found})
-            run.missing_by.setdefault(
-                (case.collective, case.nbytes),
-                f"polycast bench gave no row for {case.nbytes} B"
-                + (f" (got {sizes})" if sizes else ""))
-            if timed_out:
+            if done.timed_out:
+                run.notes.append(f"{coll}: {reason}; later polycast cases skipped")
+                for n, _a in pending:
+                    run.missing_by.setdefault((coll, n), reason)
                 run.missing = "skipped after a polycast bench timeout"
-                run.notes.append("later polycast cases skipped after the timeout")
+                stop = True
                 break
-            continue
-        auto = [r for r in found if r.get("requested") == "auto"]
-        if auto:
-            a = with_bandwidth({**auto[0], "collective": case.collective,
-                                "nbytes": int(auto[0]["nbytes"])}, nranks)
-            best["auto"] = {"algorithm": a.get("algorithm"), "busbw": a["busbw"],
-                            "time_us": a["time_us"], "correct": a.get("correct")}
-        best["all"] = [{k: r.get(k) for k in ("algorithm", "requested", "time_us", "busbw",
-                                               "correct", "transport", "iters")}
-                       for r in found]
-        run.rows[(case.collective, case.nbytes)] = best
-        if timed_out:
-            run.missing = "skipped after a polycast bench timeout"
-            run.notes.append("later polycast cases skipped after the timeout")
+            named = [(a, err) for a, _size, err in _BENCH_ERROR.findall(done.stderr)]
+            culprit = next((p for p in pending for a, _e in named if p[1] == a), pending[0])
+            err = next((e for a, e in named if a == culprit[1]), reason)
+            run.notes.append(f"{coll} {format_size(culprit[0])}: algorithm {culprit[1]} "
+                             f"failed: {err[:200]}")
+            run.missing_by.setdefault((coll, culprit[0]), f"{culprit[1]} failed: {err[:80]}")
+            rest = [p for p in pending if p != culprit]
+            for n in dict.fromkeys(p[0] for p in rest):
+                queue.insert(0, ([n], [a for m, a in rest if m == n]))
+        for case in ccases:
+            key = (case.collective, case.nbytes)
+            best = best_rows(found, nranks).get(key)
+            if best is None:
+                got = sorted({int(r["nbytes"]) for r in found})
+                run.missing_by.setdefault(key, f"polycast bench gave no row for {case.nbytes} B"
+                                          + (f" (got {got})" if got else ""))
+                continue
+            mine = [r for r in found if int(r["nbytes"]) == case.nbytes]
+            ran = sorted({r.get("iters") for r in mine if r.get("iters") != case.iters},
+                         key=str)
+            if ran:
+                run.notes.append(f"{coll} {format_size(case.nbytes)}: polycast bench ran "
+                                 f"{ran} iterations, the others {case.iters}")
+            auto = [r for r in mine if r.get("requested") == "auto"]
+            if auto:
+                a = with_bandwidth({**auto[0], "collective": coll, "nbytes": case.nbytes},
+                                   nranks)
+                best["auto"] = {"algorithm": a.get("algorithm"), "busbw": a["busbw"],
+                                "time_us": a["time_us"], "correct": a.get("correct")}
+            best["all"] = [{k: r.get(k) for k in ("algorithm", "requested", "time_us",
+                                                   "busbw", "correct", "transport", "iters")}
+                           for r in mine]
+            run.rows[key] = best
+        if stop:
             break
     run.seconds = time.monotonic() - t0
     if not run.rows and run.missing_by:
@@ -479,7 +520,8 @@ def parse_args(argv):
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help=f"comma-separated nccl-tests sizes S (default {DEFAULT_SIZES})")
     p.add_argument("--iters", type=int, default=0,
-                   help="timed calls per case; 0 (default) sizes each loop to ~0.25 s")
+                   help="timed calls per case, the same for every peer; 0 (default): "
+                        f"{ITERS_BYTES >> 20} MiB / size, clamped to {MIN_ITERS}..{MAX_ITERS}")
     p.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     p.add_argument("--peers", default=",".join(PEERS),
                    help="which to run, from: " + ", ".join(PEERS) + " (default all)")
@@ -514,7 +556,7 @@ def main(argv=None) -> int:
         if not sizes:
             raise InvalidArgument("--sizes is empty; give e.g. 8B,64KiB,16MiB")
         wanted = _names(args.peers, PEERS, "peer")
-        cases = plan_cases(colls, sizes, args.nranks)
+        cases = plan_cases(colls, sizes, args.nranks, args.iters)
     except PolycastError as exc:
         print(f"bench/peers.py: error: {exc}", file=sys.stderr)
         return 2
@@ -529,14 +571,14 @@ def main(argv=None) -> int:
                 continue
             print(f"running {LABELS[name]} ...", file=sys.stderr, flush=True)
             if name == "polycast":
-                runs[name] = run_polycast(cases, args.nranks, args.warmup, args.iters,
-                                          args.timeout, args.algo)
+                runs[name] = run_polycast(cases, args.nranks, args.warmup, args.timeout,
+                                          args.algo)
             elif name == "mpich":
-                runs[name] = run_mpich(cases, args.nranks, args.warmup, args.iters,
-                                       args.timeout, workdir)
+                runs[name] = run_mpich(cases, args.nranks, args.warmup, args.timeout,
+                                       workdir)
             else:
-                runs[name] = run_gloo(cases, args.nranks, args.warmup, args.iters,
-                                      args.timeout, workdir)
+                runs[name] = run_gloo(cases, args.nranks, args.warmup, args.timeout,
+                                      workdir)
 
     from polycast.cli.table import print_table
     columns, rows, records = comparison(cases, runs)
@@ -558,7 +600,8 @@ def main(argv=None) -> int:
         "command": "python bench/peers.py " + shlex.join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "nranks": args.nranks, "dtype": np.dtype(pc.DTYPE).name, "warmup": args.warmup,
-        "iters": args.iters or "auto",
+        "iters": args.iters or f"by size: {ITERS_BYTES >> 20} MiB / S in "
+                               f"{MIN_ITERS}..{MAX_ITERS}",
         "timing": "max over ranks of each rank's mean over iters back-to-back calls "
                   "after warmup (polycast: as polycast bench times it)",
         "cpus": os.cpu_count(),

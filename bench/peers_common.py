@@ -4,11 +4,10 @@ the timing loop, so MPICH and gloo are measured exactly the same way.
 Needs numpy only (no polycast import): the workers may run in another interpreter.
 
 Timing (say it once, here): after ``warmup`` untimed calls and a barrier, each rank times
-``iters`` back-to-back calls with ``time.perf_counter`` and divides by ``iters``; the reported
-time is the **maximum over ranks of that per-rank mean** (the slowest rank), the conservative
-choice nccl-tests offers as ``-a 3``. ``iters`` is either fixed or, when 0 ("auto"), chosen
-from the warmup so that the timed loop lasts about ``TARGET_SECONDS`` (every rank takes the
-slowest rank's warmup time, so all agree on the count).
+``case.iters`` back-to-back calls with ``time.perf_counter`` and divides by the count; the
+reported time is the **maximum over ranks of that per-rank mean** (the slowest rank), the
+conservative choice nccl-tests offers as ``-a 3`` and the one ``polycast bench`` makes.
+bench/peers.py gives every peer the same ``iters`` per case.
 
 Correctness: the inputs are small integers in float32 (exact under summation), the output
 of the first call and of the last timed call are compared with numpy on every rank, and
@@ -24,8 +23,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 DTYPE = np.float32
-TARGET_SECONDS = 0.25        # per timed loop when iters is "auto"
-MIN_ITERS, MAX_ITERS = 5, 2000
 COLLECTIVES = ("allgather", "allreduce", "broadcast")
 ROOT = 0
 
@@ -36,6 +33,7 @@ class Case:
     collective: str
     count: int
     nbytes: int              # nccl-tests' S, the size algbw divides by
+    iters: int               # timed calls
 
 
 @dataclass
@@ -69,7 +67,7 @@ def expected(collective: str, nranks: int, count: int) -> np.ndarray:
 
 
 def measure(case: Case, rank: int, nranks: int, prepare, barrier, max_over_ranks,
-            min_over_ranks, warmup: int, iters: int) -> Measured:
+            min_over_ranks, warmup: int) -> Measured:
     """Time one case on this rank; every rank must call it with the same arguments.
 
     ``prepare(case) -> (call, result, reset)``: ``call()`` runs the collective once on
@@ -81,14 +79,9 @@ def measure(case: Case, rank: int, nranks: int, prepare, barrier, max_over_ranks
     want = expected(case.collective, nranks, case.count)
     call()
     ok_first = bool(np.array_equal(result(), want))
-    barrier()
-    t0 = time.perf_counter()
     for _ in range(warmup):
         call()
-    warm = (time.perf_counter() - t0) / max(warmup, 1)
-    if iters <= 0:
-        per_call = max_over_ranks(max(warm, 1e-7))
-        iters = int(min(MAX_ITERS, max(MIN_ITERS, TARGET_SECONDS / per_call)))
+    iters = max(1, case.iters)
     reset()                  # the last timed call must write the output afresh
     barrier()
     t0 = time.perf_counter()
@@ -104,14 +97,14 @@ def measure(case: Case, rank: int, nranks: int, prepare, barrier, max_over_ranks
                     warmup, seconds * 1e6, ok, detail)
 
 
-def load_plan(text: str) -> tuple[list[Case], int, int]:
-    """The worker's argument: ``{"cases": [...], "warmup": W, "iters": N}`` as JSON."""
+def load_plan(text: str) -> tuple[list[Case], int]:
+    """The worker's argument: ``{"cases": [...], "warmup": W}`` as JSON."""
     plan = json.loads(text)
-    return [Case(**c) for c in plan["cases"]], int(plan["warmup"]), int(plan["iters"])
+    return [Case(**c) for c in plan["cases"]], int(plan["warmup"])
 
 
-def dump_plan(cases: list[Case], warmup: int, iters: int) -> str:
-    return json.dumps({"cases": [asdict(c) for c in cases], "warmup": warmup, "iters": iters})
+def dump_plan(cases: list[Case], warmup: int) -> str:
+    return json.dumps({"cases": [asdict(c) for c in cases], "warmup": warmup})
 
 
 def append_row(path: str, row: Measured, **extra) -> None:

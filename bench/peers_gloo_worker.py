@@ -46,7 +46,7 @@ def rank_main(rank: int, size: int, port: int, plan: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=size, timeout=datetime.timedelta(seconds=60))
-    cases, warmup, iters = pc.load_plan(plan)
+    cases, warmup = pc.load_plan(plan)
 
     def prepare(case: pc.Case):
         send_np = pc.send_data(case.collective, rank, case.count)
@@ -86,7 +86,7 @@ def rank_main(rank: int, size: int, port: int, plan: str, out: str) -> None:
     for case in cases:
         row = pc.measure(case, rank, size, prepare, barrier,
                          lambda x: reduce_scalar(x, dist.ReduceOp.MAX),
-                         lambda x: reduce_scalar(x, dist.ReduceOp.MIN), warmup, iters)
+                         lambda x: reduce_scalar(x, dist.ReduceOp.MIN), warmup)
         if rank == 0:
             pc.append_row(out, row, peer="gloo", algorithm="gloo", nranks=size,
                           library=f"torch {torch.__version__} gloo")

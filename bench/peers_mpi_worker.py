@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    cases, warmup, iters = pc.load_plan(argv[0])
+    cases, warmup = pc.load_plan(argv[0])
     out = argv[1]
     library = MPI.Get_library_version().splitlines()[0].strip()
 
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     for case in cases:
         row = pc.measure(case, rank, size, prepare, comm.Barrier,
                          lambda x: reduce_scalar(x, MPI.MAX),
-                         lambda x: reduce_scalar(x, MPI.MIN), warmup, iters)
+                         lambda x: reduce_scalar(x, MPI.MIN), warmup)
         if rank == 0:
             pc.append_row(out, row, peer="mpich", algorithm="mpich default",
                           nranks=size, library=library)

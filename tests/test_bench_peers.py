@@ -24,10 +24,19 @@ from polycast.errors import InvalidArgument  # noqa: E402
 def test_plan_rounds_sizes_up_to_whole_elements_per_rank():
     cases = peers.plan_cases(["allgather", "allreduce", "bcast"], [8, 65536], 4)
     got = {(c.collective, c.nbytes): c.count for c in cases}
+    assert all(c.iters == 200 for c in cases)
     # allgather: S = count x 4 ranks x 4 bytes, so 8 B rounds up to 16 B (count 1)
     assert got == {("allgather", 16): 1, ("allgather", 65536): 4096,
                    ("allreduce", 8): 2, ("allreduce", 65536): 16384,
                    ("broadcast", 8): 2, ("broadcast", 65536): 16384}
+
+
+def test_every_peer_gets_the_same_iterations_by_size():
+    assert [peers.iters_for(n) for n in (8, 64 << 10, 1 << 20, 16 << 20, 1 << 30)] == \
+        [200, 200, 128, 8, 8]
+    assert peers.iters_for(16 << 20, 50) == 50
+    # polycast bench runs a quarter of --iters above 8 MiB: ask 4x there
+    assert peers.bench_iters_arg(16 << 20, 8) == 32 and peers.bench_iters_arg(8, 200) == 200
 
 
 def test_plan_rejects_a_collective_it_does_not_compare():
@@ -146,45 +155,61 @@ FAKE_BENCH = r'''
 import json, sys
 args = sys.argv[2:]                     # argv[1] is "bench"
 if "--help" in args:
-    print("usage: polycast bench [--iters N] [--warmup N] [--timeout S] [--json]")
+    print("usage: polycast bench [--iters N] [--warmup N] [--timeout S] [--json]" + SIZES)
     sys.exit(0)
-coll, size = args[2], int(args[args.index("--min") + 1])
+coll = args[2]
+sizes = ([int(x) for x in args[args.index("--sizes") + 1].split(",")] if "--sizes" in args
+         else [int(args[args.index("--min") + 1])])
 speed = {"auto": 2.0, "ring": 2.0, "mcast": 1.0}      # time_us per byte
+with open(sys.argv[0] + ".launches", "a") as f:
+    f.write(json.dumps(sizes) + "\n")
 rows = []
-for algo in args[args.index("--algo") + 1].split(","):
-    if algo == "boom":
-        print(json.dumps(rows))
-        print(f"polycast bench: boom at {size}B: it exploded", file=sys.stderr)
-        sys.exit(1)
-    if algo == "silent":                 # a rank died without a message
-        print(json.dumps(rows))
-        sys.exit(1)
-    rows.append({"collective": coll, "algorithm": "ring" if algo == "auto" else algo,
-                 "requested": algo, "nranks": 4, "nbytes": size,
-                 "time_us": speed[algo] * size, "algbw": 0, "busbw": 0, "correct": True})
+for size in sizes:
+    for algo in args[args.index("--algo") + 1].split(","):
+        if algo == "boom":
+            print(json.dumps(rows))
+            print(f"polycast bench: boom at {size}B: it exploded", file=sys.stderr)
+            sys.exit(1)
+        if algo == "silent":                 # a rank died without a message
+            print(json.dumps(rows))
+            sys.exit(1)
+        rows.append({"collective": coll, "algorithm": "ring" if algo == "auto" else algo,
+                     "requested": algo, "nranks": 4, "nbytes": size,
+                     "time_us": speed[algo] * size, "algbw": 0, "busbw": 0,
+                     "correct": True, "iters": int(args[args.index("--iters") + 1])})
 print(json.dumps(rows))
 '''
 
 
-def test_polycast_cases_go_on_past_an_algorithm_that_fails(tmp_path, monkeypatch):
+@pytest.mark.parametrize("takes_sizes", [False, True])
+def test_polycast_cases_go_on_past_an_algorithm_that_fails(tmp_path, monkeypatch,
+                                                           takes_sizes):
     fake = tmp_path / "fake_polycast.py"
-    fake.write_text(FAKE_BENCH)
+    fake.write_text(f"SIZES = {' --sizes LIST' if takes_sizes else ''!r}\n" + FAKE_BENCH)
     monkeypatch.setattr(peers, "polycast_command", lambda: [sys.executable, str(fake)])
-    cases = peers.plan_cases(["allgather"], [4096], 4)
-    run = peers.run_polycast(cases, 4, warmup=1, iters=3, timeout_seconds=30,
+    cases = peers.plan_cases(["allgather"], [1024, 4096], 4)
+    run = peers.run_polycast(cases, 4, warmup=1, timeout_seconds=30,
                              algo="auto,ring,boom,silent,mcast")
-    row = run.rows[("allgather", 4096)]
-    assert row["algorithm"] == "mcast"
-    assert row["busbw"] == pytest.approx(4096 / 4096e3 * 3 / 4)
-    assert row["auto"]["algorithm"] == "ring"
-    assert sorted(r["requested"] for r in row["all"]) == ["auto", "mcast", "ring"]
-    assert any("boom failed: it exploded" in n for n in run.notes)
-    assert any("silent failed" in n for n in run.notes)
+    for nbytes in (1024, 4096):
+        row = run.rows[("allgather", nbytes)]
+        assert row["algorithm"] == "mcast"
+        assert row["busbw"] == pytest.approx(nbytes / (nbytes * 1e3) * 3 / 4)
+        assert row["auto"]["algorithm"] == "ring"
+        assert sorted(r["requested"] for r in row["all"]) == ["auto", "mcast", "ring"]
+    assert sum("boom failed: it exploded" in n for n in run.notes) == 2
+    assert sum("silent failed" in n for n in run.notes) == 2
     assert not run.unavailable
+    assert all(r["iters"] == 200 for r in run.rows[("allgather", 1024)]["all"])
+    assert not any("iterations" in n for n in run.notes)
+    # with --sizes the first launch covers both sizes; each failure costs one relaunch
+    launches = [json.loads(ln) for ln in
+                (tmp_path / "fake_polycast.py.launches").read_text().splitlines()]
+    assert len(launches) == 6
+    assert launches[0] == ([1024, 4096] if takes_sizes else [1024])
 
 
 def test_polycast_without_a_bench_command_says_so(monkeypatch):
     monkeypatch.setattr(peers, "polycast_command",
                         lambda: [sys.executable, "-c", "import sys; sys.exit(2)"])
-    run = peers.run_polycast(peers.plan_cases(["allreduce"], [8], 4), 4, 1, 3, 30, None)
+    run = peers.run_polycast(peers.plan_cases(["allreduce"], [8], 4), 4, 1, 30, None)
     assert run.unavailable == "polycast bench not available" and not run.rows
