@@ -7,7 +7,9 @@ it; ``tests/world.py`` is a complete small driver):
   (seconds): ``post``, ``on_message``, ``on_datagram`` (raw bytes) or
   ``on_datagram_header`` (pre-parsed), ``on_send_done``, ``on_timer``, ``on_peer_lost``.
   Carry out the returned actions **in order** (a Deliver must land before a later Send of
-  the same memory).
+  the same memory), and finish one list before carrying out the actions of another engine
+  call (an ``on_send_done`` made while executing a list must queue its actions behind the
+  rest of that list).
 * ``Send``: write ``header.pack(secret, payload)`` then the payload (``payload`` Region
   gathered, or the inline ``data`` bytes when ``payload`` is None) to ``peer`` over the
   reliable channel, in order per peer; call ``on_send_done(token)`` when the memory may be
