@@ -213,3 +213,36 @@ def test_polycast_without_a_bench_command_says_so(monkeypatch):
                         lambda: [sys.executable, "-c", "import sys; sys.exit(2)"])
     run = peers.run_polycast(peers.plan_cases(["allreduce"], [8], 4), 4, 1, 30, None)
     assert run.unavailable == "polycast bench not available" and not run.rows
+
+
+def _one_rank(prepare, case):
+    same = lambda x: x  # noqa: E731 -- one rank: max and min over ranks are the value
+    return pc.measure(case, 0, 1, prepare, lambda: None, same, same, warmup=2)
+
+
+def test_measure_times_the_calls_and_catches_a_wrong_result():
+    case = pc.Case("allgather", count=8, nbytes=32, iters=7)
+    calls = []
+    out = np.full(8, -1, pc.DTYPE)
+
+    def prepare(c, good=True):
+        def call():
+            calls.append(1)
+            out[:] = pc.send_data(c.collective, 0, c.count) + (0 if good else 1)
+        return call, (lambda: out), (lambda: out.fill(-1))
+    row = _one_rank(prepare, case)
+    assert row.correct and row.iters == 7 and row.time_us > 0
+    assert len(calls) == 1 + 2 + 7           # check call, warmup, timed
+    bad = _one_rank(lambda c: prepare(c, good=False), case)
+    assert not bad.correct and "WRONG" in bad.detail
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="torch not installed (pip install torch==2.13.0, a CPU build)")
+def test_a_short_real_gloo_run(tmp_path):
+    cases = peers.plan_cases(["allgather", "allreduce", "broadcast"], [64], 2, iters=3)
+    run = peers.run_gloo(cases, 2, warmup=1, timeout_seconds=120, workdir=tmp_path)
+    assert not run.unavailable, run.notes
+    assert len(run.rows) == 3 and all(r["correct"] for r in run.rows.values())
+    assert run.library.startswith("torch")
