@@ -27,7 +27,7 @@ from ..engine.engine import Engine, EngineConfig
 from ..errors import CollectiveTimeout, PeerLost, PolycastError
 from ..memory import Buffers
 from .frames import KIND_BYE, KIND_DOORBELL, control_frame, is_driver_kind
-from .mcast import MulticastUnavailable, open_group
+from .mcast import MulticastUnavailable, drop_own_datagrams, open_group
 from .tcp import LinkClosed
 from .world import World
 
@@ -240,6 +240,7 @@ class Driver:
             try:
                 cs.mcast, cs.group = open_group(self.world.job_id, comm_id,
                                                 self.world.single_host)
+                drop_own_datagrams(cs.mcast, engine.rank)
                 self._sel.register(cs.mcast, selectors.EVENT_READ, ("mcast", comm_id))
             except MulticastUnavailable as exc:
                 cs.mcast_error = str(exc)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import struct
 
 from ..errors import PolycastError
 
@@ -71,3 +72,33 @@ def open_group(job_id: str, comm_id: int, single_host: bool,
             f"cannot join multicast group {group}:{port} on interface {iface}: {exc}; "
             "set POLYCAST_MCAST_IF to a multicast-capable interface address") from None
     return sock, (group, port)
+
+
+SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
+# Offset of the wire header's ``src`` field seen by a UDP socket filter: the filter sees the
+# packet from the UDP header (8 bytes); ``src`` is bytes 16..20 of polycast's header.
+_SRC_OFFSET = 8 + 16
+
+
+def drop_own_datagrams(sock: socket.socket, src_rank: int) -> bool:
+    """Attach a classic BPF filter that drops datagrams whose header names ``src_rank``
+    as the source: with IP_MULTICAST_LOOP on, a root would otherwise receive (and copy)
+    its whole stream back. Returns False where filters are unavailable (then the engine
+    drops them, counted as own datagrams)."""
+    import ctypes
+
+    def ins(code, jt, jf, k):
+        return struct.pack("HBBI", code, jt, jf, k)
+    prog = b"".join([
+        ins(0x20, 0, 0, _SRC_OFFSET),            # ld [src]      (BPF_LD|BPF_W|BPF_ABS)
+        ins(0x15, 0, 1, src_rank & 0xFFFFFFFF),  # jeq #rank     (BPF_JMP|BPF_JEQ|BPF_K)
+        ins(0x06, 0, 0, 0),                      # ret #0: drop
+        ins(0x06, 0, 0, 0xFFFFFFFF),             # ret #-1: whole datagram
+    ])
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = struct.pack("HL", len(prog) // 8, ctypes.addressof(buf))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+    except OSError:
+        return False
+    return True
