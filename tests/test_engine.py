@@ -295,3 +295,20 @@ def test_send_done_completes_send_steps():
     assert [type(a) for a in done if isinstance(a, Complete)] == [Complete]
     assert not e.busy and e.stats.completed == 1
     assert e.on_send_done(send.token, 0.2) == []          # unknown token: ignored
+
+
+def test_peer_lost_spares_requests_that_do_not_need_it():
+    s = send_recv(P=3, count=4)             # ranks 0 and 1 talk; rank 2 has nothing to do
+    w = World(3)
+    src = np.arange(4, dtype=np.float32)
+    dst = np.zeros(4, np.float32)
+    w.post(0, s, src, np.zeros(4, np.float32))
+    w.post(1, s, None, dst)
+    w.kill(2, notify_after_s=0.0)
+    w.run(max_time_s=1.0)
+    assert (0, 0) in w.done and (1, 0) in w.done and not w.errors
+    np.testing.assert_array_equal(dst, src)
+    # but the next call that needs rank 2 fails at once, naming it
+    w.post(0, ring(P=3, count=2), np.zeros(2, np.float32), np.zeros(6, np.float32), req=1)
+    err = w.errors[(0, 1)]
+    assert isinstance(err, PeerLost) and err.rank == 2 and "lost earlier" in str(err)
