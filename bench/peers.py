@@ -526,7 +526,8 @@ def parse_args(argv):
     p.add_argument("--peers", default=",".join(PEERS),
                    help="which to run, from: " + ", ".join(PEERS) + " (default all)")
     p.add_argument("--algo", default=None,
-                   help="passed to polycast bench --algo (default: its own choice)")
+                   help="polycast algorithms, comma-separated (default: auto and every one "
+                        "polycast supports for the collective; the table shows the best)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds each launch may take before it is killed (default 120)")
     p.add_argument("--json", default=str(DEFAULT_JSON), metavar="FILE",
