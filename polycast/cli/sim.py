@@ -1,0 +1,235 @@
+"""``polycast sim``: run collectives, an FSDP step or a sweep on the simulated network.
+
+    polycast sim allgather --algo ring --nodes 188 --size 64MiB --topology fattree:radix=32
+    polycast sim allgather --compare ring,mcast --nodes 188 --json
+    polycast sim fsdp --model llama2-7b --nodes 188 --ag mcast --rs innet [--compare]
+    polycast sim sweep --collective allgather --algos ring,mcast --nodes 16,64 --sizes 1MiB,64MiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..collectives import Collective
+from ..errors import InvalidArgument
+from ..units import format_size, parse_size
+from .table import print_table
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", "-n", type=int, default=8, help="ranks P (default 8)")
+    p.add_argument("--topology", "-t", default="fattree:radix=32",
+                   help="switch | leafspine:hosts_per_leaf=16,oversub=2 | fattree:radix=32, "
+                        "each with optional ,ranks_per_host=8,nvlink=3600Gbps,nics=8,"
+                        "latency=250ns,switch_latency=300ns (default fattree:radix=32)")
+    p.add_argument("--link", default="400Gbps", help="host link rate (default 400Gbps)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sim", help="simulate collectives on a modelled datacenter network",
+                       description="Run the real engine, one per rank, on a flow-level "
+                                   "network model: any collective and algorithm, an FSDP "
+                                   "training step, or a sweep.")
+    ssub = p.add_subparsers(dest="what", metavar="COLLECTIVE|fsdp|sweep")
+    for coll in Collective:
+        c = ssub.add_parser(coll.value, help=f"simulate one {coll.value}")
+        _common(c)
+        c.add_argument("--algo", "-a", default=None,
+                       help="algorithm (default: the first registered; see polycast algos)")
+        c.add_argument("--compare", default=None,
+                       help="comma-separated algorithms to run side by side, with ratios")
+        c.add_argument("--size", "-s", default="64MiB",
+                       help="nccl-tests size S (total buffer; default 64MiB)")
+        c.add_argument("--dtype", default="float32")
+        c.add_argument("--root", type=int, default=0)
+        c.add_argument("--nchunks", type=int, default=1, help="pipelining chunks per part")
+        c.add_argument("--channels", type=int, default=1)
+        c.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                       help="algorithm option (e.g. roots=4); repeatable")
+        c.add_argument("--loss", type=float, default=0.0,
+                       help="probability that a datagram is lost at a receiver (seeded)")
+        c.add_argument("--seed", type=int, default=0)
+        c.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
+        c.add_argument("--plot", metavar="FILE", help="write a figure (png/pdf/svg)")
+        c.set_defaults(func=run_collective, collective=coll.value)
+    f = ssub.add_parser("fsdp", help="one FSDP training step, communication overlapped "
+                                     "with compute")
+    _common(f)
+    f.set_defaults(nodes=188)
+    f.add_argument("--model", default="llama2-7b", help="model preset (default llama2-7b)")
+    f.add_argument("--ag", default="ring", help="allgather algorithm (ring | mcast | ...)")
+    f.add_argument("--rs", default="ring", help="reduce-scatter algorithm (ring | innet | ...)")
+    f.add_argument("--layers", type=int, default=None, help="override the preset's layers")
+    f.add_argument("--layer-bytes", default=None, help="override bytes per layer (e.g. 400MB)")
+    f.add_argument("--compute-per-layer", default=None,
+                   help="forward compute per layer (e.g. 4ms; backward is twice it); "
+                        "default 2 x params x tokens / tflops")
+    f.add_argument("--tokens", type=int, default=4096, help="tokens per rank per step")
+    f.add_argument("--tflops", type=float, default=400.0,
+                   help="effective TFLOP/s per rank (default 400)")
+    f.add_argument("--roots", type=int, default=None,
+                   help="multicast streams at a time (default: every rank)")
+    f.add_argument("--compare", action="store_true",
+                   help="the four rows ring/mcast x ring/innet of specs/measures.md")
+    f.set_defaults(func=run_fsdp)
+    w = ssub.add_parser("sweep", help="a grid of sizes x nodes x algorithms x topologies")
+    w.add_argument("--collective", "-c", default="allgather")
+    w.add_argument("--algos", default="ring,mcast", help="comma-separated algorithms")
+    w.add_argument("--nodes", default="8,16", help="comma-separated node counts")
+    w.add_argument("--sizes", default="1MiB,64MiB", help="comma-separated sizes")
+    w.add_argument("--topologies", default="fattree:radix=32",
+                   help="semicolon-separated --topology strings")
+    w.add_argument("--link", default="400Gbps")
+    w.add_argument("--workers", type=int, default=None,
+                   help="local processes (default: the CPU count)")
+    w.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                   help="run on a Ray cluster (the `ray` extra); ADDRESS or auto")
+    w.add_argument("--out", default=None, help="write the table to FILE.csv or FILE.json")
+    w.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    w.set_defaults(func=run_sweep)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _options(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        k, eq, v = item.partition("=")
+        if not eq or not k:
+            raise InvalidArgument(f"--opt wants KEY=VALUE, got {item!r}")
+        try:
+            out[k] = int(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def _algos(text: str) -> list[str]:
+    out = [a.strip() for a in text.split(",") if a.strip()]
+    if not out:
+        raise InvalidArgument(f"no algorithms in {text!r}")
+    return out
+
+
+def run_collective(args: argparse.Namespace) -> int:
+    from ..algorithms import algorithms
+    from ..sim.simulate import simulate
+    from ..sim.topology import parse_topology
+    coll = Collective.parse(args.collective)
+    if args.compare:
+        names = _algos(args.compare)
+    elif args.algo:
+        names = [args.algo]
+    else:
+        names = [algorithms(coll)[0].name]
+    topo = parse_topology(args.topology, args.nodes, link=args.link)
+    record = bool(args.trace or args.plot)
+    results = []
+    for name in names:
+        results.append(simulate(coll, name, args.nodes, parse_size(args.size), topo,
+                                dtype=args.dtype, root=args.root, nchunks=args.nchunks,
+                                channels=args.channels, options=_options(args.opt),
+                                loss=args.loss, seed=args.seed, record=record))
+    if args.trace:
+        from ..sim.trace import write_chrome_trace
+        write_chrome_trace(args.trace, results)
+    if args.plot:
+        from ..sim.plots import plot_results
+        plot_results(results, args.plot)
+    if args.json:
+        objs = [r.to_json() for r in results]
+        print(json.dumps(objs if args.compare else objs[0], indent=1))
+        return 0
+    print(topo.summary())
+    layers = [l for l in ("intra-host", "host-leaf", "leaf-spine", "spine-core")
+              if any(l in r.link_bytes_by_layer for r in results)]
+    cols = ["algorithm", "nodes", "size", "time (us)", "algbw GB/s", "busbw GB/s",
+            "link bytes"] + [f"{l}" for l in layers] + ["events", "wall s"]
+    rows = []
+    for r in results:
+        rows.append([r.algorithm, r.nodes, format_size(r.nbytes), r.time_s * 1e6, r.algbw,
+                     r.busbw, _gib(r.link_bytes)]
+                    + [_gib(r.link_bytes_by_layer.get(l, 0)) for l in layers]
+                    + [r.events, round(r.wall_s, 2)])
+        if r.loss:
+            print(f"{r.algorithm}: loss {r.loss:g}: {r.lost_datagrams} datagram receptions "
+                  f"lost ({r.lost_nbytes} B), {r.recovered_nbytes} B recovered")
+    print_table(f"{coll} on {args.nodes} ranks (link bytes in GiB)", cols, rows,
+                right=set(cols) - {"algorithm", "size"})
+    if len(results) > 1:
+        base = results[0]
+        ratio_rows = [[f"{base.algorithm} / {r.algorithm}", base.time_s / r.time_s,
+                       base.link_bytes / r.link_bytes if r.link_bytes else float("nan")]
+                      for r in results[1:]]
+        print_table("ratios", ["", "time", "link bytes"], ratio_rows)
+    return 0
+
+
+def _gib(n: int) -> float:
+    return round(n / 2**30, 3)
+
+
+def _seconds(text):
+    from ..sim.topology import parse_seconds
+    return parse_seconds(text)
+
+
+def run_fsdp(args: argparse.Namespace) -> int:
+    from ..sim.fsdp import compare_fsdp, simulate_fsdp
+    from ..sim.topology import parse_topology
+    topo = parse_topology(args.topology, args.nodes, link=args.link)
+    kw = dict(layers=args.layers,
+              layer_bytes=parse_size(args.layer_bytes) if args.layer_bytes else None,
+              compute_per_layer_s=(_seconds(args.compute_per_layer)
+                                   if args.compute_per_layer else None),
+              tokens_per_rank=args.tokens, tflops=args.tflops, roots=args.roots)
+    if args.compare:
+        results = compare_fsdp(args.model, args.nodes, topology=topo, **kw)
+    else:
+        results = [simulate_fsdp(args.model, args.nodes, ag=args.ag, rs=args.rs,
+                                 topology=topo, **kw)]
+    if args.json:
+        objs = [r.to_json() for r in results]
+        print(json.dumps(objs if args.compare else objs[0], indent=1))
+        return 0
+    r0 = results[0]
+    N = r0.layer_nbytes
+    B = topo.host_link_bw
+    print(f"{topo.summary()}\nFSDP {r0.model}: {r0.layers} layers of {N / 1e6:.1f} MB, "
+          f"compute {r0.compute_fwd_s * 1e3:.2f} ms fwd + {r0.compute_bwd_s * 1e3:.2f} ms bwd "
+          f"per layer; N/B = {N / B * 1e3:.3f} ms")
+    cols = ["allgather", "reduce-scatter", "sent/rank (N)", "recv/rank (N)",
+            "window (N/B)", "step (ms)", "bubble (ms)", "bubble %", "traffic/step (GB)"]
+    rows = [[r.ag, r.rs, r.sent_per_rank_nbytes / N, r.recv_per_rank_nbytes / N,
+             r.window_over_n_b, r.step_s * 1e3, r.bubble_s * 1e3,
+             100 * r.bubble_s / r.step_s, r.step_link_bytes / 1e9] for r in results]
+    print_table("one layer's allgather overlapped with the previous layer's reduce-scatter "
+                "(simulated)", cols, rows)
+    return 0
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from ..sim.sweep import grid, run_grid, write_table
+    try:
+        nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidArgument(f"--nodes wants comma-separated integers, got {args.nodes!r}") \
+            from None
+    sizes = [parse_size(x.strip()) for x in args.sizes.split(",") if x.strip()]
+    topologies = [t.strip() for t in args.topologies.split(";") if t.strip()]
+    points = grid(args.collective, _algos(args.algos), nodes, sizes, topologies, args.link)
+    rows = run_grid(points, workers=args.workers, ray=args.ray)
+    if args.out:
+        write_table(rows, args.out)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    cols = ["collective", "algorithm", "nodes", "nbytes", "topology", "time_s", "busbw",
+            "link_bytes", "error"]
+    print_table(f"sweep: {len(rows)} runs", cols,
+                [[r.get(c, "") for c in cols] for r in rows])
+    if args.out:
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,100 @@
+"""Sweeps: a grid of collective x algorithms x nodes x sizes x topologies, simulated in
+parallel on local processes (concurrent.futures) or on a Ray cluster (the ``ray`` extra,
+imported lazily), gathered into one tidy table (one row per run) written as CSV or JSON.
+
+A point that cannot run (an algorithm unsupported at that node count, a topology too small)
+becomes a row with an ``error`` and no numbers, so one bad corner never loses the sweep.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+
+from ..errors import InvalidArgument, PolycastError
+
+COLUMNS = ("collective", "algorithm", "nodes", "nbytes", "topology", "link", "time_s",
+           "algbw", "busbw", "link_bytes", "link_bytes_host_leaf", "link_bytes_leaf_spine",
+           "link_bytes_spine_core", "link_bytes_intra_host", "events", "wall_s", "error")
+
+
+@dataclass(frozen=True)
+class Point:
+    collective: str
+    algorithm: str
+    nodes: int
+    nbytes: int
+    topology: str
+    link: str
+
+
+def grid(collective: str, algorithms, nodes, sizes, topologies, link: str = "400Gbps"
+         ) -> list[Point]:
+    pts = [Point(collective, a, n, s, t, link)
+           for t in topologies for n in nodes for s in sizes for a in algorithms]
+    if not pts:
+        raise InvalidArgument("the sweep grid is empty: give at least one algorithm, node "
+                              "count, size and topology")
+    return pts
+
+
+def run_point(pt: Point | dict) -> dict:
+    """Simulate one point; returns a row of ``COLUMNS``."""
+    from .simulate import simulate
+    if isinstance(pt, dict):
+        pt = Point(**pt)
+    row = {c: "" for c in COLUMNS}
+    row.update(asdict(pt))
+    try:
+        r = simulate(pt.collective, pt.algorithm, pt.nodes, pt.nbytes, pt.topology,
+                     link=pt.link)
+    except PolycastError as e:
+        row["error"] = str(e)
+        return row
+    row.update(nbytes=r.nbytes, time_s=r.time_s, algbw=r.algbw, busbw=r.busbw,
+               link_bytes=r.link_bytes, events=r.events, wall_s=r.wall_s)
+    for layer, n in r.link_bytes_by_layer.items():
+        row["link_bytes_" + layer.replace("-", "_")] = n
+    return row
+
+
+def run_grid(points: list[Point], workers: int | None = None, ray: str | None = None
+             ) -> list[dict]:
+    """Run every point; rows in the grid's order."""
+    if ray:
+        return _run_ray(points, ray)
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise InvalidArgument(f"workers must be >= 1, got {workers}")
+    if workers == 1 or len(points) == 1:
+        return [run_point(p) for p in points]
+    with ProcessPoolExecutor(max_workers=min(workers, len(points))) as ex:
+        return list(ex.map(run_point, points))
+
+
+def _run_ray(points: list[Point], address: str) -> list[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise InvalidArgument("--ray needs Ray: pip install 'polycast[ray]'") from None
+    ray.init(address=None if address == "local" else address, ignore_reinit_error=True)
+    remote = ray.remote(run_point)
+    return ray.get([remote.remote(asdict(p)) for p in points])
+
+
+def write_table(rows: list[dict], path: str) -> None:
+    """CSV or JSON by the file's extension."""
+    if path.endswith(".json"):
+        with open(path, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    elif path.endswith(".csv"):
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(COLUMNS))
+            w.writeheader()
+            for r in rows:
+                w.writerow({c: r.get(c, "") for c in COLUMNS})
+    else:
+        raise InvalidArgument(f"sweep output {path!r}: use a .csv or .json file name")
