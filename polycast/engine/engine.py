@@ -609,7 +609,7 @@ class Engine:
             if r.multicast or any(r.state[i] != _DONE and r.prog[i].peer == peer
                                   and r.prog[i].kind in (Kind.SEND, Kind.RECV)
                                   for i in range(len(r.prog))):
-                self._fail(r, PeerLost(peer, f"rank {self.rank}: {r.desc} "
+                self._fail(r, PeerLost(peer, f"rank {self.rank}: {r.desc} was waiting on "
                                              f"{self._stuck(r)}: {self._lost[peer]}"),
                            out, abort=AbortReason.PEER_LOST, lost=peer)
         return out
