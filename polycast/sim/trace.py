@@ -24,7 +24,7 @@ def chrome_trace(results, max_events: int = 2_000_000) -> dict:
     offset_us = 0.0
     named: set[int] = set()
     for res in results:
-        if not res.timelines or not any(tl.intervals or tl.completed for tl in res.timelines):
+        if res.simulation is None or not res.simulation.cfg.record:
             raise InvalidArgument("this result has no timelines; simulate with record=True "
                                   "(the CLI does so for --trace/--plot)")
         label = f"{res.collective} {res.algorithm}"
