@@ -238,3 +238,13 @@ def test_layout_smaller_than_the_buffer_is_rejected():
     b.send(0, 1, "send", (0,))
     b.recv(1, 0, "recv", (0,))
     _broken(b.build(), "elements|count|size")
+
+
+def test_non_root_use_of_recv_in_reduce_is_rejected():
+    lay = Layout(4)
+    b = Builder(Collective.REDUCE, 2, 0, 4, "t", {"send": lay, "recv": lay})
+    b.copy(1, "send", (0,), "recv", (0,))        # rank 1 has no recv buffer in a reduce
+    b.send(1, 0, "recv", (0,))
+    b.copy(0, "send", (0,), "recv", (0,))
+    b.recv(0, 1, "recv", (0,), reduce=True)
+    _broken(b.build(), "only at the root")

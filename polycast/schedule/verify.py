@@ -36,6 +36,7 @@ class _Verifier:
     def __init__(self, s: Schedule) -> None:
         self.s = s
         self.P = s.nranks
+        self.root_only_recv = s.collective in (Collective.REDUCE, Collective.GATHER)
 
     def fail(self, msg: str, rank: int | None = None, idx: int | None = None) -> None:
         where = ""
@@ -82,6 +83,10 @@ class _Verifier:
         wr = st.writes()
         if wr and wr[0] == "send":
             self.fail("writes into its input buffer 'send', which is read-only", rank, idx)
+        if (self.root_only_recv and rank != self.s.root
+                and "recv" in (st.buf if st.blocks else "", st.dst if st.dst_blocks else "")):
+            self.fail(f"uses 'recv', which a {self.s.collective} has only at the root "
+                      "(use 'tmp' for partial results)", rank, idx)
         if st.reduce:
             if not self.s.collective.has_op:
                 self.fail(f"reduces, but {self.s.collective} has no reduction op", rank, idx)
