@@ -83,6 +83,7 @@ IN_PLACE = _InPlace()
 UNDEFINED = -32766          # Split color for "not in any new communicator" (as MPI.UNDEFINED)
 
 
+@functools.lru_cache(maxsize=256)
 def _is_multicast(coll: Collective, name: str) -> bool:
     algo = get(coll, name)
     return algo.multicast or "mcast" in name
@@ -112,6 +113,7 @@ class Comm:
         self._splits = 0
         self._freed = False
         self._schedules: collections.OrderedDict = collections.OrderedDict()
+        self._supported: dict = {}
         self._lock = threading.Lock()
 
     # -- identity ---------------------------------------------------------------------------
@@ -135,7 +137,9 @@ class Comm:
         name = algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO") or "auto"
         name = name.lower()
         P = self.size
-        ok = supported(coll, P)
+        ok = self._supported.get(coll)
+        if ok is None:          # the registry is fixed once loaded: ask once per collective
+            ok = self._supported[coll] = supported(coll, P)
         if name != "auto":
             if name not in ok:
                 get(coll, name)          # unknown names: UnknownName with the choices
