@@ -194,6 +194,21 @@ def suite_api(ck: Checker) -> None:
         ck.check("nonblocking/test", np.all(b == 7))
     ck.run("nonblocking", nonblocking)
 
+    # big outstanding requests at once: rings fill with early messages, nothing deadlocks
+    def big_outstanding():
+        n = 1 << 21
+        xs = [np.full(n, r + k, np.float32) for k in range(3)]
+        ys = [np.empty(n, np.float32) for _ in range(3)]
+        reqs = [comm.Iallreduce(x, y, algorithm="ring") for x, y in zip(xs, ys)]
+        g = np.empty(P * (n // 4), np.float32)
+        reqs.append(comm.Iallgather(np.full(n // 4, r, np.float32), g, algorithm="ring"))
+        pcomm.Request.Waitall(reqs)
+        for k, y in enumerate(ys):
+            ck.check("big/allreduce", bool(np.all(y == sum(i + k for i in range(P)))))
+        ck.check("big/allgather", np.array_equal(g, np.repeat(np.arange(P, dtype=np.float32),
+                                                              n // 4)))
+    ck.run("big-outstanding", big_outstanding)
+
     # objects
     def objects():
         obj = comm.bcast({"a": [1, 2], "r": r} if r == 0 else None, root=0)

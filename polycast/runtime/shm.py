@@ -6,12 +6,13 @@ soon as the writer has mapped it, so a crash leaks nothing). Frames are the same
 (:mod:`polycast.runtime.frames`), padded to 16 bytes. The writer copies the payload
 straight from the user's array into the ring; the reader hands the engine a view *into the
 ring*, which Deliver copies or reduces straight into the destination array: one copy on
-each side, no kernel. A frame stays pinned until its payload has been delivered; when too
-much of the ring is held (messages that arrived before the collective was posted), the
-reader copies new frames out instead. A pinned frame still holds the ring's tail until it is
-delivered, so a writer may stall behind it (never unboundedly: the wait is the peer's own
-progress; two ranks each stalled behind the other's undelivered message would need both
-rings full, which the driver makes unlikely by cutting messages to <= 1/8 ring). A message
+each side, no kernel. A frame stays pinned until its payload has been delivered (or dropped) by
+the engine. Frames are never copied out to free the ring: a pinned frame holds the ring's
+tail, and every frame behind it, until delivered anyway, and copying measured 25% of a
+rank's CPU in a 16 MiB ring allreduce. So a writer may stall behind a pinned frame (the wait
+is the peer's own progress; two ranks each stalled behind the other's undelivered message
+would need both rings full of early messages, which the driver makes unlikely by cutting
+messages to about 1 MiB). A message
 bigger than a quarter of the ring travels in pieces and is reassembled.
 
 Wake-ups: the reader raises ``reader_sleeping`` before it blocks in ``select``; a writer
@@ -262,9 +263,6 @@ class Ring:
             pos += size
             if plen == 0:
                 out.append((hdr_len, header, None, None))
-                self._handed.append([pos, True])
-            elif pos - self._get(TAIL) > cap // 2:
-                out.append((hdr_len, header, memoryview(self.data[p:p + plen].copy()), None))
                 self._handed.append([pos, True])
             else:
                 key = [pos, False, size]
