@@ -94,7 +94,8 @@ def _table(rows: list[dict], coll: str, nranks: int) -> None:
         t.add_column(h, justify="right")
     for r in rows:
         t.add_row(*cells(r))
-    Console().print(t)
+    # Piped output gets rich's 80 columns by default, which truncates algorithm names.
+    Console(width=None if sys.stdout.isatty() else 120).print(t)
 
 
 def run(args) -> int:
