@@ -461,8 +461,14 @@ class Driver:
                 self._multicast(cs, a)
             elif t is SetTimer:
                 self._timers[(cs.id, a.timer)] = a.deadline
-                heapq.heappush(self._timer_heap, (a.deadline, next(self._counter), cs.id,
-                                                  a.timer))
+                heap = self._timer_heap
+                heapq.heappush(heap, (a.deadline, next(self._counter), cs.id, a.timer))
+                if len(heap) > 1024 and len(heap) > 4 * len(self._timers):
+                    # Every request sets a 60 s op timer and cancels it when done: drop the
+                    # cancelled entries now rather than a minute later.
+                    live = self._timers
+                    heap[:] = [e for e in heap if live.get((e[2], e[3])) == e[0]]
+                    heapq.heapify(heap)
             elif t is CancelTimer:
                 self._timers.pop((cs.id, a.timer), None)
             elif t is Complete:

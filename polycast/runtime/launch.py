@@ -57,12 +57,18 @@ class _Rank:
 
 def _forward(stream, out, prefix: bytes, lock: threading.Lock) -> None:
     # Binary lines: a rank printing invalid UTF-8 must not kill the forwarder.
+    broken = False
     for line in iter(stream.readline, b""):
+        if broken:
+            continue            # keep draining, or the rank would block on a full pipe
         if not line.endswith(b"\n"):
             line += b"\n"
         with lock:
-            out.write(prefix + line)
-            out.flush()
+            try:
+                out.write(prefix + line)
+                out.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                broken = True   # our reader went away (`polycast run ... | head`)
     stream.close()
 
 
