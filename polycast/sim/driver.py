@@ -86,6 +86,18 @@ def default_engine_config(**overrides):
     return EngineConfig(**base)
 
 
+def pacing_gbps_for(schedules, link_gbps: float) -> float:
+    """The multicast pacing the simulator gives the engines: the host link rate split over
+    the streams that run at once (specs/mcast-protocol.md: link rate / roots), so a
+    stream's MCAST step completes, and hands its token on, when its datagrams could have
+    left, and concurrent streams do not flood the receivers."""
+    roots = 1
+    for s in schedules:
+        if s.uses_multicast:
+            roots = max(roots, int(s.options.get("roots", 1) or 1))
+    return link_gbps / roots
+
+
 class Simulation:
     """One engine per rank on a :class:`~polycast.sim.topology.Topology`.
 
@@ -223,12 +235,22 @@ class Simulation:
             self._do(a, self.engines[a].post(b, sched, itemsize, t))
 
     def _do(self, rank: int, actions) -> None:
+        kick = None
         for act in actions:
             tp = type(act)
-            if tp is A.Send:
-                self._enqueue((rank, act.peer), act)
-            elif tp is A.Multicast:
-                self._enqueue((rank, -1), act)
+            if tp is A.Send or tp is A.Multicast:
+                # Queue every message of this batch before starting any, so a stream's
+                # datagrams can go as one flow.
+                key = (rank, act.peer if tp is A.Send else -1)
+                q = self._channels.get(key)
+                if q is None:
+                    q = self._channels[key] = deque()
+                q.append(act)
+                if key not in self._busy:
+                    if kick is None:
+                        kick = [key]
+                    elif key not in kick:
+                        kick.append(key)
             elif tp is A.SetTimer:
                 self._timers[(rank, act.timer)] = act.deadline
                 self._push(max(act.deadline, self.now), _TIMER, rank, act.timer, act.deadline)
@@ -245,15 +267,12 @@ class Simulation:
                 raise SimulationError(f"rank {rank} failed request {act.req} at "
                                       f"t={self.now:.6g}s: {act.error}") from act.error
             # Deliver / Copy: no buffers in the simulator.
+        if kick is not None:
+            for key in kick:
+                if key not in self._busy:
+                    self._start_next(key)
 
     # channels: FIFO per (src, peer) for Sends, per root (peer -1) for datagrams
-    def _enqueue(self, key, act) -> None:
-        q = self._channels.get(key)
-        if q is None:
-            q = self._channels[key] = deque()
-        q.append(act)
-        if key not in self._busy:
-            self._start_next(key)
 
     def _start_next(self, key) -> None:
         q = self._channels.get(key)
@@ -279,23 +298,27 @@ class Simulation:
                     return
                 self._send_drained(key, act, lat, now, now)
                 continue
-            # Multicast: the datagrams of one stream queued back to back (no pacing) go
-            # as one flow on the tree; each is still delivered (or lost) on its own.
+            # Multicast: the datagrams of one stream queued back to back go as one flow on
+            # the tree, no faster than the engine's pacing (their not_before spacing);
+            # each datagram is still delivered (or lost) on its own.
             acts = [act]
             if hdr.kind is MsgKind.MCAST_DATA:
                 while q:
                     nxt = q[0]
                     h2 = nxt.header
                     if (type(nxt) is not A.Multicast or h2.kind is not MsgKind.MCAST_DATA
-                            or h2.seq != hdr.seq or h2.stream != hdr.stream
-                            or nxt.not_before > same_time_bound(now)):
+                            or h2.seq != hdr.seq or h2.stream != hdr.stream):
                         break
                     acts.append(q.popleft())
                     nbytes += h2.payload_nbytes
             self.datagrams += len(acts)
             if nbytes:
+                cap = math.inf
+                span = acts[-1].not_before - act.not_before
+                if len(acts) > 1 and span > 0:
+                    cap = (nbytes - acts[-1].header.payload_nbytes) / span
                 links, _ = self.topo.mcast_tree(src)
-                self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None))
+                self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None), cap=cap)
                 self._busy.add(key)
                 return
             self._mcast_drained(src, acts, now, now)

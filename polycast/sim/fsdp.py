@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from ..algorithms import build
 from ..collectives import Collective, parse_dtype
 from ..errors import InvalidArgument, UnknownName
-from .driver import SimConfig, Simulation
+from .driver import SimConfig, Simulation, pacing_gbps_for
 from .simulate import count_for, resolve_topology
 
 
@@ -114,6 +114,8 @@ def _rank_link_bytes(topo, link_bytes) -> tuple[int, int]:
 
 
 def _run(topo, scheds, itemsize, engine, seed=0):
+    link_gbps = float(topo.host_link_bw * 8 / 1e9)
+    engine = {"pacing_gbps": pacing_gbps_for(scheds, link_gbps), **engine}
     cfg = SimConfig(seed=seed, engine=engine)
     sim = Simulation(topo, cfg)
     reqs = [sim.post(s, itemsize) for s in scheds]

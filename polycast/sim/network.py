@@ -60,6 +60,7 @@ class Flow:
     t_last: float = 0.0        # time `remaining` was last brought up to date
     finish: float = _INF       # drain time at the current rate
     version: int = 0           # heap entries with another version are stale
+    cap: float = _INF          # the sender's own limit (pacing), bytes/s
 
 
 @dataclass
@@ -90,13 +91,15 @@ class Network:
         self.records: list[FlowRecord] = []
 
     # -- flows -----------------------------------------------------------------------
-    def add_flow(self, links: np.ndarray, nbytes: int, now: float, data: object) -> Flow:
-        """Start a flow of ``nbytes`` > 0 over ``links``; its rate is set at ``settle``."""
+    def add_flow(self, links: np.ndarray, nbytes: int, now: float, data: object,
+                 cap: float = _INF) -> Flow:
+        """Start a flow of ``nbytes`` > 0 over ``links``, never faster than ``cap`` bytes/s
+        (a paced sender); its rate is set at ``settle``."""
         if nbytes <= 0:
             raise ValueError("flows carry at least one byte; the driver handles empty messages")
         fid = self._next_fid
         self._next_fid += 1
-        f = Flow(fid, links, nbytes, now, data, remaining=float(nbytes), t_last=now)
+        f = Flow(fid, links, nbytes, now, data, remaining=float(nbytes), t_last=now, cap=cap)
         self.flows[fid] = f
         link_flows = self._link_flows
         for l in links.tolist():
@@ -180,7 +183,8 @@ class Network:
         self.recomputes += 1
         cap = self.capacity
         if len(group) == 1:
-            rates = [float(cap[group[0].links].min())]
+            f = group[0]
+            rates = [min(float(cap[f.links].min()), f.cap)]
         else:
             rates = _water_fill(group, cap).tolist()
         heap = self._heap
@@ -207,9 +211,17 @@ def _water_fill(group: list[Flow], cap: np.ndarray) -> np.ndarray:
     ulinks, local = np.unique(inc_links, return_inverse=True)
     nl = len(ulinks)
     rem = cap[ulinks].astype(np.float64)
+    caps = np.array([f.cap for f in group])
+    capped = np.flatnonzero(caps < _INF)
+    if len(capped):
+        # A sender's own limit is a private link of that capacity.
+        local = np.concatenate([local, nl + np.arange(len(capped))])
+        inc_flow = np.concatenate([inc_flow, capped])
+        rem = np.concatenate([rem, caps[capped]])
+        nl += len(capped)
     rate = np.zeros(n)
     frozen = np.zeros(n, dtype=bool)
-    active = np.ones(len(inc_links), dtype=bool)
+    active = np.ones(len(local), dtype=bool)
     for _ in range(n + 1):          # each round freezes at least one flow
         cnt = np.bincount(local[active], minlength=nl)
         used = cnt > 0
@@ -219,9 +231,10 @@ def _water_fill(group: list[Flow], cap: np.ndarray) -> np.ndarray:
         share[used] = rem[used] / cnt[used]
         m = share.min()
         bottleneck = share <= m * (1 + 1e-12)
-        newly = np.unique(inc_flow[active & bottleneck[local]])
+        newly = np.zeros(n, dtype=bool)
+        newly[inc_flow[active & bottleneck[local]]] = True
         rate[newly] = m
-        frozen[newly] = True
+        frozen |= newly
         sel = active & frozen[inc_flow]
         rem -= m * np.bincount(local[sel], minlength=nl)
         np.maximum(rem, 0.0, out=rem)

@@ -9,7 +9,7 @@ from ..algorithms import build, get
 from ..collectives import Collective, parse_dtype
 from ..errors import InvalidArgument
 from ..units import parse_rate, parse_size
-from .driver import RankTimeline, SimConfig, Simulation
+from .driver import RankTimeline, SimConfig, Simulation, pacing_gbps_for
 from .topology import LAYERS, Topology, parse_topology
 
 DEFAULT_TOPOLOGY = "fattree:radix=32"
@@ -105,7 +105,8 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     opts = algorithm_options(coll, algorithm, topo, options)
     sched = build(coll, algorithm, nodes, count, root=root, nchunks=nchunks,
                   channels=channels, **opts)
-    eng = {"line_rate_gbps": float(topo.bandwidth.min() * 8 / 1e9)}
+    link_gbps = float(topo.host_link_bw * 8 / 1e9)
+    eng = {"line_rate_gbps": link_gbps, "pacing_gbps": pacing_gbps_for([sched], link_gbps)}
     eng.update(engine or {})
     cfg = SimConfig(loss=loss, seed=seed, record=record, engine=eng, max_events=max_events)
     wall = time.perf_counter()
