@@ -103,11 +103,18 @@ def run(args) -> int:
     coll = Collective.parse(args.collective)
     if args.nranks < 1:
         raise InvalidArgument(f"-n must be a positive number of ranks, got {args.nranks}")
-    lo, hi = parse_size(args.min), parse_size(args.max)
-    if lo < 1 or hi < lo:
-        raise InvalidArgument(f"need 1 <= --min <= --max, got {args.min} and {args.max}")
-    if args.step_factor < 2:
-        raise InvalidArgument(f"--step-factor must be >= 2, got {args.step_factor}")
+    if args.sizes:
+        sizes = [parse_size(x.strip()) for x in args.sizes.split(",") if x.strip()]
+        if not sizes or min(sizes) < 1:
+            raise InvalidArgument(f"--sizes needs sizes >= 1 byte, got {args.sizes!r}")
+    else:
+        lo, hi = parse_size(args.min), parse_size(args.max)
+        if lo < 1 or hi < lo:
+            raise InvalidArgument(f"need 1 <= --min <= --max, got {args.min} and {args.max}")
+        if args.step_factor < 2:
+            raise InvalidArgument(f"--step-factor must be >= 2, got {args.step_factor}")
+        from ..runtime.bench_rank import sizes_between
+        sizes = sizes_between(lo, hi, args.step_factor)
     if args.iters < 1 or args.warmup < 0:
         raise InvalidArgument("--iters must be >= 1 and --warmup >= 0")
     ReduceOp.parse(args.op)
@@ -124,8 +131,6 @@ def run(args) -> int:
         if a != "auto" and a not in valid:
             raise InvalidArgument(f"{coll} has no algorithm {a!r} for {args.nranks} ranks; "
                                   f"valid: auto, {', '.join(valid)}")
-    from ..runtime.bench_rank import sizes_between
-    sizes = sizes_between(lo, hi, args.step_factor)
     total = len(sizes) * len(algos)
     update, stop = _progress_factory(not args.json and total >= 4 and sys.stderr.isatty())
     sink = _Sink(update)
@@ -167,7 +172,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max", default="16MiB", help="largest size S (default 16MiB)")
     p.add_argument("-f", "--step-factor", type=int, default=4,
                    help="multiply the size by this between rows (default 4)")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--sizes", default=None,
+                   help="comma-separated sizes instead of --min/--max, e.g. 8B,64KiB,16MiB")
+    p.add_argument("--iters", type=int, default=20,
+                   help="timed calls per row (a quarter of them above 8 MiB; default 20)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--op", default="sum")

@@ -153,6 +153,8 @@ class Driver:
         for p in world.peers.values():
             self._sel.register(p.tcp.sock, selectors.EVENT_READ, ("peer", p.rank))
         self._stopping = False
+        self._in_run = False
+        self._queued_runs: collections.deque = collections.deque()
         self._plock = threading.Lock()               # engines, sockets, rings, timers
         self._driving = 0                            # user threads driving progress now
         self._drive_ended = 0.0
@@ -444,6 +446,22 @@ class Driver:
 
     # -- executing actions -----------------------------------------------------------------
     def _run(self, cs: _CommState, actions) -> None:
+        """Carry out an engine call's actions in order. Actions of engine calls made while
+        a list is being carried out wait behind the rest of it (the engine's contract)."""
+        if self._in_run:
+            self._queued_runs.append((cs, actions))
+            return
+        self._in_run = True
+        try:
+            self._run_list(cs, actions)
+            while self._queued_runs:
+                qcs, qactions = self._queued_runs.popleft()
+                self._run_list(qcs, qactions)
+        finally:
+            self._in_run = False
+            self._queued_runs.clear()
+
+    def _run_list(self, cs: _CommState, actions) -> None:
         todo = collections.deque(actions)
         bufs = self.buffers
         while todo:
