@@ -484,10 +484,16 @@ _WORLD: Comm | None = None
 _WORLD_LOCK = threading.Lock()
 
 
-def init(*, timeout: float | None = None, transport: str | None = None, env=None,
+def init(*, rank: int | None = None, size: int | None = None,
+         master_addr: str | None = None, master_port: int | None = None,
+         timeout: float | None = None, transport: str | None = None, env=None,
          mtu_nbytes: int | None = None, pacing_gbps: float | None = None) -> Comm:
-    """Join the job described by the environment (see :mod:`polycast.runtime.env`) and
-    return the world communicator. Calling it again returns the same communicator."""
+    """Join the job and return the world communicator (calling it again returns the same
+    one). The job is described by the environment (see :mod:`polycast.runtime.env`: polycast
+    run, torchrun, mpiexec, srun), or explicitly by ``rank``, ``size``, ``master_addr`` and
+    ``master_port`` (all four; every rank on one host is assumed when the address is a
+    loopback one). ``transport``: "auto", "shm" or "tcp" (else POLYCAST_TRANSPORT);
+    ``timeout``: seconds every wait is bounded by (else POLYCAST_TIMEOUT, default 60)."""
     global _WORLD
     from .engine.engine import EngineConfig
     from .runtime.env import detect, timeout_from_env
@@ -495,7 +501,23 @@ def init(*, timeout: float | None = None, transport: str | None = None, env=None
     with _WORLD_LOCK:
         if _WORLD is not None and not _WORLD._freed:
             return _WORLD
-        job = detect(env)
+        explicit = (rank, size, master_addr, master_port)
+        if any(v is not None for v in explicit):
+            if any(v is None for v in explicit):
+                raise InvalidArgument("init() with an explicit job needs all of rank, size, "
+                                      f"master_addr and master_port; got rank={rank!r}, "
+                                      f"size={size!r}, master_addr={master_addr!r}, "
+                                      f"master_port={master_port!r}")
+            local = master_addr.startswith("127.") or master_addr == "localhost"
+            job = detect({"POLYCAST_RANK": str(rank), "POLYCAST_SIZE": str(size),
+                          "POLYCAST_LOCAL_RANK": str(rank if local else 0),
+                          "POLYCAST_LOCAL_SIZE": str(size if local else 1),
+                          "POLYCAST_MASTER_ADDR": master_addr,
+                          "POLYCAST_MASTER_PORT": str(master_port),
+                          **({"POLYCAST_TIMEOUT": os.environ["POLYCAST_TIMEOUT"]}
+                             if os.environ.get("POLYCAST_TIMEOUT") else {})})
+        else:
+            job = detect(env)
         if timeout is not None:
             if timeout <= 0:
                 raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout}")

@@ -220,3 +220,26 @@ def test_algorithm_from_environment_and_auto_rules(monkeypatch):
     monkeypatch.setenv("POLYCAST_ALLREDUCE_ALGO", "nonsense")
     with pytest.raises(InvalidArgument, match="ring"):
         comm.choose_algorithm(Collective.ALLREDUCE, 8, None)
+
+
+def test_init_with_partial_explicit_job_is_rejected():
+    import polycast
+    with pytest.raises(InvalidArgument, match="master_port"):
+        polycast.init(rank=0, size=2)
+
+
+def test_init_explicit_single_rank():
+    import numpy as np
+    import polycast
+    from polycast.runtime.launch import free_port
+    comm = polycast.init(rank=0, size=1, master_addr="127.0.0.1", master_port=free_port(),
+                         timeout=10)
+    try:
+        assert (comm.rank, comm.size) == (0, 1)
+        x = np.arange(5, dtype=np.float64)
+        y = np.empty_like(x)
+        comm.Allreduce(x, y)
+        assert np.array_equal(x, y)
+        assert comm.allgather("me") == ["me"]
+    finally:
+        polycast.finalize()
