@@ -61,3 +61,12 @@ def test_dead_rank_raises_peer_lost_in_time():
     for r in results[:2]:
         assert r.returncode == 0, f"rank {r.rank}\n{r.out}\n{r.err}"
         assert "PEERLOST" in r.out and "rank 2" in r.out, r.out
+
+
+def test_tiny_shm_rings_fragment_and_flow_control():
+    """64 KiB rings: every big message travels in pieces and writers wait for space."""
+    results = selftest(3, "api", env={"POLYCAST_TRANSPORT": "shm",
+                                      "POLYCAST_SHM_RING_NBYTES": "65536"})
+    for r in results:
+        assert r.returncode == 0 and "SELFTEST api OK" in r.out, (
+            f"rank {r.rank}\n{r.out[-3000:]}\n{r.err[-3000:]}")
