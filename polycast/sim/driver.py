@@ -205,6 +205,7 @@ class Simulation:
             self._do(a, self.engines[a].on_message(b, c, None, t))
         elif kind == _DGRAM:                   # a: receivers, b: headers, c: kept mask
             engines = self.engines
+            self.events += len(a) * len(b) - 1       # count each engine input
             if c is None:
                 for r in a:
                     eng = engines[r]
