@@ -343,3 +343,48 @@ def test_sweep_rows(tmp_path):
 def test_simulation_errors_are_polycast_errors():
     with pytest.raises(PolycastError):
         simulate("allgather", "ring", 4, MIB, "switch", loss=1.5)
+
+
+def test_plot_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    from polycast.cli.main import main
+    out = tmp_path / "sim.png"
+    assert main(["sim", "allgather", "--compare", "ring,mcast", "-n", "8", "--size", "1MiB",
+                 "--topology", "leafspine:hosts_per_leaf=4,oversub=2", "--plot",
+                 str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_fsdp_compare_json(capsys):
+    from polycast.cli.main import main
+    assert main(["sim", "fsdp", "--nodes", "8", "--topology", "switch", "--layers", "4",
+                 "--layer-bytes", "8MiB", "--compute-per-layer", "50us", "--compare",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["ag"], r["rs"]) for r in rows] == [("ring", "ring"), ("mcast", "ring"),
+                                                 ("ring", "innet"), ("mcast", "innet")]
+    assert rows[3]["bubble_s"] < rows[0]["bubble_s"]
+    assert main(["sim", "fsdp", "--model", "gpt5", "-n", "4"]) == 2
+    assert "llama2-7b" in capsys.readouterr().err
+
+
+def test_event_bound_is_a_clear_error():
+    from polycast.sim import SimulationError
+    with pytest.raises(SimulationError, match="max_events"):
+        simulate("allgather", "ring", 8, MIB, _switch(8), max_events=10)
+
+
+def test_several_collectives_share_the_network():
+    from polycast.sim import SimConfig, Simulation
+    P = 8
+    topo = _switch(P)
+    ag = build("allgather", "ring", P, 65536)
+    alone = Simulation(topo, SimConfig())
+    a = alone.post(ag, 4)
+    alone.run()
+    both = Simulation(topo, SimConfig())
+    a2 = both.post(ag, 4)
+    both.post(build("reduce_scatter", "ring", P, 65536), 4)
+    both.run()
+    # the ring allgather and reduce-scatter share every link: about twice as long
+    assert both.completion_time(a2) > 1.5 * alone.completion_time(a)
