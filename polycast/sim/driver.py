@@ -8,7 +8,12 @@ actions in simulated time:
   reliable channel (TCP/shm) is ordered; ``on_send_done`` when its last byte left,
   ``on_message`` one path latency later (no payload: sizes come from the header).
 * ``Multicast`` -> a flow on the root's replication tree, in FIFO order per root (the NIC
-  sends datagrams in order) and not before the engine's pacing time ``not_before``;
+  sends datagrams in order) and not before the engine's pacing time ``not_before``. The
+  datagrams of one stream queued together form one flow, capped at the pacing rate their
+  ``not_before`` spacing shows (engines are configured to pace at link rate / roots, the
+  protocol's default, see :func:`pacing_gbps_for`). The engine caps ``mtu_nbytes`` at a UDP
+  payload (65000 B), so loss is per datagram of at most 65000 B, and every datagram is one
+  engine input at every receiver;
   ``on_datagram_header`` at every other rank one path latency after it drained, unless the
   seeded loss model drops it for that receiver (the engine's recovery protocol then runs
   for real). Lost bytes are counted so tests can check the recovery moved exactly them.
