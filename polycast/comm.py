@@ -83,10 +83,8 @@ IN_PLACE = _InPlace()
 UNDEFINED = -32766          # Split color for "not in any new communicator" (as MPI.UNDEFINED)
 
 
-@functools.lru_cache(maxsize=256)
 def _is_multicast(coll: Collective, name: str) -> bool:
-    algo = get(coll, name)
-    return algo.multicast or "mcast" in name
+    return get(coll, name).multicast
 
 
 def _array(buf, what: str) -> np.ndarray:

@@ -34,7 +34,7 @@ def ring(spec: Spec):
 
 @register("allgather", "mcast",
           "every rank multicasts its shard once (S sent per rank); `roots` streams at a "
-          "time, handed on by tokens (SC24)", options=("roots",))
+          "time, handed on by tokens (SC24)", multicast=True, options=("roots",))
 def mcast(spec: Spec):
     """Bandwidth-optimal allgather over multicast (specs/mcast-protocol.md).
 

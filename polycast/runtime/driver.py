@@ -651,11 +651,13 @@ class Driver:
         views = [self.buffers.gather(a.payload)] if (
             a.payload is not None and a.payload.req in self.buffers) else []
         hdr = a.header.pack(self.secret, views) if self.secret else a.header.pack()
-        dgram = (hdr, views)
         if a.not_before > time.monotonic() + 20e-6:
+            # The engine counts a paced MCAST done at its last not_before, and the request may
+            # complete (its buffer reused) before this datagram leaves: own the bytes.
+            dgram = (hdr, [bytes(v) for v in views])
             heapq.heappush(self._paced, (a.not_before, next(self._counter), cs.id, dgram))
         else:
-            cs.dgram_out.append(dgram)
+            cs.dgram_out.append((hdr, views))
             self._flush_dgrams(cs)
 
     def _flush_dgrams(self, cs: _CommState | None) -> None:
@@ -667,6 +669,7 @@ class Driver:
             try:
                 cs.mcast.sendmsg([hdr, *views], [], 0, cs.group)
             except (BlockingIOError, InterruptedError):
+                _own_queued(q)
                 break
             except OSError:
                 pass        # e.g. ENOBUFS: a lost datagram, the protocol recovers it
@@ -738,3 +741,12 @@ def _warn(msg: str) -> None:
 
 
 __all__ = ["Driver", "Request"]
+
+
+def _own_queued(q) -> None:
+    """Replace zero-copy views in datagrams still queued by copies: the engine considers an
+    MCAST step done once it emitted its datagrams, so the request can complete and its
+    buffer be reused while a blocked socket still holds them back."""
+    for i, (hdr, views) in enumerate(q):
+        if views and not isinstance(views[0], bytes):
+            q[i] = (hdr, [bytes(v) for v in views])
