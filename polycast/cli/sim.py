@@ -149,7 +149,7 @@ def run_collective(args: argparse.Namespace) -> int:
             "link bytes"] + [f"{l}" for l in layers] + ["events", "wall s"]
     rows = []
     for r in results:
-        rows.append([r.algorithm, r.nodes, format_size(r.nbytes), r.time_s * 1e6, r.algbw,
+        rows.append([r.algorithm, r.nodes, _size(r.nbytes), r.time_s * 1e6, r.algbw,
                      r.busbw, _gib(r.link_bytes)]
                     + [_gib(r.link_bytes_by_layer.get(l, 0)) for l in layers]
                     + [r.events, round(r.wall_s, 2)])
@@ -165,6 +165,13 @@ def run_collective(args: argparse.Namespace) -> int:
                       for r in results[1:]]
         print_table("ratios", ["", "time", "link bytes"], ratio_rows)
     return 0
+
+
+def _size(nbytes: int) -> str:
+    """Exact units when they divide, else MiB to two decimals (sizes round to elements)."""
+    text = format_size(nbytes)
+    return text if not text.endswith("B") or text[-2] == "i" or nbytes < 1024 \
+        else f"{nbytes / 2**20:.2f}MiB"
 
 
 def _gib(n: int) -> float:
