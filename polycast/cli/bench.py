@@ -15,9 +15,11 @@ import json
 import sys
 import threading
 
-from ..collectives import Collective, ReduceOp
-from ..errors import InvalidArgument
+from ..algorithms import supported
+from ..collectives import Collective, ReduceOp, parse_dtype
+from ..errors import InvalidArgument, PolycastError
 from ..units import format_size, parse_size
+from .table import print_table
 
 
 class _Sink(io.RawIOBase):
@@ -70,43 +72,60 @@ def _progress_factory(enabled: bool):
 
 
 def _table(rows: list[dict], coll: str, nranks: int) -> None:
-    headers = ("size", "count", "type", "algorithm", "time (us)", "algbw (GB/s)",
-               "busbw (GB/s)", "correct")
+    ok = {True: "ok", False: "WRONG", None: "-"}
+    cells = [[format_size(r["nbytes"]), r["count"], r["dtype"], r["algorithm"],
+              f"{r['time_us']:.1f}", f"{r['algbw']:.3f}", f"{r['busbw']:.3f}", ok[r["correct"]]]
+             for r in rows]
+    headers = ["size", "count", "type", "algorithm", "time (us)", "algbw (GB/s)",
+               "busbw (GB/s)", "correct"]
+    print_table(f"polycast bench: {coll}, {nranks} ranks, transport "
+                f"{rows[0]['transport'] if rows else '?'}", headers, cells,
+                right=set(headers) - {"type", "algorithm"})
 
-    def cells(r):
-        ok = {True: "ok", False: "WRONG", None: "-"}[r["correct"]]
-        return (format_size(r["nbytes"]), str(r["count"]), r["dtype"], r["algorithm"],
-                f"{r['time_us']:.1f}", f"{r['algbw']:.3f}", f"{r['busbw']:.3f}", ok)
-    title = (f"polycast bench: {coll}, {nranks} ranks, transport "
-             f"{rows[0]['transport'] if rows else '?'}")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title)
-        widths = [max(len(h), *(len(cells(r)[i]) for r in rows)) for i, h in enumerate(headers)]
-        print("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
-        for r in rows:
-            print("  ".join(c.rjust(w) for c, w in zip(cells(r), widths)))
-        return
-    t = Table(title=title)
-    for h in headers:
-        t.add_column(h, justify="right")
-    for r in rows:
-        t.add_row(*cells(r))
-    # Piped output gets rich's 80 columns by default, which truncates algorithm names.
-    Console(width=None if sys.stdout.isatty() else 120).print(t)
+
+def measure(collective, nranks: int, algos: list[str], sizes: list[int], *, iters: int = 20,
+            warmup: int = 5, dtype: str = "float32", op: str = "sum", root: int = 0,
+            check: bool = True, transport: str | None = None, timeout_seconds: float = 900,
+            progress=None) -> list[dict]:
+    """Launch ``nranks`` local ranks and measure ``collective`` for every algorithm and size.
+
+    Returns the rows (dicts with ``collective, algorithm, nranks, nbytes, count, dtype,
+    time_us, algbw, busbw, correct, transport``); raises :class:`PolycastError` naming the
+    algorithm and size that failed, with the ranks' last output."""
+    from ..runtime.launch import launch
+    coll = Collective.parse(collective)
+    if nranks < 1:
+        raise InvalidArgument(f"-n must be a positive number of ranks, got {nranks}")
+    if not sizes or min(sizes) < 1:
+        raise InvalidArgument(f"sizes must be >= 1 byte, got {sizes}")
+    if iters < 1 or warmup < 0:
+        raise InvalidArgument("--iters must be >= 1 and --warmup >= 0")
+    ReduceOp.parse(op)
+    parse_dtype(dtype)
+    valid = supported(coll, nranks)
+    for a in algos:
+        if a != "auto" and a not in valid:
+            raise InvalidArgument(f"{coll} has no algorithm {a!r} for {nranks} ranks; "
+                                  f"valid: auto, {', '.join(valid)}")
+    sink = _Sink(progress or (lambda done, total: None))
+    cmd = ["-m", "polycast.runtime.bench_rank", str(coll), "--algo", ",".join(algos),
+           "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
+           "--warmup", str(warmup), "--dtype", dtype, "--op", op,
+           "--root", str(root)] + ([] if check else ["--no-check"])
+    extra = {"POLYCAST_TRANSPORT": transport} if transport else {}
+    status = launch(nranks, cmd, extra_env=extra, stdout=sink, timeout_seconds=timeout_seconds)
+    if sink.errors or status != 0:
+        what = "; ".join(f"{e['algorithm']} at {format_size(e['nbytes'])}: {e['error']}"
+                         for e in sink.errors)
+        tail = "\n".join(sink.other[-20:])
+        raise PolycastError(f"{coll} benchmark failed (exit status {status})"
+                            + (f": {what}" if what else "") + (f"\n{tail}" if tail else ""))
+    return sink.rows
 
 
 def run(args) -> int:
-    from ..runtime.launch import launch
-    coll = Collective.parse(args.collective)
-    if args.nranks < 1:
-        raise InvalidArgument(f"-n must be a positive number of ranks, got {args.nranks}")
     if args.sizes:
         sizes = [parse_size(x.strip()) for x in args.sizes.split(",") if x.strip()]
-        if not sizes or min(sizes) < 1:
-            raise InvalidArgument(f"--sizes needs sizes >= 1 byte, got {args.sizes!r}")
     else:
         lo, hi = parse_size(args.min), parse_size(args.max)
         if lo < 1 or hi < lo:
@@ -115,50 +134,21 @@ def run(args) -> int:
             raise InvalidArgument(f"--step-factor must be >= 2, got {args.step_factor}")
         from ..runtime.bench_rank import sizes_between
         sizes = sizes_between(lo, hi, args.step_factor)
-    if args.iters < 1 or args.warmup < 0:
-        raise InvalidArgument("--iters must be >= 1 and --warmup >= 0")
-    ReduceOp.parse(args.op)
-    import numpy as np
-    try:
-        np.dtype(args.dtype)
-    except TypeError:
-        raise InvalidArgument(f"unknown dtype {args.dtype!r}; e.g. float32, float64, "
-                              "int32, int8") from None
-    from ..algorithms import supported
     algos = [a.strip() for a in args.algo.split(",") if a.strip()]
-    valid = supported(coll, args.nranks)
-    for a in algos:
-        if a != "auto" and a not in valid:
-            raise InvalidArgument(f"{coll} has no algorithm {a!r} for {args.nranks} ranks; "
-                                  f"valid: auto, {', '.join(valid)}")
     total = len(sizes) * len(algos)
     update, stop = _progress_factory(not args.json and total >= 4 and sys.stderr.isatty())
-    sink = _Sink(update)
-    cmd = ["-m", "polycast.runtime.bench_rank", str(coll), "--algo", ",".join(algos),
-           "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
-           "--warmup", str(args.warmup), "--dtype", args.dtype, "--op", args.op,
-           "--root", str(args.root)] + (["--no-check"] if args.no_check else [])
-    extra = {"POLYCAST_TRANSPORT": args.transport} if args.transport else {}
     try:
-        status = launch(args.nranks, cmd, extra_env=extra, stdout=sink,
-                        timeout_seconds=args.timeout)
+        rows = measure(args.collective, args.nranks, algos, sizes, iters=args.iters,
+                       warmup=args.warmup, dtype=args.dtype, op=args.op, root=args.root,
+                       check=not args.no_check, transport=args.transport,
+                       timeout_seconds=args.timeout, progress=update)
     finally:
         stop()
-    if sink.errors or status != 0:
-        for e in sink.errors:
-            print(f"polycast bench: {e['algorithm']} at {format_size(e['nbytes'])}: "
-                  f"{e['error']}", file=sys.stderr)
-        for line in sink.other[-20:]:
-            print(line, file=sys.stderr)
-        if status == 0:
-            status = 1
     if args.json:
-        print(json.dumps(sink.rows, indent=1))
-    elif sink.rows:
-        _table(sink.rows, str(coll), args.nranks)
-    if any(r["correct"] is False for r in sink.rows):
-        return 1
-    return status
+        print(json.dumps(rows, indent=1))
+    elif rows:
+        _table(rows, str(Collective.parse(args.collective)), args.nranks)
+    return 1 if any(r["correct"] is False for r in rows) else 0
 
 
 def add_parser(subparsers) -> None:
