@@ -6,6 +6,7 @@ import argparse
 
 from ..algorithms import build
 from ..collectives import Collective
+from ..errors import PolycastError
 from ..graph.trees import nccl_dbtree
 from ..schedule.traffic import traffic
 from ..schedule.verify import verify
@@ -18,6 +19,8 @@ def add_parser(sub) -> None:
                        description="A short tour: NCCL's double binary tree, the traffic of "
                                    "ring against multicast allgather, and what else is built.")
     p.add_argument("--ranks", "-n", type=int, default=8, help="ranks for the tour (default 8)")
+    p.add_argument("--local-ranks", type=int, default=4,
+                   help="processes for the real run (default 4; 0 skips it)")
     p.set_defaults(func=run)
 
 
@@ -53,4 +56,25 @@ def run(args: argparse.Namespace) -> int:
     print(f"multicast sends S instead of (P-1)S per rank and cuts switch traffic by "
           f"{link['ring'] / link['mcast']:.3f}x "
           f"(2(P-1)/P = {2 * (P - 1) / P:.3f})")
+
+    if args.local_ranks > 0:
+        real_run(args.local_ranks)
     return 0
+
+
+def real_run(nranks: int) -> None:
+    """The same algorithms for real: local processes, shared memory and UDP multicast on
+    the loopback interface, each result compared with numpy's."""
+    from .bench import measure
+    section(f"3. For real: allgather on {nranks} local processes (polycast bench)")
+    try:
+        rows = measure("allgather", nranks, ["ring", "mcast"], [1 << 20, 4 << 20], iters=5,
+                       warmup=2, timeout_seconds=120)
+    except PolycastError as exc:
+        print(f"the local run failed: {exc}")
+        return
+    print_table("", ["size", "algorithm", "time (us)", "busbw (GB/s)", "correct"],
+                [[format_bytes(r["nbytes"]), r["algorithm"], round(r["time_us"], 1),
+                  round(r["busbw"], 3), "ok" if r["correct"] else "WRONG"] for r in rows])
+    print("(on one host, memory bandwidth and the CPU bound both; the win of multicast is "
+          "on a network, next section)")
