@@ -388,3 +388,17 @@ def test_several_collectives_share_the_network():
     both.run()
     # the ring allgather and reduce-scatter share every link: about twice as long
     assert both.completion_time(a2) > 1.5 * alone.completion_time(a)
+
+
+def test_oversubscribed_fabric_multicast_wins_in_time():
+    # specs/measures.md: with ranks scattered over leaves (as a scheduler places them), ring
+    # hops cross the 4:1 oversubscribed uplinks; a multicast shard crosses each uplink once.
+    topo = leaf_spine(64, hosts_per_leaf=8, oversub=4)
+    ring = simulate("allgather", "ring", 64, 8 * MIB, topo, placement="random", seed=1)
+    mcast = simulate("allgather", "mcast", 64, 8 * MIB, topo, placement="random", seed=1)
+    assert ring.time_s > 2 * mcast.time_s
+    assert ring.link_bytes_by_layer["leaf-spine"] > 10 * mcast.link_bytes_by_layer["leaf-spine"]
+    linear = simulate("allgather", "ring", 64, 8 * MIB, topo)
+    assert linear.time_s < ring.time_s
+    with pytest.raises(UnknownName, match="random"):
+        simulate("allgather", "ring", 4, MIB, "switch", placement="scattered")

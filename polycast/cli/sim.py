@@ -52,6 +52,8 @@ def add_parser(sub) -> None:
         c.add_argument("--loss", type=float, default=0.0,
                        help="probability that a datagram is lost at a receiver (seeded)")
         c.add_argument("--seed", type=int, default=0)
+        c.add_argument("--placement", default="linear",
+                       help="linear (rank r in slot r) or random (seeded shuffle)")
         c.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
         c.add_argument("--plot", metavar="FILE", help="write a figure (png/pdf/svg)")
         c.set_defaults(func=run_collective, collective=coll.value)
@@ -131,7 +133,8 @@ def run_collective(args: argparse.Namespace) -> int:
         results.append(simulate(coll, name, args.nodes, parse_size(args.size), topo,
                                 dtype=args.dtype, root=args.root, nchunks=args.nchunks,
                                 channels=args.channels, options=_options(args.opt),
-                                loss=args.loss, seed=args.seed, record=record))
+                                loss=args.loss, seed=args.seed, record=record,
+                                placement=args.placement))
     if args.trace:
         from ..sim.trace import write_chrome_trace
         write_chrome_trace(args.trace, results)

@@ -59,6 +59,7 @@ class SimConfig:
     max_events: int = 50_000_000
     max_time_s: float = 3600.0         # simulated seconds
     record: bool = False               # keep per-message timelines and flow records
+    placement: tuple[int, ...] | None = None   # rank -> topology rank slot (None: identity)
     engine: dict = field(default_factory=dict)   # EngineConfig overrides
 
 
@@ -137,6 +138,10 @@ class Simulation:
         self.datagrams = 0
         self.on_complete = None                  # optional hook(req, rank, now)
         self._tree_groups: dict[int, list] = {}
+        pl = self.cfg.placement
+        if pl is not None and sorted(pl) != list(range(self.P)):
+            raise SimulationError(f"placement must be a permutation of 0..{self.P - 1}")
+        self._node = list(pl) if pl is not None else list(range(self.P))
 
     # -- public ----------------------------------------------------------------------
     def post(self, schedule, itemsize: int, at: float = 0.0) -> int:
@@ -297,7 +302,7 @@ class Simulation:
                 if nbytes and self._innet and self._combine_send(src, act, nbytes):
                     self._busy.add(key)
                     return
-                links, lat = self.topo.route(src, act.peer)
+                links, lat = self.topo.route(self._node[src], self._node[act.peer])
                 if nbytes:
                     self.net.add_flow(links, nbytes, now, ("send", key, act, lat))
                     self._busy.add(key)
@@ -323,7 +328,7 @@ class Simulation:
                 span = acts[-1].not_before - act.not_before
                 if len(acts) > 1 and span > 0:
                     cap = (nbytes - acts[-1].header.payload_nbytes) / span
-                links, _ = self.topo.mcast_tree(src)
+                links, _ = self.topo.mcast_tree(self._node[src])
                 self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None), cap=cap)
                 self._busy.add(key)
                 return
@@ -356,9 +361,9 @@ class Simulation:
         """Receivers of root's tree grouped by latency: [(latency, ranks array)]."""
         g = self._tree_groups.get(root)
         if g is None:
-            _, lat = self.topo.mcast_tree(root)
+            _, lat = self.topo.mcast_tree(self._node[root])
             ranks = np.array([r for r in range(self.P) if r != root], dtype=np.int64)
-            lats = lat[ranks]
+            lats = lat[np.array(self._node, dtype=np.int64)[ranks]]
             g = [(float(x), ranks[lats == x]) for x in np.unique(lats)]
             self._tree_groups[root] = g
         return g
@@ -405,7 +410,7 @@ class Simulation:
             if len(waiting) == expected:
                 del self._combine[gkey]
                 dst = act.peer
-                links, lat = self.topo.mcast_tree(dst)
+                links, lat = self.topo.mcast_tree(self._node[dst])
                 rev = links ^ 1                       # the reverse (aggregation) tree
                 self.net.add_flow(rev, nbytes, self.now,
                                   ("innet", None, dst, (waiting, float(lat.max()))))

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..algorithms import build, get
 from ..collectives import Collective, parse_dtype
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, UnknownName
 from ..units import parse_rate, parse_size
 from .driver import RankTimeline, SimConfig, Simulation, pacing_gbps_for
 from .topology import LAYERS, Topology, parse_topology
@@ -73,6 +73,18 @@ def count_for(collective: Collective, nodes: int, nbytes: int, itemsize: int) ->
     return max(1, nbytes // unit)
 
 
+PLACEMENTS = ("linear", "random")
+
+
+def make_placement(kind: str, nodes: int, seed: int = 0) -> tuple[int, ...] | None:
+    if kind == "linear":
+        return None
+    if kind == "random":
+        import numpy as np
+        return tuple(int(x) for x in np.random.default_rng(seed + 0x5EED).permutation(nodes))
+    raise UnknownName("placement", kind, PLACEMENTS)
+
+
 def algorithm_options(collective: Collective, algorithm: str, topo: Topology,
                       options: dict | None) -> dict:
     opts = dict(options or {})
@@ -88,12 +100,15 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
              topology: Topology | str | None = None, link=None, *, dtype: str = "float32",
              root: int = 0, nchunks: int = 1, channels: int = 1, options: dict | None = None,
              loss: float = 0.0, seed: int = 0, record: bool = False,
-             engine: dict | None = None, max_events: int = 50_000_000) -> SimResult:
+             engine: dict | None = None, max_events: int = 50_000_000,
+             placement: str = "linear") -> SimResult:
     """Simulate one call of ``collective`` with ``algorithm`` on ``nodes`` ranks.
 
     ``size`` is nccl-tests' S (total bytes: for allgather the gathered buffer). ``topology``
     is a :class:`Topology` or a ``--topology`` string (default a radix-32 fat tree), ``link``
-    the host link rate (default 400Gbps). ``loss`` drops each datagram at each receiver with
+    the host link rate (default 400Gbps). ``placement``: ``linear`` puts rank r in slot r
+    (ring neighbours share switches), ``random`` shuffles ranks over the slots (seeded by
+    ``seed``), as a scheduler may. ``loss`` drops each datagram at each receiver with
     that probability (seeded). ``record`` keeps per-message timelines (traces, plots)."""
     coll = Collective.parse(collective)
     if not 0 <= loss < 1:
@@ -108,7 +123,8 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     link_gbps = float(topo.host_link_bw * 8 / 1e9)
     eng = {"line_rate_gbps": link_gbps, "pacing_gbps": pacing_gbps_for([sched], link_gbps)}
     eng.update(engine or {})
-    cfg = SimConfig(loss=loss, seed=seed, record=record, engine=eng, max_events=max_events)
+    cfg = SimConfig(loss=loss, seed=seed, record=record, engine=eng, max_events=max_events,
+                    placement=make_placement(placement, nodes, seed))
     wall = time.perf_counter()
     sim = Simulation(topo, cfg)
     req = sim.post(sched, itemsize)
