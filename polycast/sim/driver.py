@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections import deque
 from dataclasses import dataclass, field
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from ..algorithms import build, get
 from ..collectives import Collective, parse_dtype
 from ..errors import InvalidArgument, UnknownName
-from ..units import parse_rate, parse_size
+from ..units import parse_size
 from .driver import RankTimeline, SimConfig, Simulation, pacing_gbps_for
 from .topology import LAYERS, Topology, parse_topology
 
