@@ -30,8 +30,13 @@ def test_algos_bad_input_is_one_line_and_status_2(capsys):
     assert "valid choices" in capsys.readouterr().err
 
 
-def test_demo_runs_and_shows_the_traffic_ratio(capsys):
-    assert main(["demo", "--ranks", "8"]) == 0
+def test_demo_runs_every_section(capsys):
+    assert main(["demo", "--ranks", "8", "--local-ranks", "2", "--sim-nodes", "16"]) == 0
     out = capsys.readouterr().out
     assert "tree 0: root 0" in out and "tree 1: root 7" in out
-    assert "1.750x" in out
+    assert "1.750x" in out                              # 2(P-1)/P from the schedules
+    assert "3. For real" in out and "WRONG" not in out and "failed" not in out
+    assert out.count(" ok ") >= 4 or out.count("│ ok") >= 4   # every real row checked
+    ratio = float(out.split("multicast moves ")[1].split("x")[0])
+    assert abs(ratio - 2 * 15 / 16) < 0.02             # simulated fabric traffic, 16 nodes
+    assert "5. Simulated FSDP" in out

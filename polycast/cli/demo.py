@@ -21,6 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--ranks", "-n", type=int, default=8, help="ranks for the tour (default 8)")
     p.add_argument("--local-ranks", type=int, default=4,
                    help="processes for the real run (default 4; 0 skips it)")
+    p.add_argument("--sim-nodes", type=int, default=188,
+                   help="nodes for the simulated comparison (default 188, as the paper)")
     p.set_defaults(func=run)
 
 
@@ -59,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.local_ranks > 0:
         real_run(args.local_ranks)
+    simulated(args.sim_nodes)
     return 0
 
 
@@ -78,3 +81,30 @@ def real_run(nranks: int) -> None:
                   round(r["busbw"], 3), "ok" if r["correct"] else "WRONG"] for r in rows])
     print("(on one host, memory bandwidth and the CPU bound both; the win of multicast is "
           "on a network, next section)")
+
+
+def simulated(nodes: int) -> None:
+    """The paper's setting, simulated with the same engine: a fat tree of radix-32
+    switches at 400 Gbit/s, then one FSDP step of llama2-7b."""
+    from ..sim import compare_fsdp, simulate
+    section(f"4. Simulated: 64 MiB allgather on {nodes} nodes, fat tree radix 32, 400 Gbit/s "
+            "(polycast sim)")
+    res = {a: simulate("allgather", a, nodes, "64MiB", topology="fattree:radix=32",
+                       link="400Gbps") for a in ("ring", "mcast")}
+    print_table("", ["algorithm", "time (us)", "busbw (GB/s)", "link bytes (GB)"],
+                [[a, round(r.time_s * 1e6, 1), round(r.busbw, 2), round(r.link_bytes / 1e9, 2)]
+                 for a, r in res.items()])
+    print(f"multicast moves {res['ring'].link_bytes / res['mcast'].link_bytes:.3f}x fewer "
+          "bytes over the fabric (the paper: 2x on 188 nodes)")
+
+    fsdp_nodes = min(nodes, 64)
+    section(f"5. Simulated FSDP step, llama2-7b on {fsdp_nodes} nodes: allgather overlapped "
+            "with reduce-scatter (polycast sim fsdp --compare)")
+    rows = compare_fsdp("llama2-7b", fsdp_nodes, topology="fattree:radix=32", link="400Gbps")
+    print_table("", ["allgather", "reduce-scatter", "window (N/B)", "step (ms)",
+                     "bubble (ms)", "traffic/step (GB)"],
+                [[r.ag, r.rs, round(r.window_over_n_b, 3), round(r.step_s * 1e3, 1),
+                  round(r.bubble_s * 1e3, 1), round(r.step_link_bytes / 1e9, 1)]
+                 for r in rows])
+    print("multicast allgather + in-network reduce-scatter halve both the window and the "
+          "traffic: one layer moves about N each way instead of 2N")
