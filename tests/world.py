@@ -261,75 +261,25 @@ class World:
         return sum(1 for r, _, h in self.sent if h.kind is kind and (rank is None or r == rank))
 
 
-# -- small local schedules, so the engine's own tests do not depend on the registry --------
+# -- short names for the registry schedules the protocol tests use ----------------------
 
 def ring_allgather(P: int, count: int, nchunks: int = 1):
-    """The reference ring allgather (as polycast.algorithms.allgather.ring)."""
-    from polycast.collectives import Collective
-    from polycast.schedule.builder import Builder
-    from polycast.schedule.ir import Layout
-    b = Builder(Collective.ALLGATHER, P, 0, count, "ring",
-                {"send": Layout(count, 1, nchunks), "recv": Layout(P * count, P, nchunks)})
-    for r in range(P):
-        b.copy(r, "send", b.blocks("send"), "recv", b.blocks("recv", r))
-    for r in range(P):
-        nxt, prv = (r + 1) % P, (r - 1) % P
-        for i in range(P - 1):
-            for o, n in zip(b.blocks("recv", (r - i) % P), b.blocks("recv", (r - i - 1) % P)):
-                b.send(r, nxt, "recv", (o,))
-                b.recv(r, prv, "recv", (n,))
-    return b.build()
+    from polycast.algorithms import build
+    return build("allgather", "ring", P, count, nchunks=nchunks)
 
 
 def ring_reduce_scatter(P: int, count: int):
-    """Ring reduce-scatter through a tmp accumulator."""
-    from polycast.collectives import Collective
-    from polycast.schedule.builder import Builder
-    from polycast.schedule.ir import Layout
-    b = Builder(Collective.REDUCE_SCATTER, P, 0, count, "ring",
-                {"send": Layout(P * count, P), "recv": Layout(count),
-                 "tmp": Layout(P * count, P)})
-    for r in range(P):
-        b.copy(r, "send", b.blocks("send"), "tmp", b.blocks("tmp"))
-        for i in range(P - 1):
-            b.send(r, (r + 1) % P, "tmp", ((r - i - 1) % P,))
-            b.recv(r, (r - 1) % P, "tmp", ((r - i - 2) % P,), reduce=True)
-        b.copy(r, "tmp", (r,), "recv", (0,))
-    return b.build()
+    from polycast.algorithms import build
+    return build("reduce_scatter", "ring", P, count)
 
 
 def mcast_broadcast(P: int, count: int, root: int = 0, nchunks: int = 1):
     """Root multicasts its buffer once; everyone else receives it."""
-    from polycast.collectives import Collective
-    from polycast.schedule.builder import Builder
-    from polycast.schedule.ir import Layout
-    lay = Layout(count, 1, nchunks)
-    b = Builder(Collective.BROADCAST, P, root, count, "mcast", {"send": lay, "recv": lay})
-    b.copy(root, "send", b.blocks("send"), "recv", b.blocks("recv"))
-    b.mcast(root, "send", b.blocks("send"))
-    for r in range(P):
-        if r != root:
-            b.mrecv(r, root, "recv", b.blocks("recv"))
-    return b.build()
+    from polycast.algorithms import build
+    return build("broadcast", "mcast", P, count, root=root, nchunks=nchunks)
 
 
 def mcast_allgather(P: int, count: int, roots: int = 2, nchunks: int = 1):
-    """The SC24 allgather (as polycast.algorithms.allgather.mcast): token-passing roots."""
-    from polycast.collectives import Collective
-    from polycast.schedule.builder import Builder
-    from polycast.schedule.ir import Layout
-    roots = min(max(1, roots), P)
-    b = Builder(Collective.ALLGATHER, P, 0, count, "mcast",
-                {"send": Layout(count, 1, nchunks), "recv": Layout(P * count, P, nchunks)},
-                roots=roots)
-    firsts = {g * P // roots for g in range(roots)}
-    for r in range(P):
-        b.copy(r, "send", b.blocks("send"), "recv", b.blocks("recv", r))
-        token = [b.recv(r, r - 1)] if r not in firsts else []
-        m = b.mcast(r, "send", b.blocks("send"), deps=token)
-        if r + 1 < P and r + 1 not in firsts:
-            b.send(r, r + 1, deps=[m])
-        for p in range(P):
-            if p != r:
-                b.mrecv(r, p, "recv", b.blocks("recv", p))
-    return b.build()
+    """The SC24 allgather: `roots` token-passing streams at a time."""
+    from polycast.algorithms import build
+    return build("allgather", "mcast", P, count, nchunks=nchunks, roots=roots)
