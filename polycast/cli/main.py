@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Collective communication with reliable multicast: real runs, "
                     "verified schedules and datacenter simulation.")
     parser.add_argument("--version", action="version", version=f"polycast {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     for name in COMMANDS:
         modname = f"polycast.cli.{name}"
         if importlib.util.find_spec(modname) is None:
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except PolycastError as exc:
-        print(f"polycast {args.command}: error: {exc}", file=sys.stderr)
+        print(f"polycast {args.subcommand}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:      # `polycast algos | head`
         return 0
