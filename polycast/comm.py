@@ -49,6 +49,7 @@ import numpy as np
 from .algorithms import build, get, supported
 from .collectives import Collective, ReduceOp
 from .errors import InvalidArgument, PolycastError, UnknownName
+from .runtime import symm as _symm
 from .runtime.driver import Driver, Request
 
 SMALL_NBYTES = 64 << 10
@@ -231,6 +232,9 @@ class Comm:
 
     def Iallreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None
                    ) -> Request:
+        if _symm.wanted(self, Collective.ALLREDUCE, algorithm,
+                        recvbuf if sendbuf is IN_PLACE else sendbuf, recvbuf):
+            return _symm.allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
         recvbuf = _array(recvbuf, "recvbuf")
         # In place: the input is copied first, so every algorithm is safe to use.
         sendbuf = recvbuf.copy() if sendbuf is IN_PLACE else _array(sendbuf, "sendbuf")
@@ -241,6 +245,9 @@ class Comm:
                           algorithm)
 
     def Iallgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
+        if _symm.wanted(self, Collective.ALLGATHER, algorithm,
+                        recvbuf if sendbuf is IN_PLACE else sendbuf):
+            return _symm.allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE)
         recvbuf = _array(recvbuf, "recvbuf")
         if recvbuf.size % self.size:
             raise InvalidArgument(f"Allgather recvbuf of {recvbuf.size} elements is not a "
@@ -258,6 +265,9 @@ class Comm:
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
                               algorithm: str | None = None) -> Request:
+        if _symm.wanted(self, Collective.REDUCE_SCATTER, algorithm,
+                        recvbuf if sendbuf is IN_PLACE else sendbuf):
+            return _symm.reduce_scatter(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
         recvbuf = _array(recvbuf, "recvbuf")
         if sendbuf is IN_PLACE:
             if recvbuf.size % self.size:
@@ -350,6 +360,15 @@ class Comm:
 
     def Barrier(self, **kw) -> None:
         self.Ibarrier(**kw).Wait()
+
+    # -- symmetric memory (one host) ------------------------------------------------------
+    def symm_empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """A new array in shared memory that every rank of this (single-host) communicator
+        maps; collective: every rank calls it with the same shape and dtype. Allgather,
+        Reduce_scatter_block and Allreduce then take ``algorithm="symm"`` (and pick it under
+        ``auto``) with it as the source buffer: each rank reads its peers' arrays directly.
+        Freed with the communicator. See :mod:`polycast.runtime.symm`."""
+        return _symm.alloc(self, shape, dtype)
 
     # -- Python objects (pickle) ----------------------------------------------------------
     @staticmethod
@@ -461,6 +480,7 @@ class Comm:
         if self._freed:
             return
         self._freed = True
+        _symm.free(self)
         if self.id == 0:
             finalize()
         else:
@@ -545,6 +565,7 @@ def finalize() -> None:
         w, _WORLD = _WORLD, None
     if w is not None:
         w._freed = True
+        _symm.free(w)
         w._driver.close()
 
 

@@ -1,0 +1,513 @@
+"""Symmetric memory on one host: every rank maps its peers' buffers and reads them directly.
+
+This is the style of PyTorch's ``torch.distributed._symmetric_memory`` for low-contention
+intra-node allgather and reduce-scatter:
+
+>>> x = comm.symm_empty((n,), np.float32)          # collective: every rank, same shape
+>>> x[:] = ...
+>>> comm.Allgather(x, out, algorithm="symm")       # out: any array of P*n elements
+>>> comm.Reduce_scatter_block(x, part, op="sum", algorithm="symm")  # x: P*m elements
+>>> comm.Allreduce(x, y, algorithm="symm")          # y symmetric too (or IN_PLACE with x)
+
+``symm_empty`` puts the array in its own /dev/shm segment and maps every peer's segment
+of the same allocation (allocations are collective, so the k-th allocation of a
+communicator is the same on every rank). Segment names travel through the communicator
+(an object allgather); each rank unlinks its segment as soon as every rank has mapped it,
+and on any failure on the way (a peer that cannot create or map, a shape mismatch), so
+/dev/shm holds nothing once ``symm_empty`` returns or raises. Only a process killed inside
+those few milliseconds can leave a segment behind (named ``polycast-<job>-symm-...``).
+Raw /dev/shm files are used rather than ``multiprocessing.shared_memory`` because its
+resource tracker (Python < 3.13) unlinks and warns about segments other processes own.
+
+The collectives *pull*: for allgather rank r copies block p straight out of peer p's
+mapped send buffer; for reduce-scatter it reduces block r of every peer's mapped send
+buffer into its own result (in-place numpy ufuncs reading the peer's memory: no copy in
+between). At step i rank r reads peer (r + i) mod P, so at every step each rank is read by
+exactly one other rank and no source is contended. Allreduce is reduce-scatter into the
+owner's block of a symmetric ``recvbuf``, then allgather of those blocks.
+
+Synchronisation is an epoch barrier in a small shared control segment per communicator:
+each rank stores a descriptor of the call and then its epoch, and waits (yielding, then
+sleeping with a growing nap) until every peer's epoch has caught up. Barriers come before
+reading (inputs ready) and after (nobody still reads a buffer its owner may now
+overwrite). The descriptors are compared after the first barrier, so ranks that call
+differently all raise MismatchError instead of reading wrong data. Every wait is bounded
+by the communicator's timeout (CollectiveTimeout naming the ranks missing) and watches
+the driver's dead-peer list (PeerLost naming the rank). Stores to the control segment are
+ordered after the data stores by x86-64's total store order (the same assumption the shm
+rings make).
+
+Why this does not break "one engine": this path is a transport-level fast path for one
+host, like PyTorch's, not a second copy of an algorithm. The engine's schedules (direct,
+ring, ...) remain the semantics of every collective; here the buffers themselves are
+shared, so there is nothing to send: the "schedule" degenerates to direct reads in a
+rotated order, and it is only taken when the user asked for symmetric memory. It cannot
+run in the simulator (there is no shared memory across a modelled network) and does not
+need to: the simulated counterpart is the ``direct``-style exchange of the schedules.
+Symm calls on one communicator are serialised by a lock and complete before they return
+(the ``I``-variants return an already completed request).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..collectives import Collective, ReduceOp
+from ..errors import CollectiveTimeout, InvalidArgument, MismatchError, PeerLost, PolycastError
+from ..memory import apply_avg
+from .env import host_id
+from .shm import SHM_DIR
+
+NAME = "symm"
+CTRL_NBYTES = 4096
+EPOCH, SIG0 = 0, 8              # uint64 slots of a rank's control block: epoch, 2 descriptors
+YIELD_SECONDS = 200e-6          # poll with sched_yield this long, then nap
+MAX_NAP_SECONDS = 1e-3
+_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
+           ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}
+BAD_SIG = (1 << 64) - 1         # a rank that cannot take part (non-symmetric buffer)
+
+
+def _populate_flags() -> int:
+    return mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _open_map(path: str, nbytes: int, create: bool) -> mmap.mmap:
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, nbytes)
+        elif os.fstat(fd).st_size < nbytes:
+            raise PolycastError(f"{path} holds {os.fstat(fd).st_size} bytes, "
+                                f"expected {nbytes}")
+        # Populate the page tables now, not on the first collective (~1 us per page).
+        return mmap.mmap(fd, nbytes, flags=_populate_flags())
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _close(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        pass        # the user still holds an array on it: the mapping goes with that array
+
+
+@dataclass
+class Segment:
+    """One collective allocation: this rank's mapping and every peer's."""
+    index: int
+    nbytes: int
+    maps: list                      # mmap per rank (ours included)
+    bases: list[int] = field(default_factory=list)      # address of each mapping
+
+    def view(self, rank: int, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
+        return np.ndarray((count,), dtype, self.maps[rank], offset)
+
+
+def _map_collectively(comm, nbytes: int, tag: str) -> list:
+    """Every rank creates a segment of ``nbytes``; all map all; each unlinks its own as soon
+    as everyone has mapped it (or on any failure). Returns the mmap per rank."""
+    world = comm._driver.world
+    path = os.path.join(SHM_DIR, f"polycast-{world.job_id}-symm-{comm.id:x}-{tag}-"
+                                 f"{comm.rank}-{secrets.token_hex(4)}")
+    own = None
+    maps: list = [None] * comm.size
+    try:
+        err = None
+        try:
+            own = _open_map(path, max(nbytes, 1), True)
+        except OSError as exc:
+            err = f"rank {comm.rank} cannot create {path}: {exc}"
+        names = comm.allgather((path, err))
+        errors = [e for _, e in names if e]
+        if errors:
+            raise PolycastError("symmetric allocation failed: " + "; ".join(errors))
+        err = None
+        try:
+            for p, (name, _) in enumerate(names):
+                maps[p] = own if p == comm.rank else _open_map(name, max(nbytes, 1), False)
+        except (OSError, PolycastError) as exc:
+            err = f"rank {comm.rank} cannot map a peer's segment: {exc}"
+        errors = [e for e in comm.allgather(err) if e]    # also: everyone has mapped
+        if errors:
+            raise PolycastError("symmetric allocation failed: " + "; ".join(errors))
+        return maps
+    except BaseException:
+        for m in maps:
+            if m is not None:
+                _close(m)
+        if own is not None and maps[comm.rank] is None:
+            _close(own)
+        raise
+    finally:
+        if own is not None:
+            _unlink(path)
+
+
+class SymmState:
+    """The symmetric memory of one communicator: allocations and the barrier block."""
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self.rank, self.size = comm.rank, comm.size
+        self.world_ranks = list(comm.members)
+        self.segments: list[Segment] = []
+        self.lock = threading.Lock()
+        self.epoch = 0
+        self.usable_reason: str | None = None
+        hosts = comm.allgather(host_id())
+        if len(set(hosts)) != 1:
+            self.usable_reason = ("symmetric memory needs every rank of the communicator on "
+                                  f"one host; ranks are on {len(set(hosts))} hosts")
+            self.ctrl = None
+            return
+        maps = _map_collectively(comm, CTRL_NBYTES, "ctrl")
+        self._ctrl_maps = maps
+        self.ctrl = [np.ndarray((CTRL_NBYTES // 8,), np.uint64, m, 0) for m in maps]
+
+    # -- allocation -----------------------------------------------------------------------
+    def alloc(self, shape, dtype) -> np.ndarray:
+        dt = np.dtype(dtype)
+        if dt.hasobject:
+            raise InvalidArgument(f"symmetric arrays hold plain data; dtype {dt} holds "
+                                  "Python objects")
+        try:
+            shape = tuple(int(s) for s in (shape if np.iterable(shape) else (shape,)))
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"shape must be an int or a tuple of ints, got {shape!r}"
+                                  ) from None
+        if any(s < 0 for s in shape):
+            raise InvalidArgument(f"shape must be non-negative, got {shape}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        asks = self.comm.allgather((shape, dt.str))
+        if len(set(asks)) != 1:
+            raise MismatchError("symm_empty is collective and symmetric: every rank must ask "
+                                "for the same shape and dtype; got " +
+                                ", ".join(f"rank {r}: {s} {np.dtype(d)}"
+                                          for r, (s, d) in enumerate(asks)))
+        if self.usable_reason:
+            raise InvalidArgument(self.usable_reason)
+        maps = _map_collectively(self.comm, nbytes, f"a{len(self.segments)}")
+        seg = Segment(len(self.segments), nbytes, maps)
+        seg.bases = [np.frombuffer(m, np.uint8, 1).__array_interface__["data"][0]
+                     for m in maps]
+        self.segments.append(seg)
+        return np.ndarray(shape, dt, maps[self.rank], 0)
+
+    def find(self, arr) -> tuple[Segment, int] | None:
+        """(segment, byte offset) of an array inside one of our allocations, else None."""
+        if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+            return None
+        lo = arr.__array_interface__["data"][0]
+        hi = lo + arr.nbytes
+        for seg in self.segments:
+            base = seg.bases[self.rank]
+            if base <= lo and hi <= base + seg.nbytes:
+                return seg, lo - base
+        return None
+
+    def free(self) -> None:
+        for seg in self.segments:
+            for m in seg.maps:
+                _close(m)
+        self.segments = []
+        if self.ctrl is not None:
+            self.ctrl = None
+            for m in self._ctrl_maps:
+                _close(m)
+
+    # -- the barrier ----------------------------------------------------------------------
+    def barrier(self, sig: int, what: str) -> list[int]:
+        """Publish ``sig`` and wait for every peer's epoch; returns every rank's sig."""
+        self.epoch += 1
+        e = self.epoch
+        slot = SIG0 // 8 + (e & 1)
+        own = self.ctrl[self.rank]
+        own[slot] = sig
+        own[EPOCH] = e                     # after the descriptor (and the data): TSO
+        drv = self.comm._driver
+        lost = getattr(drv, "_lost", {})
+        gone = getattr(drv, "_gone", {})
+        start = time.monotonic()
+        deadline = start + self.comm.timeout_seconds
+        nap = 20e-6
+        pending = [p for p in range(self.size) if p != self.rank]
+        while True:
+            pending = [p for p in pending if int(self.ctrl[p][EPOCH]) < e]
+            if not pending:
+                break
+            now = time.monotonic()
+            for p in pending:
+                w = self.world_ranks[p]
+                if w in lost or w in gone:
+                    reason = lost.get(w) or gone.get(w)
+                    raise PeerLost(p, f"rank {self.rank}: {what}: rank {p} is gone "
+                                      f"({reason}) while the others wait for it")
+            if now > deadline:
+                raise CollectiveTimeout(
+                    f"rank {self.rank}: {what}: ranks {pending} did not reach the barrier "
+                    f"within {self.comm.timeout_seconds:g} s (did every rank call it, with "
+                    "symmetric buffers?)")
+            if now - start < YIELD_SECONDS:
+                os.sched_yield()
+            else:
+                time.sleep(nap)
+                nap = min(MAX_NAP_SECONDS, nap * 2)
+        return [int(self.ctrl[p][slot]) for p in range(self.size)]
+
+    def check_sigs(self, sigs: list[int], what: str) -> None:
+        if len(set(sigs)) == 1:
+            return
+        mine = sigs[self.rank]
+        bad = [p for p, s in enumerate(sigs) if s == BAD_SIG]
+        if bad:
+            raise MismatchError(f"rank {self.rank}: {what}: ranks {bad} did not pass "
+                                "symmetric buffers (see their InvalidArgument)")
+        diff = [p for p, s in enumerate(sigs) if s != mine]
+        raise MismatchError(f"rank {self.rank}: {what}: ranks called collectives differently "
+                            f"(collective, size, dtype, op or buffer offset): ranks {diff} "
+                            f"differ from rank {self.rank}")
+
+
+def _sig(*parts) -> int:
+    d = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(d, "little") & ((1 << 63) - 1)
+
+
+def state(comm, create: bool = False) -> SymmState | None:
+    st = comm.__dict__.get("_symm_state")
+    if st is None and create:
+        st = comm._symm_state = SymmState(comm)
+    return st
+
+
+def alloc(comm, shape, dtype=np.float32) -> np.ndarray:
+    """See :meth:`polycast.comm.Comm.symm_empty`."""
+    if comm._freed:
+        raise InvalidArgument(f"{comm!r} was freed")
+    return state(comm, create=True).alloc(shape, dtype)
+
+
+def free(comm) -> None:
+    st = comm.__dict__.pop("_symm_state", None)
+    if st is not None:
+        st.free()
+
+
+def is_symmetric(comm, arr) -> bool:
+    st = state(comm)
+    return st is not None and st.find(arr) is not None
+
+
+def wanted(comm, coll: Collective, algorithm: str | None, *bufs) -> bool:
+    """Whether a call takes this path: asked for by name (``algorithm=`` or
+    POLYCAST_<COLLECTIVE>_ALGO), or ``auto`` with every source buffer symmetric (the
+    user opted in by allocating them so; every rank must do the same)."""
+    name = (algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO") or "auto").lower()
+    if name == NAME:
+        return True
+    if name != "auto":
+        return False
+    st = comm.__dict__.get("_symm_state")
+    if st is None or st.usable_reason or comm.size < 2:
+        return False
+    return all(st.find(b) is not None for b in bufs)
+
+
+# -- the collectives ------------------------------------------------------------------------
+
+def _blocks(n: int, P: int) -> list[tuple[int, int]]:
+    return [(i * n // P, (i + 1) * n // P) for i in range(P)]
+
+
+def _flat(buf, what: str) -> np.ndarray:
+    if not isinstance(buf, np.ndarray):
+        raise InvalidArgument(f"{what} must be a numpy array, got {type(buf).__name__}")
+    if not buf.flags.c_contiguous:
+        raise InvalidArgument(f"{what} must be C-contiguous (use np.ascontiguousarray)")
+    return buf.reshape(-1)
+
+
+def _require(comm, coll: str, src, what: str):
+    """The state and (segment, offset) of ``src``; a clear InvalidArgument otherwise (after
+    telling the peers through the barrier, so they raise too instead of waiting)."""
+    st = state(comm)
+    if st is None:
+        raise InvalidArgument(f"algorithm='symm' for {coll} needs {what} allocated with "
+                              "comm.symm_empty(shape, dtype) on every rank; this "
+                              "communicator has no symmetric allocation")
+    if st.usable_reason:
+        raise InvalidArgument(f"algorithm='symm' for {coll}: {st.usable_reason}")
+    if comm._freed:
+        raise InvalidArgument(f"{comm!r} was freed")
+    loc = st.find(src)
+    if loc is None:
+        with st.lock:
+            try:
+                st.barrier(BAD_SIG, f"symm {coll}")
+            except PolycastError:
+                pass
+        raise InvalidArgument(f"algorithm='symm' for {coll} needs {what} to be (a "
+                              "contiguous part of) an array from comm.symm_empty(), at the "
+                              "same offset on every rank; got an ordinary array")
+    return st, loc
+
+
+def _done_request(comm, desc: str):
+    from .driver import Request
+    req = Request(0, comm.id, desc, comm.timeout_seconds)
+    req._finish()
+    return req
+
+
+def allgather(comm, sendbuf, recvbuf, in_place: bool):
+    """Rank r's block p of ``recvbuf`` = peer p's ``sendbuf`` (or, in place, peer p's block
+    p of its symmetric ``recvbuf``)."""
+    recv = _flat(recvbuf, "recvbuf")
+    P, r = comm.size, comm.rank
+    if recv.size % P:
+        raise InvalidArgument(f"Allgather recvbuf of {recv.size} elements is not a multiple "
+                              f"of the {P} ranks")
+    n = recv.size // P
+    src = recv[r * n:(r + 1) * n] if in_place else _flat(sendbuf, "sendbuf")
+    if src.size != n:
+        raise InvalidArgument(f"Allgather: sendbuf has {src.size} elements, recvbuf needs "
+                              f"{P} x {src.size} = {P * src.size}, got {recv.size}")
+    if src.dtype != recv.dtype:
+        raise InvalidArgument(f"Allgather: sendbuf is {src.dtype}, recvbuf {recv.dtype}: "
+                              "they must match")
+    # In place, the whole recvbuf is symmetric and peer p's block p is read from it.
+    st, (seg, off) = _require(comm, "allgather", recv if in_place else src,
+                              "recvbuf (IN_PLACE)" if in_place else "sendbuf")
+    what = f"symm allgather of {n} x {recv.dtype}"
+    step = n * recv.dtype.itemsize if in_place else 0
+    with st.lock:
+        st.check_sigs(st.barrier(_sig("allgather", n, recv.dtype.str, seg.index, off,
+                                      in_place), what), what)
+        if not in_place:
+            recv[r * n:(r + 1) * n] = src
+        for i in range(1, P):
+            p = (r + i) % P
+            recv[p * n:(p + 1) * n] = seg.view(p, off + p * step, n, recv.dtype)
+        st.barrier(0, what)
+    return _done_request(comm, what)
+
+
+def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
+    """Rank r's ``recvbuf`` = op over every peer's block r of its symmetric ``sendbuf``
+    (in place: of its symmetric ``recvbuf``, the result landing in its first block)."""
+    recv = _flat(recvbuf, "recvbuf")
+    P, r = comm.size, comm.rank
+    ropt = ReduceOp.parse(op if op is not None else "sum")
+    if in_place:
+        if recv.size % P:
+            raise InvalidArgument("Reduce_scatter_block IN_PLACE: recvbuf must hold "
+                                  f"{P} blocks, got {recv.size} elements")
+        src, n = recv, recv.size // P
+    else:
+        src, n = _flat(sendbuf, "sendbuf"), recv.size
+        if src.size != P * n:
+            raise InvalidArgument(f"Reduce_scatter_block: sendbuf needs {P} x {n} = {P * n} "
+                                  f"elements, got {src.size}")
+    if src.dtype != recv.dtype:
+        raise InvalidArgument(f"Reduce_scatter_block: sendbuf is {src.dtype}, recvbuf "
+                              f"{recv.dtype}: they must match")
+    st, (seg, off) = _require(comm, "reduce_scatter", src,
+                              "recvbuf (IN_PLACE)" if in_place else "sendbuf")
+    dt = recv.dtype
+    ufunc = _UFUNCS[ropt]
+    what = f"symm reduce_scatter of {n} x {dt} ({ropt.value})"
+    mine = off + r * n * dt.itemsize
+    # In place, peers read our block 0 until the closing barrier: reduce aside first.
+    acc = np.empty(n, dt) if in_place else recv
+    with st.lock:
+        st.check_sigs(st.barrier(_sig("reduce_scatter", n, dt.str, ropt.value, seg.index,
+                                      off, in_place), what), what)
+        np.copyto(acc, seg.view(r, mine, n, dt))
+        for i in range(1, P):
+            ufunc(acc, seg.view((r + i) % P, mine, n, dt), out=acc)
+        if ropt is ReduceOp.AVG:
+            apply_avg(acc, P)
+        st.barrier(0, what)
+    if in_place:
+        recv[:n] = acc
+    return _done_request(comm, what)
+
+
+def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
+    """Reduce-scatter into the owner's block of the symmetric ``recvbuf``, then allgather
+    the blocks from their owners. A non-symmetric ``sendbuf`` is first copied into
+    ``recvbuf`` (then it runs in place)."""
+    recv = _flat(recvbuf, "recvbuf")
+    P, r = comm.size, comm.rank
+    ropt = ReduceOp.parse(op if op is not None else "sum")
+    src = recv if in_place else _flat(sendbuf, "sendbuf")
+    if src.size != recv.size:
+        raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got {src.size} "
+                              f"and {recv.size}")
+    if src.dtype != recv.dtype:
+        raise InvalidArgument(f"Allreduce: sendbuf is {src.dtype}, recvbuf {recv.dtype}: "
+                              "they must match")
+    st = state(comm)
+    if (not in_place and st is not None and st.find(src) is None
+            and st.find(recv) is not None):
+        # A plain sendbuf: one local copy into the symmetric recvbuf, then in place.
+        recv[...] = src
+        src, in_place = recv, True
+    st, (sseg, soff) = _require(comm, "allreduce", src,
+                                "recvbuf (IN_PLACE)" if in_place else "sendbuf")
+    rloc = st.find(recv)
+    if rloc is None:
+        with st.lock:
+            try:
+                st.barrier(BAD_SIG, "symm allreduce")
+            except PolycastError:
+                pass
+        raise InvalidArgument("algorithm='symm' for allreduce needs recvbuf to be (part of) "
+                              "an array from comm.symm_empty() too: peers read the reduced "
+                              "blocks from it; got an ordinary array")
+    rseg, roff = rloc
+    dt, isz = recv.dtype, recv.dtype.itemsize
+    ufunc = _UFUNCS[ropt]
+    what = f"symm allreduce of {recv.size} x {dt} ({ropt.value})"
+    blocks = _blocks(recv.size, P)
+    with st.lock:
+        st.check_sigs(st.barrier(_sig("allreduce", recv.size, dt.str, ropt.value,
+                                      sseg.index, soff, rseg.index, roff, in_place), what),
+                      what)
+        a, b = blocks[r]
+        acc = recv[a:b]       # our block of recv: only we read it in this phase
+        if not in_place:
+            np.copyto(acc, src[a:b])
+        for i in range(1, P):
+            ufunc(acc, sseg.view((r + i) % P, soff + a * isz, b - a, dt), out=acc)
+        if ropt is ReduceOp.AVG:
+            apply_avg(acc, P)
+        st.barrier(0, what)
+        for i in range(1, P):
+            p = (r + i) % P
+            a, b = blocks[p]
+            recv[a:b] = rseg.view(p, roff + a * isz, b - a, dt)
+        st.barrier(0, what)
+    return _done_request(comm, what)
+
+
+__all__ = ["NAME", "SymmState", "alloc", "free", "is_symmetric", "wanted", "allgather",
+           "reduce_scatter", "allreduce"]

@@ -1,0 +1,239 @@
+"""Symmetric-memory collectives (polycast.runtime.symm) across real processes on one host:
+exact allgather, reduce-scatter and allreduce for every op and dtype against
+polycast.reference (2, 3 and 4 ranks), in place and under ``auto``; the error paths (a
+plain buffer, ranks calling differently, a peer that dies mid-call) and no /dev/shm
+leftovers.
+
+This file is also the rank program: ``python tests/test_symm.py --suite all|death``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import time
+
+import numpy as np
+
+SUITE_OK = "SYMM-SUITE OK"
+
+
+# -- the rank program ------------------------------------------------------------------------
+
+def _rank_main(suite: str) -> int:
+    import polycast
+    from polycast.collectives import Collective
+    from polycast.errors import (CollectiveTimeout, InvalidArgument, MismatchError, PeerLost,
+                                 PolycastError)
+    from polycast.reference import DTYPES, make_inputs, reference
+
+    comm = polycast.init()
+    P, r = comm.size, comm.rank
+    job = comm._driver.world.job_id
+    failures: list[str] = []
+    checks = 0
+
+    def check(name: str, ok: bool, detail: str = "") -> None:
+        nonlocal checks
+        checks += 1
+        if not ok:
+            failures.append(name)
+            print(f"FAIL {name} {detail}", flush=True)
+
+    def leftovers() -> list[str]:
+        return glob.glob(f"/dev/shm/polycast-{job}-symm-*")
+
+    if suite == "death":
+        x = comm.symm_empty(1000, np.float32)
+        out = np.empty(1000 * P, np.float32)
+        x[:] = r
+        comm.Allgather(x, out, algorithm="symm")       # works while everyone lives
+        check("death/before", bool((out.reshape(P, -1) == np.arange(P)[:, None]).all()))
+        if r == P - 1:
+            os._exit(17)
+        t0 = time.monotonic()
+        try:
+            comm.Allgather(x, out, algorithm="symm")
+            check("death/raised", False, "Allgather returned")
+        except (PeerLost, CollectiveTimeout) as exc:
+            dt = time.monotonic() - t0
+            check("death/names-rank", f"rank {P - 1}" in str(exc), str(exc))
+            check("death/in-time", dt < comm.timeout_seconds + 1, f"{dt:.1f}s")
+            print(f"SYMM-DEATH {type(exc).__name__} after {dt:.2f}s: {exc}", flush=True)
+        check("death/no-leftovers", not leftovers(), str(leftovers()))
+        print(f"{SUITE_OK if not failures else 'SYMM-SUITE FAILED'} {checks} checks",
+              flush=True)
+        os._exit(0 if not failures else 1)
+
+    # A communicator with no symmetric allocation: symm is refused with the requirement.
+    dup = comm.Dup()
+    try:
+        dup.Allgather(np.zeros(2), np.zeros(2 * P), algorithm="symm")
+        check("nosymm/raised", False, "returned")
+    except InvalidArgument as exc:
+        check("nosymm/raised", "symm_empty" in str(exc), str(exc))
+    dup.Free()
+
+    count = 37                       # uneven blocks for allreduce
+    for dtype in DTYPES:
+        dt = np.dtype(dtype)
+        big = comm.symm_empty((P, count), dt)          # reduce-scatter source, P blocks
+        one = comm.symm_empty(count, dt)               # allgather source / allreduce
+        out = comm.symm_empty(count, dt)               # allreduce destination
+        check(f"{dtype}/shape", big.shape == (P, count) and big.dtype == dt)
+        # allgather: out of a symmetric sendbuf, and in place
+        ins = make_inputs(Collective.ALLGATHER, P, count, dt, seed=1)
+        want = reference(Collective.ALLGATHER, ins)[r]
+        one[:] = ins[r]
+        got = np.full(P * count, 99, dt)
+        comm.Allgather(one, got, algorithm="symm")
+        check(f"{dtype}/allgather", np.array_equal(got, want))
+        big.reshape(-1)[r * count:(r + 1) * count] = ins[r]
+        comm.Allgather(polycast.IN_PLACE, big, algorithm="symm")
+        check(f"{dtype}/allgather-inplace", np.array_equal(big.reshape(-1), want))
+        req = comm.Iallgather(one, got)                 # auto picks symm for symm buffers
+        req.Wait()
+        check(f"{dtype}/allgather-auto", np.array_equal(got, want) and "symm" in req.desc,
+              req.desc)
+        for op in ("sum", "prod", "min", "max", "avg"):
+            ins = make_inputs(Collective.REDUCE_SCATTER, P, count, dt, seed=2, op=op)
+            want = reference(Collective.REDUCE_SCATTER, ins, op=op)[r]
+            big.reshape(-1)[:] = ins[r]
+            got = np.full(count, 99, dt)
+            comm.Reduce_scatter_block(big, got, op=op, algorithm="symm")
+            check(f"{dtype}/{op}/reduce_scatter", np.array_equal(got, want),
+                  f"{got[:6]} vs {want[:6]}")
+            big.reshape(-1)[:] = ins[r]
+            comm.Reduce_scatter_block(polycast.IN_PLACE, big, op=op, algorithm="symm")
+            check(f"{dtype}/{op}/reduce_scatter-inplace",
+                  np.array_equal(big.reshape(-1)[:count], want))
+            ins = make_inputs(Collective.ALLREDUCE, P, count, dt, seed=3, op=op)
+            want = reference(Collective.ALLREDUCE, ins, op=op)[r]
+            one[:] = ins[r]
+            out[:] = 99
+            comm.Allreduce(one, out, op=op, algorithm="symm")
+            check(f"{dtype}/{op}/allreduce", np.array_equal(out, want))
+            out[:] = ins[r]
+            comm.Allreduce(polycast.IN_PLACE, out, op=op, algorithm="symm")
+            check(f"{dtype}/{op}/allreduce-inplace", np.array_equal(out, want))
+            out[:] = 99
+            comm.Allreduce(ins[r].copy(), out, op=op, algorithm="symm")   # plain sendbuf
+            check(f"{dtype}/{op}/allreduce-plainsend", np.array_equal(out, want))
+
+    # A bigger call (several MiB) to see real data movement, against numpy.
+    n = 1 << 18
+    src = comm.symm_empty(n, np.float32)
+    src[:] = np.arange(n, dtype=np.float32) % 251 + r
+    got = np.empty(P * n, np.float32)
+    comm.Allgather(src, got, algorithm="symm")
+    want = np.concatenate([np.arange(n, dtype=np.float32) % 251 + p for p in range(P)])
+    check("big/allgather", np.array_equal(got, want))
+    part = np.empty(n // P, np.float32)
+    comm.Reduce_scatter_block(src[:P * (n // P)], part, algorithm="symm")
+    base = np.arange(n, dtype=np.float32) % 251
+    blk = slice(r * (n // P), (r + 1) * (n // P))
+    check("big/reduce_scatter", np.array_equal(part, P * base[blk] + sum(range(P))))
+
+    # Error paths. Every rank passes a plain array: each raises InvalidArgument, naming
+    # the requirement.
+    try:
+        comm.Allgather(np.zeros(4, np.float32), np.zeros(4 * P, np.float32),
+                       algorithm="symm")
+        check("plain/raised", False, "returned")
+    except InvalidArgument as exc:
+        check("plain/raised", "symm_empty" in str(exc), str(exc))
+    # One rank passes a plain array: it raises InvalidArgument, the others MismatchError
+    # (at once, not at the timeout).
+    a = comm.symm_empty(4, np.float32)
+    t0 = time.monotonic()
+    try:
+        comm.Allgather(np.zeros(4, np.float32) if r == 0 else a,
+                       np.zeros(4 * P, np.float32), algorithm="symm")
+        check("oneplain/raised", False, "returned")
+    except (InvalidArgument, MismatchError) as exc:
+        kind = InvalidArgument if r == 0 else MismatchError
+        check("oneplain/raised", type(exc) is kind and "symm" in str(exc),
+              f"{type(exc).__name__}: {exc}")
+        check("oneplain/fast", time.monotonic() - t0 < 5, f"{time.monotonic() - t0:.1f}s")
+    # Ranks calling with different sizes: every rank raises MismatchError.
+    big = comm.symm_empty(8, np.float32)
+    try:
+        k = 2 if r == 0 else 1
+        comm.Allgather(big[:k], np.zeros(k * P, np.float32), algorithm="symm")
+        check("mismatch/raised", False, "returned")
+    except MismatchError as exc:
+        check("mismatch/raised", "differently" in str(exc), str(exc))
+    # Different shapes to symm_empty: MismatchError everywhere, nothing left in /dev/shm.
+    try:
+        comm.symm_empty(4 + (r == 1), np.float32)
+        check("alloc-mismatch/raised", False, "returned")
+    except MismatchError as exc:
+        check("alloc-mismatch/raised", "same shape" in str(exc), str(exc))
+    # The communicator still works after the errors (epochs stayed in step).
+    a[:] = r
+    got = np.empty(4 * P, np.float32)
+    comm.Allgather(a, got, algorithm="symm")
+    check("after-errors/allgather", np.array_equal(got, np.repeat(np.arange(P), 4)))
+    # Bad arguments.
+    try:
+        comm.symm_empty((-1, 2), np.float32)
+        check("badshape/raised", False, "returned")
+    except InvalidArgument:
+        check("badshape/raised", True)
+    try:
+        comm.Allgather(a, np.zeros(4 * P + 1, np.float32), algorithm="symm")
+        check("badsize/raised", False, "returned")
+    except InvalidArgument as exc:
+        check("badsize/raised", "multiple" in str(exc), str(exc))
+
+    check("no-leftovers", not leftovers(), str(leftovers()))
+    comm.Barrier()
+    print(f"{SUITE_OK if not failures else 'SYMM-SUITE FAILED'} {checks} checks", flush=True)
+    if failures:
+        os._exit(1)
+    polycast.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(sys.argv[sys.argv.index("--suite") + 1]))
+
+
+# -- the tests (pytest) ------------------------------------------------------------------------
+
+import pytest  # noqa: E402
+
+from test_runtime_helpers import spawn_ranks  # noqa: E402
+
+HERE = os.path.relpath(os.path.abspath(__file__), os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _symm_files() -> set[str]:
+    return set(glob.glob("/dev/shm/polycast-*-symm-*"))
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_symm_collectives_exact(nranks):
+    before = _symm_files()
+    results = spawn_ranks(nranks, [HERE, "--suite", "all"], env={"POLYCAST_TIMEOUT": "20"},
+                          timeout=120)
+    for res in results:
+        assert res.returncode == 0 and SUITE_OK in res.out, (
+            f"rank {res.rank} exit {res.returncode}\n{res.out[-3000:]}\n{res.err[-3000:]}")
+        n = int(res.out.split(SUITE_OK)[1].split()[0])
+        assert n > 7 * 5 * 5, res.out[-500:]           # every dtype x op x variant ran
+    assert _symm_files() - before == set()
+
+
+def test_symm_dead_peer_raises_in_time():
+    before = _symm_files()
+    results = spawn_ranks(3, [HERE, "--suite", "death"], env={"POLYCAST_TIMEOUT": "8"},
+                          timeout=60)
+    assert results[2].returncode == 17
+    for res in results[:2]:
+        assert res.returncode == 0 and SUITE_OK in res.out, (
+            f"rank {res.rank}\n{res.out[-3000:]}\n{res.err[-3000:]}")
+        assert "SYMM-DEATH" in res.out and "rank 2" in res.out, res.out
+    assert _symm_files() - before == set()
