@@ -1,0 +1,140 @@
+"""Symmetric memory vs ring on one host (issue 5, build item 2): busbw of 16 MiB allgather,
+reduce-scatter and allreduce with ``algorithm="symm"`` (peers read each other's
+``comm.symm_empty`` arrays) beside ``ring`` (the engine's schedule over the shm rings).
+
+Sizes follow nccl-tests (S = the larger per-rank buffer, busbw = S/t x factor); the time
+is the slowest rank's average over ``--iters`` back-to-back calls after a barrier. Each row
+is checked exactly against numpy once. Usage::
+
+    python bench/symm.py [-n 4] [--size 16MiB] [--iters 10]
+
+Prints a table and writes the rows to bench/results/symm.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+COLLS = ("allgather", "reduce_scatter", "allreduce")
+ALGOS = ("symm", "ring")
+
+
+def _rank(args) -> None:
+    sys.path.insert(0, REPO)
+    import polycast
+    from polycast.collectives import Collective
+    from polycast.units import parse_size
+    comm = polycast.init()
+    P, r = comm.size, comm.rank
+    S = parse_size(args.size)
+    rows = []
+    for cname in COLLS:
+        coll = Collective.parse(cname)
+        n = S // 4                                  # float32 elements of the big buffer
+        n -= n % P
+        for algo in ALGOS:
+            alloc = comm.symm_empty if algo == "symm" else (lambda k, dt: np.empty(k, dt))
+            if coll is Collective.ALLGATHER:
+                send, recv = alloc(n // P, np.float32), np.empty(n, np.float32)
+                send[:] = r + 1
+                fn = lambda: comm.Allgather(send, recv, algorithm=algo)   # noqa: E731
+                want = np.repeat(np.arange(1, P + 1, dtype=np.float32), n // P)
+            elif coll is Collective.REDUCE_SCATTER:
+                send, recv = alloc(n, np.float32), np.empty(n // P, np.float32)
+                send[:] = r + 1
+                fn = lambda: comm.Reduce_scatter_block(send, recv, algorithm=algo)  # noqa
+                want = np.full(n // P, P * (P + 1) / 2, np.float32)
+            else:
+                send, recv = alloc(n, np.float32), alloc(n, np.float32)
+                send[:] = r + 1
+                fn = lambda: comm.Allreduce(send, recv, algorithm=algo)   # noqa: E731
+                want = np.full(n, P * (P + 1) / 2, np.float32)
+            recv[:] = 0
+            fn()
+            ok = np.array([np.array_equal(recv, want)], np.int32)
+            for _ in range(args.warmup):
+                fn()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.iters):
+                fn()
+            t = np.array([(time.perf_counter() - t0) / args.iters])
+            comm.Allreduce(polycast.IN_PLACE, t, op="max")
+            comm.Allreduce(polycast.IN_PLACE, ok, op="min")
+            nbytes = n * 4
+            algbw = nbytes / t[0] / 1e9
+            rows.append({"collective": cname, "algorithm": algo, "nranks": P,
+                         "nbytes": nbytes, "time_us": t[0] * 1e6, "algbw": algbw,
+                         "busbw": algbw * coll.busbw_factor(P), "correct": bool(ok[0])})
+    if r == 0:
+        print("SYMMROWS " + json.dumps(rows), flush=True)
+    comm.Barrier()
+    polycast.finalize()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-n", "--nranks", type=int, default=4)
+    p.add_argument("--size", default="16MiB")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--out", default=os.path.join(HERE, "results", "symm.json"))
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.rank:
+        _rank(args)
+        return 0
+    sys.path.insert(0, REPO)
+    from polycast.runtime.launch import free_port, rank_env
+    port = free_port()
+    job = f"bsymm{os.getpid()}"
+    cmd = [sys.executable, os.path.abspath(__file__), "--rank", "--size", args.size,
+           "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    procs = []
+    try:
+        for r in range(args.nranks):
+            env = rank_env(r, args.nranks, port, job)
+            env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        outs = [pr.communicate(timeout=args.timeout) for pr in procs]
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+                pr.wait(timeout=10)
+    line = [ln for ln in outs[0][0].splitlines() if ln.startswith("SYMMROWS ")]
+    if not line or any(pr.returncode for pr in procs):
+        for r, (o, e) in enumerate(outs):
+            print(f"rank {r} exit {procs[r].returncode}\n{o[-2000:]}\n{e[-2000:]}",
+                  file=sys.stderr)
+        return 1
+    rows = json.loads(line[0][len("SYMMROWS "):])
+    print(f"{'collective':<16}{'algo':<6}{'ranks':>6}{'bytes':>11}{'time us':>11}"
+          f"{'algbw':>8}{'busbw':>8}  ok")
+    for row in rows:
+        print(f"{row['collective']:<16}{row['algorithm']:<6}{row['nranks']:>6}"
+              f"{row['nbytes']:>11}{row['time_us']:>11.0f}{row['algbw']:>8.2f}"
+              f"{row['busbw']:>8.2f}  {'yes' if row['correct'] else 'NO'}")
+    for cname in COLLS:
+        by = {row["algorithm"]: row["busbw"] for row in rows if row["collective"] == cname}
+        if by.get("ring"):
+            print(f"{cname}: symm / ring busbw = {by['symm'] / by['ring']:.2f}x")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(rows, fh, indent=1)
+    return 0 if all(row["correct"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
