@@ -66,6 +66,63 @@ def _rank_main(suite: str) -> int:
               flush=True)
         os._exit(0 if not failures else 1)
 
+    if suite == "alloc-death":
+        # The last rank dies right after creating its segment, inside symm_empty: the
+        # others raise (bounded) and remove every segment, the dead rank's included.
+        import polycast.runtime.symm as symm
+        real = symm._open_map
+
+        def dying(path, nbytes, create):
+            mm = real(path, nbytes, create)
+            if create and r == P - 1 and "-a1-" in path:
+                os._exit(17)
+            return mm
+        symm._open_map = dying
+        comm.symm_empty(8, np.float32)                 # the control block: fine
+        t0 = time.monotonic()
+        try:
+            comm.symm_empty(1000, np.float32)
+            check("alloc-death/raised", False, "returned")
+        except (PeerLost, CollectiveTimeout) as exc:
+            check("alloc-death/in-time", time.monotonic() - t0 < comm.timeout_seconds + 1)
+            print(f"SYMM-DEATH {type(exc).__name__}: {exc}", flush=True)
+        check("alloc-death/no-leftovers", not leftovers(), str(leftovers()))
+        print(f"{SUITE_OK if not failures else 'SYMM-SUITE FAILED'} {checks} checks",
+              flush=True)
+        os._exit(0 if not failures else 1)
+
+    # Ranks on different hosts (host ids faked on a fresh communicator): symm is refused,
+    # naming the requirement, and auto does not pick it.
+    import polycast.runtime.symm as symm
+    real_host = symm.host_id
+    symm.host_id = lambda: f"host{r}"
+    multi = comm.Dup()
+    try:
+        multi.symm_empty(4, np.float32)
+        check("hosts/raised", False, "returned")
+    except InvalidArgument as exc:
+        check("hosts/raised", "one host" in str(exc), str(exc))
+    symm.host_id = real_host
+    try:
+        multi.Allgather(np.zeros(2), np.zeros(2 * P), algorithm="symm")
+        check("hosts/allgather-raised", False, "returned")
+    except InvalidArgument as exc:
+        check("hosts/allgather-raised", "one host" in str(exc), str(exc))
+    req = multi.Iallgather(np.ones(2), np.zeros(2 * P))
+    req.Wait()
+    check("hosts/auto-not-symm", "symm" not in req.desc, req.desc)
+    multi.Free()
+
+    # A sub-communicator (Split): its own allocations and epochs.
+    sub = comm.Split(r % 2)
+    s_in = sub.symm_empty(5, np.int64)
+    s_in[:] = r
+    s_out = np.empty(5 * sub.size, np.int64)
+    sub.Allgather(s_in, s_out, algorithm="symm")
+    check("split/allgather", np.array_equal(
+        s_out, np.repeat(np.arange(r % 2, P, 2), 5)), str(s_out))
+    sub.Free()
+
     # A communicator with no symmetric allocation: symm is refused with the requirement.
     dup = comm.Dup()
     try:
@@ -224,6 +281,17 @@ def test_symm_collectives_exact(nranks):
             f"rank {res.rank} exit {res.returncode}\n{res.out[-3000:]}\n{res.err[-3000:]}")
         n = int(res.out.split(SUITE_OK)[1].split()[0])
         assert n > 7 * 5 * 5, res.out[-500:]           # every dtype x op x variant ran
+    assert _symm_files() - before == set()
+
+
+def test_symm_peer_dying_inside_alloc_leaves_nothing():
+    before = _symm_files()
+    results = spawn_ranks(3, [HERE, "--suite", "alloc-death"], env={"POLYCAST_TIMEOUT": "8"},
+                          timeout=60)
+    assert results[2].returncode == 17
+    for res in results[:2]:
+        assert res.returncode == 0 and SUITE_OK in res.out and "SYMM-DEATH" in res.out, (
+            f"rank {res.rank}\n{res.out[-3000:]}\n{res.err[-3000:]}")
     assert _symm_files() - before == set()
 
 

@@ -7,15 +7,17 @@ intra-node allgather and reduce-scatter:
 >>> x[:] = ...
 >>> comm.Allgather(x, out, algorithm="symm")       # out: any array of P*n elements
 >>> comm.Reduce_scatter_block(x, part, op="sum", algorithm="symm")  # x: P*m elements
->>> comm.Allreduce(x, y, algorithm="symm")          # y symmetric too (or IN_PLACE with x)
+>>> comm.Allreduce(x, y, algorithm="symm")          # y symmetric too (or IN_PLACE)
 
 ``symm_empty`` puts the array in its own /dev/shm segment and maps every peer's segment
 of the same allocation (allocations are collective, so the k-th allocation of a
-communicator is the same on every rank). Segment names travel through the communicator
-(an object allgather); each rank unlinks its segment as soon as every rank has mapped it,
-and on any failure on the way (a peer that cannot create or map, a shape mismatch), so
-/dev/shm holds nothing once ``symm_empty`` returns or raises. Only a process killed inside
-those few milliseconds can leave a segment behind (named ``polycast-<job>-symm-...``).
+communicator is the same on every rank, and every rank can name every peer's segment:
+``polycast-<job>-symm-<comm>-<k>-<rank>``). Two object allgathers through the
+communicator carry the "created" and "mapped" reports; each rank unlinks its segment as
+soon as every rank has mapped it. On any failure on the way (a rank that cannot create or
+map, a peer lost) every rank raises and the survivors unlink every rank's segment, the
+dead one's included; a shape mismatch is caught before anything is created. So /dev/shm
+holds nothing once ``symm_empty`` returns or raises, unless every rank died inside it.
 Raw /dev/shm files are used rather than ``multiprocessing.shared_memory`` because its
 resource tracker (Python < 3.13) unlinks and warns about segments other processes own.
 
@@ -24,7 +26,10 @@ mapped send buffer; for reduce-scatter it reduces block r of every peer's mapped
 buffer into its own result (in-place numpy ufuncs reading the peer's memory: no copy in
 between). At step i rank r reads peer (r + i) mod P, so at every step each rank is read by
 exactly one other rank and no source is contended. Allreduce is reduce-scatter into the
-owner's block of a symmetric ``recvbuf``, then allgather of those blocks.
+owner's block of a symmetric ``recvbuf``, then allgather of those blocks (each block is
+reduced once, so every rank holds the same bits); up to ONE_SHOT_MAX_NBYTES it is one-shot
+instead: every rank reduces the whole buffer from every peer in rank order (one barrier
+less; the same bits everywhere again). A plain ``sendbuf`` is first copied into ``recvbuf``.
 
 Synchronisation is an epoch barrier in a small shared control segment per communicator:
 each rank stores a descriptor of the call and then its epoch, and waits (yielding, then
@@ -53,7 +58,6 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -73,7 +77,10 @@ YIELD_SECONDS = 200e-6          # poll with sched_yield this long, then nap
 MAX_NAP_SECONDS = 1e-3
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
            ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}
-BAD_SIG = (1 << 64) - 1         # a rank that cannot take part (non-symmetric buffer)
+BAD_SIG = (1 << 64) - 1
+# Allreduce up to this size is one-shot (every rank reduces all of it: 2 barriers instead
+# of 3); above, reduce-scatter + allgather moves P/2 times fewer bytes per rank.
+ONE_SHOT_MAX_NBYTES = 64 << 10         # a rank that cannot take part (non-symmetric buffer)
 
 
 def _populate_flags() -> int:
@@ -121,44 +128,49 @@ class Segment:
         return np.ndarray((count,), dtype, self.maps[rank], offset)
 
 
+def segment_path(job_id: str, comm_id: int, tag: str, rank: int) -> str:
+    """Where rank ``rank``'s segment of allocation ``tag`` lives while it is being mapped.
+    Every rank can name every peer's, so survivors can remove a dead peer's segment."""
+    return os.path.join(SHM_DIR, f"polycast-{job_id}-symm-{comm_id:x}-{tag}-{rank}")
+
+
 def _map_collectively(comm, nbytes: int, tag: str) -> list:
     """Every rank creates a segment of ``nbytes``; all map all; each unlinks its own as soon
-    as everyone has mapped it (or on any failure). Returns the mmap per rank."""
-    world = comm._driver.world
-    path = os.path.join(SHM_DIR, f"polycast-{world.job_id}-symm-{comm.id:x}-{tag}-"
-                                 f"{comm.rank}-{secrets.token_hex(4)}")
-    own = None
+    as everyone has mapped it. On any failure (a rank that cannot create or map, a peer
+    lost on the way) every rank raises and unlinks *every* rank's segment, so a peer that
+    died after creating its own leaks nothing either. Returns the mmap per rank."""
+    job = comm._driver.world.job_id
+    paths = [segment_path(job, comm.id, tag, p) for p in range(comm.size)]
     maps: list = [None] * comm.size
+    done = False
     try:
         err = None
         try:
-            own = _open_map(path, max(nbytes, 1), True)
+            maps[comm.rank] = _open_map(paths[comm.rank], max(nbytes, 1), True)
         except OSError as exc:
-            err = f"rank {comm.rank} cannot create {path}: {exc}"
-        names = comm.allgather((path, err))
-        errors = [e for _, e in names if e]
+            err = f"rank {comm.rank} cannot create {paths[comm.rank]}: {exc}"
+        errors = [e for e in comm.allgather(err) if e]      # also: every segment exists
         if errors:
             raise PolycastError("symmetric allocation failed: " + "; ".join(errors))
-        err = None
         try:
-            for p, (name, _) in enumerate(names):
-                maps[p] = own if p == comm.rank else _open_map(name, max(nbytes, 1), False)
+            for p in range(comm.size):
+                if p != comm.rank:
+                    maps[p] = _open_map(paths[p], max(nbytes, 1), False)
         except (OSError, PolycastError) as exc:
             err = f"rank {comm.rank} cannot map a peer's segment: {exc}"
-        errors = [e for e in comm.allgather(err) if e]    # also: everyone has mapped
+        errors = [e for e in comm.allgather(err) if e]      # also: everyone has mapped
         if errors:
             raise PolycastError("symmetric allocation failed: " + "; ".join(errors))
+        done = True
         return maps
     except BaseException:
         for m in maps:
             if m is not None:
                 _close(m)
-        if own is not None and maps[comm.rank] is None:
-            _close(own)
         raise
     finally:
-        if own is not None:
-            _unlink(path)
+        for p in ([comm.rank] if done else range(comm.size)):
+            _unlink(paths[p])
 
 
 class SymmState:
@@ -440,9 +452,12 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
     with st.lock:
         st.check_sigs(st.barrier(_sig("reduce_scatter", n, dt.str, ropt.value, seg.index,
                                       off, in_place), what), what)
-        np.copyto(acc, seg.view(r, mine, n, dt))
+        # The first step reads our block and the next peer's at once (no copy pass).
+        first = seg.view(r, mine, n, dt)
+        if P == 1:
+            np.copyto(acc, first)
         for i in range(1, P):
-            ufunc(acc, seg.view((r + i) % P, mine, n, dt), out=acc)
+            ufunc(first if i == 1 else acc, seg.view((r + i) % P, mine, n, dt), out=acc)
         if ropt is ReduceOp.AVG:
             apply_avg(acc, P)
         st.barrier(0, what)
@@ -492,12 +507,30 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
         st.check_sigs(st.barrier(_sig("allreduce", recv.size, dt.str, ropt.value,
                                       sseg.index, soff, rseg.index, roff, in_place), what),
                       what)
+        if P == 1:
+            recv[...] = src
+            st.barrier(0, what)
+            return _done_request(comm, what)
+        if recv.nbytes <= ONE_SHOT_MAX_NBYTES:
+            # Small: every rank reduces the whole buffer from every peer (one barrier less;
+            # rank order, so every rank gets the same bits as the reference), aside first
+            # since peers still read our buffer.
+            acc = np.empty(recv.size, dt)
+            ufunc(sseg.view(0, soff, recv.size, dt), sseg.view(1, soff, recv.size, dt),
+                  out=acc)
+            for p in range(2, P):
+                ufunc(acc, sseg.view(p, soff, recv.size, dt), out=acc)
+            if ropt is ReduceOp.AVG:
+                apply_avg(acc, P)
+            st.barrier(0, what)
+            recv[...] = acc
+            return _done_request(comm, what)
         a, b = blocks[r]
         acc = recv[a:b]       # our block of recv: only we read it in this phase
-        if not in_place:
-            np.copyto(acc, src[a:b])
+        first = src[a:b]      # the first step reads ours and the next peer's (no copy)
         for i in range(1, P):
-            ufunc(acc, sseg.view((r + i) % P, soff + a * isz, b - a, dt), out=acc)
+            ufunc(first if i == 1 else acc, sseg.view((r + i) % P, soff + a * isz, b - a,
+                                                      dt), out=acc)
         if ropt is ReduceOp.AVG:
             apply_avg(acc, P)
         st.barrier(0, what)
