@@ -6,7 +6,9 @@ Sizes follow nccl-tests (S = the larger per-rank buffer, busbw = S/t x factor); 
 is the slowest rank's average over ``--iters`` back-to-back calls after a barrier. Each row
 is checked exactly against numpy once. Usage::
 
-    python bench/symm.py [-n 4] [--size 16MiB] [--iters 10]
+    python bench/symm.py [-n 4] [--size 16MiB,8] [--iters 10]
+
+Small sizes (below 64 KiB) run 30x the iterations: they measure latency.
 
 Prints a table and writes the rows to bench/results/symm.json (or --out).
 """
@@ -35,46 +37,45 @@ def _rank(args) -> None:
     from polycast.units import parse_size
     comm = polycast.init()
     P, r = comm.size, comm.rank
-    S = parse_size(args.size)
     rows = []
-    for cname in COLLS:
+    for S, cname, algo in [(parse_size(t), c, a) for t in args.size.split(",")
+                           for c in COLLS for a in ALGOS]:
         coll = Collective.parse(cname)
-        n = S // 4                                  # float32 elements of the big buffer
-        n -= n % P
-        for algo in ALGOS:
-            alloc = comm.symm_empty if algo == "symm" else (lambda k, dt: np.empty(k, dt))
-            if coll is Collective.ALLGATHER:
-                send, recv = alloc(n // P, np.float32), np.empty(n, np.float32)
-                send[:] = r + 1
-                fn = lambda: comm.Allgather(send, recv, algorithm=algo)   # noqa: E731
-                want = np.repeat(np.arange(1, P + 1, dtype=np.float32), n // P)
-            elif coll is Collective.REDUCE_SCATTER:
-                send, recv = alloc(n, np.float32), np.empty(n // P, np.float32)
-                send[:] = r + 1
-                fn = lambda: comm.Reduce_scatter_block(send, recv, algorithm=algo)  # noqa
-                want = np.full(n // P, P * (P + 1) / 2, np.float32)
-            else:
-                send, recv = alloc(n, np.float32), alloc(n, np.float32)
-                send[:] = r + 1
-                fn = lambda: comm.Allreduce(send, recv, algorithm=algo)   # noqa: E731
-                want = np.full(n, P * (P + 1) / 2, np.float32)
-            recv[:] = 0
+        n = max(P, S // 4 - (S // 4) % P)          # float32 elements of the big buffer
+        iters = args.iters * (30 if S < 1 << 16 else 1)
+        alloc = comm.symm_empty if algo == "symm" else (lambda k, dt: np.empty(k, dt))
+        if coll is Collective.ALLGATHER:
+            send, recv = alloc(n // P, np.float32), np.empty(n, np.float32)
+            send[:] = r + 1
+            fn = lambda: comm.Allgather(send, recv, algorithm=algo)   # noqa: E731
+            want = np.repeat(np.arange(1, P + 1, dtype=np.float32), n // P)
+        elif coll is Collective.REDUCE_SCATTER:
+            send, recv = alloc(n, np.float32), np.empty(n // P, np.float32)
+            send[:] = r + 1
+            fn = lambda: comm.Reduce_scatter_block(send, recv, algorithm=algo)  # noqa
+            want = np.full(n // P, P * (P + 1) / 2, np.float32)
+        else:
+            send, recv = alloc(n, np.float32), alloc(n, np.float32)
+            send[:] = r + 1
+            fn = lambda: comm.Allreduce(send, recv, algorithm=algo)   # noqa: E731
+            want = np.full(n, P * (P + 1) / 2, np.float32)
+        recv[:] = 0
+        fn()
+        ok = np.array([np.array_equal(recv, want)], np.int32)
+        for _ in range(args.warmup * (iters // args.iters)):
             fn()
-            ok = np.array([np.array_equal(recv, want)], np.int32)
-            for _ in range(args.warmup):
-                fn()
-            comm.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                fn()
-            t = np.array([(time.perf_counter() - t0) / args.iters])
-            comm.Allreduce(polycast.IN_PLACE, t, op="max")
-            comm.Allreduce(polycast.IN_PLACE, ok, op="min")
-            nbytes = n * 4
-            algbw = nbytes / t[0] / 1e9
-            rows.append({"collective": cname, "algorithm": algo, "nranks": P,
-                         "nbytes": nbytes, "time_us": t[0] * 1e6, "algbw": algbw,
-                         "busbw": algbw * coll.busbw_factor(P), "correct": bool(ok[0])})
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        t = np.array([(time.perf_counter() - t0) / iters])
+        comm.Allreduce(polycast.IN_PLACE, t, op="max")
+        comm.Allreduce(polycast.IN_PLACE, ok, op="min")
+        nbytes = n * 4
+        algbw = nbytes / t[0] / 1e9
+        rows.append({"collective": cname, "algorithm": algo, "nranks": P,
+                     "nbytes": nbytes, "time_us": t[0] * 1e6, "algbw": algbw,
+                     "busbw": algbw * coll.busbw_factor(P), "correct": bool(ok[0])})
     if r == 0:
         print("SYMMROWS " + json.dumps(rows), flush=True)
     comm.Barrier()
@@ -84,7 +85,7 @@ def _rank(args) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-n", "--nranks", type=int, default=4)
-    p.add_argument("--size", default="16MiB")
+    p.add_argument("--size", default="16MiB,8", help="comma-separated sizes (nccl-tests S)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default=os.path.join(HERE, "results", "symm.json"))
@@ -126,10 +127,13 @@ def main(argv=None) -> int:
         print(f"{row['collective']:<16}{row['algorithm']:<6}{row['nranks']:>6}"
               f"{row['nbytes']:>11}{row['time_us']:>11.0f}{row['algbw']:>8.2f}"
               f"{row['busbw']:>8.2f}  {'yes' if row['correct'] else 'NO'}")
-    for cname in COLLS:
-        by = {row["algorithm"]: row["busbw"] for row in rows if row["collective"] == cname}
-        if by.get("ring"):
-            print(f"{cname}: symm / ring busbw = {by['symm'] / by['ring']:.2f}x")
+    for nbytes in sorted({row["nbytes"] for row in rows}, reverse=True):
+        for cname in COLLS:
+            by = {row["algorithm"]: row["time_us"] for row in rows
+                  if row["collective"] == cname and row["nbytes"] == nbytes}
+            if by.get("symm"):
+                print(f"{cname} {nbytes} B: symm is {by['ring'] / by['symm']:.2f}x faster "
+                      "than ring")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(rows, fh, indent=1)
