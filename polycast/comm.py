@@ -29,6 +29,10 @@ alltoall        bruck, pairwise                pairwise
 barrier         dissemination                  (no data)
 =============== ============================ ==================================
 
+Symmetric memory: Allgather, Reduce_scatter_block and Allreduce whose source buffers come
+from ``comm.symm_empty`` use ``symm`` (peers read each other's arrays directly; one host
+only; every rank must pass such buffers, see :mod:`polycast.runtime.symm`).
+
 Large messages are pipelined: ``nchunks`` is chosen so a block is about 1 MiB (at most 32; finer pipelining measured slower with 4 ranks on 2 cores).
 """
 
