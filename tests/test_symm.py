@@ -66,6 +66,32 @@ def _rank_main(suite: str) -> int:
               flush=True)
         os._exit(0 if not failures else 1)
 
+    if suite == "hang":
+        # The last rank is alive but never calls: the others raise CollectiveTimeout
+        # naming it, and the communicator's symm path refuses to go on (epochs disagree).
+        x = comm.symm_empty(100, np.float32)
+        out = np.empty(100 * P, np.float32)
+        if r == P - 1:
+            time.sleep(comm.timeout_seconds + 2)
+            os._exit(0)
+        t0 = time.monotonic()
+        try:
+            comm.Allgather(x, out, algorithm="symm")
+            check("hang/raised", False, "returned")
+        except CollectiveTimeout as exc:
+            dt = time.monotonic() - t0
+            check("hang/names-rank", f"[{P - 1}]" in str(exc), str(exc))
+            check("hang/in-time", comm.timeout_seconds - 0.5 < dt < comm.timeout_seconds + 1,
+                  f"{dt:.1f}s")
+        try:
+            comm.Allgather(x, out, algorithm="symm")
+            check("hang/unusable", False, "returned")
+        except PolycastError as exc:
+            check("hang/unusable", "unusable" in str(exc), str(exc))
+        print(f"{SUITE_OK if not failures else 'SYMM-SUITE FAILED'} {checks} checks",
+              flush=True)
+        os._exit(0 if not failures else 1)
+
     if suite == "alloc-death":
         # The last rank dies right after creating its segment, inside symm_empty: the
         # others raise (bounded) and remove every segment, the dead rank's included.
@@ -293,6 +319,15 @@ def test_symm_peer_dying_inside_alloc_leaves_nothing():
         assert res.returncode == 0 and SUITE_OK in res.out and "SYMM-DEATH" in res.out, (
             f"rank {res.rank}\n{res.out[-3000:]}\n{res.err[-3000:]}")
     assert _symm_files() - before == set()
+
+
+def test_symm_silent_peer_times_out():
+    results = spawn_ranks(3, [HERE, "--suite", "hang"], env={"POLYCAST_TIMEOUT": "2"},
+                          timeout=60)
+    for res in results:
+        assert res.returncode == 0, f"rank {res.rank}\n{res.out[-3000:]}\n{res.err[-3000:]}"
+    for res in results[:2]:
+        assert SUITE_OK in res.out, res.out
 
 
 def test_symm_dead_peer_raises_in_time():
