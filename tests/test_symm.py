@@ -239,6 +239,16 @@ def _rank_main(suite: str) -> int:
         check("oneplain/raised", type(exc) is kind and "symm" in str(exc),
               f"{type(exc).__name__}: {exc}")
         check("oneplain/fast", time.monotonic() - t0 < 5, f"{time.monotonic() - t0:.1f}s")
+    # One rank's arguments are wrong (recvbuf size): it raises InvalidArgument, the
+    # others MismatchError at once.
+    t0 = time.monotonic()
+    try:
+        comm.Allgather(a, np.zeros(4 * P + (r == P - 1), np.float32), algorithm="symm")
+        check("onebad/raised", False, "returned")
+    except (InvalidArgument, MismatchError) as exc:
+        kind = InvalidArgument if r == P - 1 else MismatchError
+        check("onebad/raised", type(exc) is kind, f"{type(exc).__name__}: {exc}")
+        check("onebad/fast", time.monotonic() - t0 < 5, f"{time.monotonic() - t0:.1f}s")
     # Ranks calling with different sizes: every rank raises MismatchError.
     big = comm.symm_empty(8, np.float32)
     try:

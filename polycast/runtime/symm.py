@@ -55,6 +55,7 @@ Symm calls on one communicator are serialised by a lock and complete before they
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -80,10 +81,10 @@ YIELD_SECONDS = 1e-3
 MAX_NAP_SECONDS = 1e-3
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
            ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}
-BAD_SIG = (1 << 64) - 1
+BAD_SIG = (1 << 64) - 1         # a rank that cannot take part (e.g. a non-symmetric buffer)
 # Allreduce up to this size is one-shot (every rank reduces all of it: 2 barriers instead
 # of 3); above, reduce-scatter + allgather moves P/2 times fewer bytes per rank.
-ONE_SHOT_MAX_NBYTES = 64 << 10         # a rank that cannot take part (non-symmetric buffer)
+ONE_SHOT_MAX_NBYTES = 64 << 10
 
 
 def _populate_flags() -> int:
@@ -375,8 +376,7 @@ def _flat(buf, what: str) -> np.ndarray:
 
 
 def _require(comm, coll: str, src, what: str):
-    """The state and (segment, offset) of ``src``; a clear InvalidArgument otherwise (after
-    telling the peers through the barrier, so they raise too instead of waiting)."""
+    """The state and (segment, offset) of ``src``; a clear InvalidArgument otherwise."""
     st = state(comm)
     if st is None:
         raise InvalidArgument(f"algorithm='symm' for {coll} needs {what} allocated with "
@@ -388,15 +388,28 @@ def _require(comm, coll: str, src, what: str):
         raise InvalidArgument(f"{comm!r} was freed")
     loc = st.find(src)
     if loc is None:
-        with st.lock:
-            try:
-                st.barrier(BAD_SIG, f"symm {coll}")
-            except PolycastError:
-                pass
         raise InvalidArgument(f"algorithm='symm' for {coll} needs {what} to be (a "
                               "contiguous part of) an array from comm.symm_empty(), at the "
                               "same offset on every rank; got an ordinary array")
     return st, loc
+
+
+@contextlib.contextmanager
+def _telling_peers(comm, coll: str):
+    """A local argument error still takes part in the opening barrier (with BAD_SIG), so
+    peers that called correctly raise MismatchError at once instead of waiting for the
+    timeout (and every rank's epoch stays in step)."""
+    try:
+        yield
+    except InvalidArgument:
+        st = state(comm)
+        if st is not None and st.ctrl is not None and not st.broken and not comm._freed:
+            with st.lock:
+                try:
+                    st.barrier(BAD_SIG, f"symm {coll}")
+                except PolycastError:
+                    pass
+        raise
 
 
 def _done_request(comm, desc: str):
@@ -409,22 +422,23 @@ def _done_request(comm, desc: str):
 def allgather(comm, sendbuf, recvbuf, in_place: bool):
     """Rank r's block p of ``recvbuf`` = peer p's ``sendbuf`` (or, in place, peer p's block
     p of its symmetric ``recvbuf``)."""
-    recv = _flat(recvbuf, "recvbuf")
     P, r = comm.size, comm.rank
-    if recv.size % P:
-        raise InvalidArgument(f"Allgather recvbuf of {recv.size} elements is not a multiple "
-                              f"of the {P} ranks")
-    n = recv.size // P
-    src = recv[r * n:(r + 1) * n] if in_place else _flat(sendbuf, "sendbuf")
-    if src.size != n:
-        raise InvalidArgument(f"Allgather: sendbuf has {src.size} elements, recvbuf needs "
-                              f"{P} x {src.size} = {P * src.size}, got {recv.size}")
-    if src.dtype != recv.dtype:
-        raise InvalidArgument(f"Allgather: sendbuf is {src.dtype}, recvbuf {recv.dtype}: "
-                              "they must match")
-    # In place, the whole recvbuf is symmetric and peer p's block p is read from it.
-    st, (seg, off) = _require(comm, "allgather", recv if in_place else src,
-                              "recvbuf (IN_PLACE)" if in_place else "sendbuf")
+    with _telling_peers(comm, "allgather"):
+        recv = _flat(recvbuf, "recvbuf")
+        if recv.size % P:
+            raise InvalidArgument(f"Allgather recvbuf of {recv.size} elements is not a "
+                                  f"multiple of the {P} ranks")
+        n = recv.size // P
+        src = recv[r * n:(r + 1) * n] if in_place else _flat(sendbuf, "sendbuf")
+        if src.size != n:
+            raise InvalidArgument(f"Allgather: sendbuf has {src.size} elements, recvbuf "
+                                  f"needs {P} x {src.size} = {P * src.size}, got {recv.size}")
+        if src.dtype != recv.dtype:
+            raise InvalidArgument(f"Allgather: sendbuf is {src.dtype}, recvbuf {recv.dtype}: "
+                                  "they must match")
+        # In place, the whole recvbuf is symmetric and peer p's block p is read from it.
+        st, (seg, off) = _require(comm, "allgather", recv if in_place else src,
+                                  "recvbuf (IN_PLACE)" if in_place else "sendbuf")
     what = f"symm allgather of {n} x {recv.dtype}"
     step = n * recv.dtype.itemsize if in_place else 0
     with st.lock:
@@ -442,24 +456,25 @@ def allgather(comm, sendbuf, recvbuf, in_place: bool):
 def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
     """Rank r's ``recvbuf`` = op over every peer's block r of its symmetric ``sendbuf``
     (in place: of its symmetric ``recvbuf``, the result landing in its first block)."""
-    recv = _flat(recvbuf, "recvbuf")
     P, r = comm.size, comm.rank
-    ropt = ReduceOp.parse(op if op is not None else "sum")
-    if in_place:
-        if recv.size % P:
-            raise InvalidArgument("Reduce_scatter_block IN_PLACE: recvbuf must hold "
-                                  f"{P} blocks, got {recv.size} elements")
-        src, n = recv, recv.size // P
-    else:
-        src, n = _flat(sendbuf, "sendbuf"), recv.size
-        if src.size != P * n:
-            raise InvalidArgument(f"Reduce_scatter_block: sendbuf needs {P} x {n} = {P * n} "
-                                  f"elements, got {src.size}")
-    if src.dtype != recv.dtype:
-        raise InvalidArgument(f"Reduce_scatter_block: sendbuf is {src.dtype}, recvbuf "
-                              f"{recv.dtype}: they must match")
-    st, (seg, off) = _require(comm, "reduce_scatter", src,
-                              "recvbuf (IN_PLACE)" if in_place else "sendbuf")
+    with _telling_peers(comm, "reduce_scatter"):
+        recv = _flat(recvbuf, "recvbuf")
+        ropt = ReduceOp.parse(op if op is not None else "sum")
+        if in_place:
+            if recv.size % P:
+                raise InvalidArgument("Reduce_scatter_block IN_PLACE: recvbuf must hold "
+                                      f"{P} blocks, got {recv.size} elements")
+            src, n = recv, recv.size // P
+        else:
+            src, n = _flat(sendbuf, "sendbuf"), recv.size
+            if src.size != P * n:
+                raise InvalidArgument(f"Reduce_scatter_block: sendbuf needs {P} x {n} = "
+                                      f"{P * n} elements, got {src.size}")
+        if src.dtype != recv.dtype:
+            raise InvalidArgument(f"Reduce_scatter_block: sendbuf is {src.dtype}, recvbuf "
+                                  f"{recv.dtype}: they must match")
+        st, (seg, off) = _require(comm, "reduce_scatter", src,
+                                  "recvbuf (IN_PLACE)" if in_place else "sendbuf")
     dt = recv.dtype
     ufunc = _UFUNCS[ropt]
     what = f"symm reduce_scatter of {n} x {dt} ({ropt.value})"
@@ -485,69 +500,63 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
 
 def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
     """Reduce-scatter into the owner's block of the symmetric ``recvbuf``, then allgather
-    the blocks from their owners. A non-symmetric ``sendbuf`` is first copied into
-    ``recvbuf`` (then it runs in place)."""
-    recv = _flat(recvbuf, "recvbuf")
+    the blocks from their owners (one-shot up to ONE_SHOT_MAX_NBYTES). A non-symmetric
+    ``sendbuf`` is first copied into ``recvbuf`` (then it runs in place)."""
     P, r = comm.size, comm.rank
-    ropt = ReduceOp.parse(op if op is not None else "sum")
-    src = recv if in_place else _flat(sendbuf, "sendbuf")
-    if src.size != recv.size:
-        raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got {src.size} "
-                              f"and {recv.size}")
-    if src.dtype != recv.dtype:
-        raise InvalidArgument(f"Allreduce: sendbuf is {src.dtype}, recvbuf {recv.dtype}: "
-                              "they must match")
-    st = state(comm)
-    if (not in_place and st is not None and st.find(src) is None
-            and st.find(recv) is not None):
-        # A plain sendbuf: one local copy into the symmetric recvbuf, then in place.
-        recv[...] = src
-        src, in_place = recv, True
-    st, (sseg, soff) = _require(comm, "allreduce", src,
-                                "recvbuf (IN_PLACE)" if in_place else "sendbuf")
-    rloc = st.find(recv)
-    if rloc is None:
-        with st.lock:
-            try:
-                st.barrier(BAD_SIG, "symm allreduce")
-            except PolycastError:
-                pass
-        raise InvalidArgument("algorithm='symm' for allreduce needs recvbuf to be (part of) "
-                              "an array from comm.symm_empty() too: peers read the reduced "
-                              "blocks from it; got an ordinary array")
+    with _telling_peers(comm, "allreduce"):
+        recv = _flat(recvbuf, "recvbuf")
+        ropt = ReduceOp.parse(op if op is not None else "sum")
+        src = recv if in_place else _flat(sendbuf, "sendbuf")
+        if src.size != recv.size:
+            raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got "
+                                  f"{src.size} and {recv.size}")
+        if src.dtype != recv.dtype:
+            raise InvalidArgument(f"Allreduce: sendbuf is {src.dtype}, recvbuf "
+                                  f"{recv.dtype}: they must match")
+        st = state(comm)
+        rloc = st.find(recv) if st is not None else None
+        if not in_place and rloc is not None and st.find(src) is None:
+            # A plain sendbuf: one local copy into the symmetric recvbuf, then in place.
+            # (Nobody reads our recvbuf now: the last symm call ended with a barrier.)
+            recv[...] = src
+            src, in_place = recv, True
+        st, (sseg, soff) = _require(comm, "allreduce", src,
+                                    "recvbuf (IN_PLACE)" if in_place else "sendbuf")
+        if rloc is None:
+            raise InvalidArgument("algorithm='symm' for allreduce needs recvbuf to be (part "
+                                  "of) an array from comm.symm_empty() too: peers read the "
+                                  "reduced blocks from it; got an ordinary array")
     rseg, roff = rloc
-    dt, isz = recv.dtype, recv.dtype.itemsize
+    dt, isz, count = recv.dtype, recv.dtype.itemsize, recv.size
     ufunc = _UFUNCS[ropt]
-    what = f"symm allreduce of {recv.size} x {dt} ({ropt.value})"
-    blocks = _blocks(recv.size, P)
+    what = f"symm allreduce of {count} x {dt} ({ropt.value})"
     with st.lock:
-        st.check_sigs(st.barrier(_sig("allreduce", recv.size, dt.str, ropt.value,
-                                      sseg.index, soff, rseg.index, roff, in_place), what),
-                      what)
+        st.check_sigs(st.barrier(_sig("allreduce", count, dt.str, ropt.value, sseg.index,
+                                      soff, rseg.index, roff, in_place), what), what)
         if P == 1:
             recv[...] = src
             st.barrier(0, what)
             return _done_request(comm, what)
         if recv.nbytes <= ONE_SHOT_MAX_NBYTES:
             # Small: every rank reduces the whole buffer from every peer (one barrier less;
-            # rank order, so every rank gets the same bits as the reference), aside first
-            # since peers still read our buffer.
-            acc = np.empty(recv.size, dt)
-            ufunc(sseg.view(0, soff, recv.size, dt), sseg.view(1, soff, recv.size, dt),
-                  out=acc)
+            # rank order, so every rank gets the reference's bits), aside first since
+            # peers still read our buffer.
+            acc = np.empty(count, dt)
+            ufunc(sseg.view(0, soff, count, dt), sseg.view(1, soff, count, dt), out=acc)
             for p in range(2, P):
-                ufunc(acc, sseg.view(p, soff, recv.size, dt), out=acc)
+                ufunc(acc, sseg.view(p, soff, count, dt), out=acc)
             if ropt is ReduceOp.AVG:
                 apply_avg(acc, P)
             st.barrier(0, what)
             recv[...] = acc
             return _done_request(comm, what)
+        blocks = _blocks(count, P)
         a, b = blocks[r]
         acc = recv[a:b]       # our block of recv: only we read it in this phase
         first = src[a:b]      # the first step reads ours and the next peer's (no copy)
         for i in range(1, P):
-            ufunc(first if i == 1 else acc, sseg.view((r + i) % P, soff + a * isz, b - a,
-                                                      dt), out=acc)
+            ufunc(first if i == 1 else acc,
+                  sseg.view((r + i) % P, soff + a * isz, b - a, dt), out=acc)
         if ropt is ReduceOp.AVG:
             apply_avg(acc, P)
         st.barrier(0, what)
@@ -559,5 +568,5 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
     return _done_request(comm, what)
 
 
-__all__ = ["NAME", "SymmState", "alloc", "free", "is_symmetric", "wanted", "allgather",
-           "reduce_scatter", "allreduce"]
+__all__ = ["NAME", "SymmState", "alloc", "free", "is_symmetric", "wanted", "segment_path",
+           "allgather", "reduce_scatter", "allreduce"]
