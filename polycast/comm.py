@@ -29,9 +29,9 @@ alltoall        bruck, pairwise                pairwise
 barrier         dissemination                  (no data)
 =============== ============================ ==================================
 
-Symmetric memory: Allgather, Reduce_scatter_block and Allreduce whose source buffers come
-from ``comm.symm_empty`` use ``symm`` (peers read each other's arrays directly; one host
-only; every rank must pass such buffers, see :mod:`polycast.runtime.symm`).
+Symmetric memory: Allgather, Reduce_scatter_block and Allreduce whose buffers come from
+``comm.symm_empty`` use ``symm`` (peers read each other's arrays directly; one host only;
+every rank must pass such buffers; which ones: :func:`polycast.runtime.symm.wanted`).
 
 Large messages are pipelined: ``nchunks`` is chosen so a block is about 1 MiB (at most 32; finer pipelining measured slower with 4 ranks on 2 cores).
 """
@@ -236,8 +236,8 @@ class Comm:
 
     def Iallreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None
                    ) -> Request:
-        if _symm.wanted(self, Collective.ALLREDUCE, algorithm,
-                        recvbuf if sendbuf is IN_PLACE else sendbuf, recvbuf):
+        if _symm.wanted(self, Collective.ALLREDUCE, algorithm, sendbuf, recvbuf,
+                        sendbuf is IN_PLACE):
             return _symm.allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
         recvbuf = _array(recvbuf, "recvbuf")
         # In place: the input is copied first, so every algorithm is safe to use.
@@ -249,8 +249,8 @@ class Comm:
                           algorithm)
 
     def Iallgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
-        if _symm.wanted(self, Collective.ALLGATHER, algorithm,
-                        recvbuf if sendbuf is IN_PLACE else sendbuf):
+        if _symm.wanted(self, Collective.ALLGATHER, algorithm, sendbuf, recvbuf,
+                        sendbuf is IN_PLACE):
             return _symm.allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE)
         recvbuf = _array(recvbuf, "recvbuf")
         if recvbuf.size % self.size:
@@ -269,8 +269,8 @@ class Comm:
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
                               algorithm: str | None = None) -> Request:
-        if _symm.wanted(self, Collective.REDUCE_SCATTER, algorithm,
-                        recvbuf if sendbuf is IN_PLACE else sendbuf):
+        if _symm.wanted(self, Collective.REDUCE_SCATTER, algorithm, sendbuf, recvbuf,
+                        sendbuf is IN_PLACE):
             return _symm.reduce_scatter(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
         recvbuf = _array(recvbuf, "recvbuf")
         if sendbuf is IN_PLACE:

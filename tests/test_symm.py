@@ -179,6 +179,11 @@ def _rank_main(suite: str) -> int:
         req.Wait()
         check(f"{dtype}/allgather-auto", np.array_equal(got, want) and "symm" in req.desc,
               req.desc)
+        big[:] = 99                                     # plain sendbuf, symmetric recvbuf
+        req = comm.Iallgather(ins[r].copy(), big)
+        req.Wait()
+        check(f"{dtype}/allgather-symm-recv", np.array_equal(big.reshape(-1), want)
+              and "symm" in req.desc, req.desc)
         for op in ("sum", "prod", "min", "max", "avg"):
             ins = make_inputs(Collective.REDUCE_SCATTER, P, count, dt, seed=2, op=op)
             want = reference(Collective.REDUCE_SCATTER, ins, op=op)[r]
@@ -201,8 +206,10 @@ def _rank_main(suite: str) -> int:
             comm.Allreduce(polycast.IN_PLACE, out, op=op, algorithm="symm")
             check(f"{dtype}/{op}/allreduce-inplace", np.array_equal(out, want))
             out[:] = 99
-            comm.Allreduce(ins[r].copy(), out, op=op, algorithm="symm")   # plain sendbuf
-            check(f"{dtype}/{op}/allreduce-plainsend", np.array_equal(out, want))
+            req = comm.Iallreduce(ins[r].copy(), out, op=op)   # plain sendbuf, auto
+            req.Wait()
+            check(f"{dtype}/{op}/allreduce-plainsend", np.array_equal(out, want)
+                  and "symm" in req.desc, req.desc)
 
     # A bigger call (several MiB) to see real data movement, against numpy.
     n = 1 << 18

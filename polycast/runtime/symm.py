@@ -6,6 +6,7 @@ intra-node allgather and reduce-scatter:
 >>> x = comm.symm_empty((n,), np.float32)          # collective: every rank, same shape
 >>> x[:] = ...
 >>> comm.Allgather(x, out, algorithm="symm")       # out: any array of P*n elements
+>>> comm.Allgather(plain, y, algorithm="symm")     # or y symmetric (P*n), any sendbuf
 >>> comm.Reduce_scatter_block(x, part, op="sum", algorithm="symm")  # x: P*m elements
 >>> comm.Allreduce(x, y, algorithm="symm")          # y symmetric too (or IN_PLACE)
 
@@ -346,19 +347,29 @@ def is_symmetric(comm, arr) -> bool:
     return st is not None and st.find(arr) is not None
 
 
-def wanted(comm, coll: Collective, algorithm: str | None, *bufs) -> bool:
+def wanted(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
+           in_place: bool) -> bool:
     """Whether a call takes this path: asked for by name (``algorithm=`` or
-    POLYCAST_<COLLECTIVE>_ALGO), or ``auto`` with every source buffer symmetric (the
-    user opted in by allocating them so; every rank must do the same)."""
+    POLYCAST_<COLLECTIVE>_ALGO), or ``auto`` when the buffers peers must read are symmetric
+    (the user opted in by allocating them so; every rank must do the same): the source of
+    reduce-scatter, the source or the whole recvbuf of allgather, the recvbuf of
+    allreduce."""
     name = (algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO") or "auto").lower()
     if name == NAME:
         return True
     if name != "auto":
         return False
     st = comm.__dict__.get("_symm_state")
-    if st is None or st.usable_reason or comm.size < 2:
+    if st is None or st.usable_reason or st.broken or comm.size < 2:
         return False
-    return all(st.find(b) is not None for b in bufs)
+    src = recvbuf if in_place else sendbuf
+    if coll is Collective.REDUCE_SCATTER:
+        return st.find(src) is not None
+    if coll is Collective.ALLGATHER:
+        return st.find(recvbuf) is not None or st.find(src) is not None
+    if coll is Collective.ALLREDUCE:
+        return st.find(recvbuf) is not None
+    return False
 
 
 # -- the collectives ------------------------------------------------------------------------
@@ -430,6 +441,12 @@ def allgather(comm, sendbuf, recvbuf, in_place: bool):
                                   f"multiple of the {P} ranks")
         n = recv.size // P
         src = recv[r * n:(r + 1) * n] if in_place else _flat(sendbuf, "sendbuf")
+        st = state(comm)
+        if (not in_place and st is not None and st.find(src) is None
+                and st.find(recv) is not None and src.size == n and src.dtype == recv.dtype):
+            # A plain sendbuf, a symmetric recvbuf: our block goes in first, then in place.
+            recv[r * n:(r + 1) * n] = src
+            src, in_place = recv[r * n:(r + 1) * n], True
         if src.size != n:
             raise InvalidArgument(f"Allgather: sendbuf has {src.size} elements, recvbuf "
                                   f"needs {P} x {src.size} = {P * src.size}, got {recv.size}")
