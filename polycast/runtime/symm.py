@@ -57,6 +57,7 @@ Symm calls on one communicator are serialised by a lock and complete before they
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import mmap
 import os
@@ -192,6 +193,7 @@ class SymmState:
         # After a barrier timed out or lost a peer, the ranks' epochs no longer agree: a
         # late rank could pass a barrier on a stale epoch and read a buffer in use.
         self.broken: str | None = None
+        self.done: dict = {}            # collective -> its completed request
         hosts = comm.allgather(host_id())
         if len(set(hosts)) != 1:
             self.usable_reason = ("symmetric memory needs every rank of the communicator on "
@@ -386,7 +388,7 @@ def _flat(buf, what: str) -> np.ndarray:
     return buf.reshape(-1)
 
 
-def _require(comm, coll: str, src, what: str):
+def _require(comm, coll: str, src, what: str, loc=None):
     """The state and (segment, offset) of ``src``; a clear InvalidArgument otherwise."""
     st = state(comm)
     if st is None:
@@ -397,7 +399,7 @@ def _require(comm, coll: str, src, what: str):
         raise InvalidArgument(f"algorithm='symm' for {coll}: {st.usable_reason}")
     if comm._freed:
         raise InvalidArgument(f"{comm!r} was freed")
-    loc = st.find(src)
+    loc = loc or st.find(src)
     if loc is None:
         raise InvalidArgument(f"algorithm='symm' for {coll} needs {what} to be (a "
                               "contiguous part of) an array from comm.symm_empty(), at the "
@@ -423,11 +425,31 @@ def _telling_peers(comm, coll: str):
         raise
 
 
-def _done_request(comm, desc: str):
-    from .driver import Request
-    req = Request(0, comm.id, desc, comm.timeout_seconds)
-    req._finish()
+def _done_request(comm, coll: str):
+    """The request an ``I``-variant returns: already complete (one per communicator and
+    collective, made once: a fresh one cost 4 of a small call's ~30 us)."""
+    st = state(comm)
+    req = st.done.get(coll)
+    if req is None:
+        from .driver import Request
+        req = st.done[coll] = Request(0, comm.id, f"rank {comm.rank}: symm {coll} "
+                                                  "(complete on return)", comm.timeout_seconds)
+        req._finish()
     return req
+
+
+@functools.lru_cache(maxsize=64)
+def _describe(coll: str, count: int, dtype: np.dtype, op: str = "") -> str:
+    # Only for messages; cached because str(dtype) is slow Python code in numpy.
+    return f"symm {coll} of {count} x {dtype}" + (f" ({op})" if op else "")
+
+
+_OPS = {o.value: o for o in ReduceOp}
+
+
+def _op(op) -> ReduceOp:
+    got = _OPS.get(op) if isinstance(op, str) else None
+    return got or ReduceOp.parse(op if op is not None else "sum")
 
 
 def allgather(comm, sendbuf, recvbuf, in_place: bool):
@@ -456,7 +478,7 @@ def allgather(comm, sendbuf, recvbuf, in_place: bool):
         # In place, the whole recvbuf is symmetric and peer p's block p is read from it.
         st, (seg, off) = _require(comm, "allgather", recv if in_place else src,
                                   "recvbuf (IN_PLACE)" if in_place else "sendbuf")
-    what = f"symm allgather of {n} x {recv.dtype}"
+    what = _describe("allgather", n, recv.dtype)
     step = n * recv.dtype.itemsize if in_place else 0
     with st.lock:
         st.check_sigs(st.barrier(_sig("allgather", n, recv.dtype.str, seg.index, off,
@@ -467,7 +489,7 @@ def allgather(comm, sendbuf, recvbuf, in_place: bool):
             p = (r + i) % P
             recv[p * n:(p + 1) * n] = seg.view(p, off + p * step, n, recv.dtype)
         st.barrier(0, what)
-    return _done_request(comm, what)
+    return _done_request(comm, "allgather")
 
 
 def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
@@ -476,7 +498,7 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
     P, r = comm.size, comm.rank
     with _telling_peers(comm, "reduce_scatter"):
         recv = _flat(recvbuf, "recvbuf")
-        ropt = ReduceOp.parse(op if op is not None else "sum")
+        ropt = _op(op)
         if in_place:
             if recv.size % P:
                 raise InvalidArgument("Reduce_scatter_block IN_PLACE: recvbuf must hold "
@@ -494,7 +516,7 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
                                   "recvbuf (IN_PLACE)" if in_place else "sendbuf")
     dt = recv.dtype
     ufunc = _UFUNCS[ropt]
-    what = f"symm reduce_scatter of {n} x {dt} ({ropt.value})"
+    what = _describe("reduce_scatter", n, dt, ropt.value)
     mine = off + r * n * dt.itemsize
     # In place, peers read our block 0 until the closing barrier: reduce aside first.
     acc = np.empty(n, dt) if in_place else recv
@@ -512,7 +534,7 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
         st.barrier(0, what)
     if in_place:
         recv[:n] = acc
-    return _done_request(comm, what)
+    return _done_request(comm, "reduce_scatter")
 
 
 def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
@@ -522,7 +544,7 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
     P, r = comm.size, comm.rank
     with _telling_peers(comm, "allreduce"):
         recv = _flat(recvbuf, "recvbuf")
-        ropt = ReduceOp.parse(op if op is not None else "sum")
+        ropt = _op(op)
         src = recv if in_place else _flat(sendbuf, "sendbuf")
         if src.size != recv.size:
             raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got "
@@ -532,13 +554,14 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
                                   f"{recv.dtype}: they must match")
         st = state(comm)
         rloc = st.find(recv) if st is not None else None
-        if not in_place and rloc is not None and st.find(src) is None:
+        sloc = rloc if in_place else (st.find(src) if st is not None else None)
+        if not in_place and rloc is not None and sloc is None:
             # A plain sendbuf: one local copy into the symmetric recvbuf, then in place.
             # (Nobody reads our recvbuf now: the last symm call ended with a barrier.)
             recv[...] = src
-            src, in_place = recv, True
+            src, in_place, sloc = recv, True, rloc
         st, (sseg, soff) = _require(comm, "allreduce", src,
-                                    "recvbuf (IN_PLACE)" if in_place else "sendbuf")
+                                    "recvbuf (IN_PLACE)" if in_place else "sendbuf", sloc)
         if rloc is None:
             raise InvalidArgument("algorithm='symm' for allreduce needs recvbuf to be (part "
                                   "of) an array from comm.symm_empty() too: peers read the "
@@ -546,14 +569,14 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
     rseg, roff = rloc
     dt, isz, count = recv.dtype, recv.dtype.itemsize, recv.size
     ufunc = _UFUNCS[ropt]
-    what = f"symm allreduce of {count} x {dt} ({ropt.value})"
+    what = _describe("allreduce", count, dt, ropt.value)
     with st.lock:
         st.check_sigs(st.barrier(_sig("allreduce", count, dt.str, ropt.value, sseg.index,
                                       soff, rseg.index, roff, in_place), what), what)
         if P == 1:
             recv[...] = src
             st.barrier(0, what)
-            return _done_request(comm, what)
+            return _done_request(comm, "allreduce")
         if recv.nbytes <= ONE_SHOT_MAX_NBYTES:
             # Small: every rank reduces the whole buffer from every peer (one barrier less;
             # rank order, so every rank gets the reference's bits), aside first since
@@ -566,7 +589,7 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
                 apply_avg(acc, P)
             st.barrier(0, what)
             recv[...] = acc
-            return _done_request(comm, what)
+            return _done_request(comm, "allreduce")
         blocks = _blocks(count, P)
         a, b = blocks[r]
         acc = recv[a:b]       # our block of recv: only we read it in this phase
@@ -582,7 +605,7 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
             a, b = blocks[p]
             recv[a:b] = rseg.view(p, roff + a * isz, b - a, dt)
         st.barrier(0, what)
-    return _done_request(comm, what)
+    return _done_request(comm, "allreduce")
 
 
 __all__ = ["NAME", "SymmState", "alloc", "free", "is_symmetric", "wanted", "segment_path",
