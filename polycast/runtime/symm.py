@@ -37,11 +37,17 @@ each rank stores a descriptor of the call and then its epoch, and waits (yieldin
 sleeping with a growing nap) until every peer's epoch has caught up. Barriers come before
 reading (inputs ready) and after (nobody still reads a buffer its owner may now
 overwrite). The descriptors are compared after the first barrier, so ranks that call
-differently all raise MismatchError instead of reading wrong data. Every wait is bounded
-by the communicator's timeout (CollectiveTimeout naming the ranks missing) and watches
-the driver's dead-peer list (PeerLost naming the rank). Stores to the control segment are
-ordered after the data stores by x86-64's total store order (the same assumption the shm
-rings make).
+differently all raise MismatchError instead of reading wrong data; a rank whose own
+arguments are wrong still joins that barrier, as "cannot take part", so the others raise
+at once too. Every wait is bounded by the communicator's timeout (CollectiveTimeout naming
+the ranks missing) and watches the driver's dead-peer list (PeerLost naming the rank);
+after either, the ranks' epochs disagree, so the communicator's symm path refuses further
+calls. Stores to the control segment are ordered after the data stores by x86-64's total
+store order (the same assumption the shm rings make).
+
+Measured (bench/symm.py, 4 ranks on 2 cores, 16 MiB): busbw allgather 3.6-4.0 GB/s,
+reduce-scatter 4.2-4.9, allreduce 4.2-4.7, against the ring's 0.8-1.4; a 16-byte call
+takes ~100 us against the ring's 0.8-1.5 ms (18 us for allreduce on 2 ranks).
 
 Why this does not break "one engine": this path is a transport-level fast path for one
 host, like PyTorch's, not a second copy of an algorithm. The engine's schedules (direct,
@@ -49,7 +55,8 @@ ring, ...) remain the semantics of every collective; here the buffers themselves
 shared, so there is nothing to send: the "schedule" degenerates to direct reads in a
 rotated order, and it is only taken when the user asked for symmetric memory. It cannot
 run in the simulator (there is no shared memory across a modelled network) and does not
-need to: the simulated counterpart is the ``direct``-style exchange of the schedules.
+need to: its traffic is that of the ``direct`` allgather and reduce-scatter schedules
+(every rank exchanges with every peer, once), which the simulator and verifier cover.
 Symm calls on one communicator are serialised by a lock and complete before they return
 (the ``I``-variants return an already completed request).
 """
