@@ -318,8 +318,9 @@ class SymmState:
         mine = sigs[self.rank]
         bad = [p for p, s in enumerate(sigs) if s == BAD_SIG]
         if bad:
-            raise MismatchError(f"rank {self.rank}: {what}: ranks {bad} did not pass "
-                                "symmetric buffers (see their InvalidArgument)")
+            raise MismatchError(f"rank {self.rank}: {what}: ranks {bad} could not take "
+                                "part (bad arguments there, e.g. a buffer not from "
+                                "symm_empty: see their InvalidArgument)")
         diff = [p for p, s in enumerate(sigs) if s != mine]
         raise MismatchError(f"rank {self.rank}: {what}: ranks called collectives differently "
                             f"(collective, size, dtype, op or buffer offset): ranks {diff} "
