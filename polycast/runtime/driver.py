@@ -38,6 +38,7 @@ IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost d
 # A user thread driving progress watches the rings this long before it sleeps in select
 # (8-byte allreduce, 4 ranks: 1.47 -> 1.04 ms here; 2 ranks: 350 -> 259 us).
 DRIVE_SPIN_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_US", "50")) * 1e-6
+FULL_ROUND_SECONDS = 0.0005  # a driving thread's bound between full rounds (sockets, timers)
 PARK_SECONDS = 0.002          # the progress thread's nap while user threads drive progress
 SPIN_SECONDS = float(os.environ.get("POLYCAST_SPIN_US", "0")) * 1e-6
 
@@ -150,6 +151,7 @@ class Driver:
         self._want_bell: set[int] = set()
         self._rings_in = [(p.rank, p.ring_in) for p in world.peers.values() if p.ring_in]
         self._rings_out = [(p.rank, p.ring_out) for p in world.peers.values() if p.ring_out]
+        self._tcp_only = any(p.ring_in is None for p in world.peers.values())
         for p in world.peers.values():
             self._sel.register(p.tcp.sock, selectors.EVENT_READ, ("peer", p.rank))
         self._stopping = False
@@ -385,39 +387,98 @@ class Driver:
             for _, ring in rings:
                 ring.set_sleeping(False)
 
-    def _spin(self, seconds: float) -> bool:
-        """Watch the rings (no syscalls but a yield) for up to ``seconds``; True if input
-        arrived. Skips the doorbell a sleeping reader costs its writer."""
-        if seconds <= 0 or not self._rings_in:
-            return False
-        end = time.monotonic() + seconds
+    def _spin(self, seconds: float) -> int:
+        """Watch for input for up to ``seconds`` without sleeping, yielding the core
+        between looks: 1 when a ring has input, 2 when a socket is readable (only watched
+        for peers without rings: a select(0) per look), 0 when nothing came. Skips the
+        doorbell a sleeping reader costs its writer."""
+        if seconds <= 0:
+            return 0
         rings = self._rings_in
-        while time.monotonic() < end:
+        sel = self._sel if self._tcp_only else None
+        if not rings and sel is None:
+            return 0
+        mono, yield_ = time.monotonic, os.sched_yield
+        end = mono() + seconds
+        while True:
             for _, ring in rings:
                 if ring.pending_input():
-                    return True
-            os.sched_yield()
-        return False
+                    return 1
+            if sel is not None and sel.select(0):
+                return 2
+            if mono() >= end:
+                return 0
+            yield_()
+
+    def _quick_round(self, now: float) -> bool:
+        """The part of :meth:`_round` a driving thread needs when a ring has input: no
+        select syscall (a full round runs at least every FULL_ROUND_SECONDS). Call with
+        ``_plock`` held; returns whether there was work."""
+        if self._cmds:
+            self._drain_commands()
+        busy = self._poll_rings()
+        if self._timer_heap and self._timer_heap[0][0] <= now:
+            self._fire_timers(now)
+        if self._paced and self._paced[0][0] <= now:
+            self._send_paced(now)
+        for r, ring in self._rings_out:
+            if ring.want_write:
+                self._dirty.add(r)
+        if self._dirty or self._want_bell:
+            self._flush_all()
+        return busy
 
     def drive(self, request: Request, deadline: float) -> None:
         """Progress from the calling (user) thread until ``request`` is done or the
-        deadline passes."""
+        deadline passes.
+
+        Small messages: the peers' answers usually come within microseconds, so the thread
+        watches the rings (:meth:`_spin`, yielding the core) and handles what arrives with
+        a quick round (rings and due timers only) instead of sleeping in select and
+        being woken by a doorbell; a full round (sockets, multicast, commands) still runs
+        at least every FULL_ROUND_SECONDS, and after DRIVE_SPIN_SECONDS without input the
+        thread sleeps in select."""
         with self._drive_cv:
             self._driving += 1
         try:
             ev = request._event
-            while not ev.is_set() and self._thread.is_alive():
-                left = deadline - time.monotonic()
-                if left <= 0:
+            mono = time.monotonic
+            lock = self._plock
+            full, spun = True, False
+            last_full = 0.0
+            while not ev.is_set():
+                now = mono()
+                left = deadline - now
+                if left <= 0 or not self._thread.is_alive():
                     return
-                if self._plock.acquire(timeout=min(left, IDLE_POLL_SECONDS)):
-                    try:
+                if not lock.acquire(timeout=min(left, IDLE_POLL_SECONDS)):
+                    continue
+                try:
+                    if full or now - last_full >= FULL_ROUND_SECONDS:
+                        did_full, last_full = True, now
                         timeout = self._round()
-                    finally:
-                        self._plock.release()
-                    if not ev.is_set() and timeout > 0:
-                        if not self._spin(DRIVE_SPIN_SECONDS):
-                            self._block(min(timeout, left))
+                    else:
+                        did_full = False
+                        timeout = 0.0 if self._quick_round(now) else 1.0
+                finally:
+                    lock.release()
+                if ev.is_set():
+                    return
+                full = False
+                if timeout <= 0:
+                    spun = False
+                    continue
+                if not spun:
+                    got = self._spin(DRIVE_SPIN_SECONDS)
+                    if got:
+                        full = got == 2
+                        continue
+                    spun = True
+                    if not did_full:
+                        full = True         # the blocking timeout comes from a full round
+                        continue
+                self._block(min(timeout, left))
+                full, spun = True, False
         finally:
             with self._drive_cv:
                 self._driving -= 1
