@@ -88,8 +88,34 @@ IN_PLACE = _InPlace()
 UNDEFINED = -32766          # Split color for "not in any new communicator" (as MPI.UNDEFINED)
 
 
+@functools.lru_cache(maxsize=256)
 def _is_multicast(coll: Collective, name: str) -> bool:
-    return get(coll, name).multicast
+    return get(coll, name).multicast        # cached: the registry is fixed once loaded
+
+
+# Per-call constants, computed once (str(dtype) alone measured ~5 us, a third of the
+# comm layer's cost of an 8-byte allreduce).
+_DTYPE_NAMES: dict = {}
+_OP_NAMES: dict = {}
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt)
+    return name
+
+
+def _op_name(op) -> str:
+    try:
+        name = _OP_NAMES.get(op)
+    except TypeError:                   # unhashable: let parse name the problem
+        return ReduceOp.parse(op).value
+    if name is None:
+        name = ReduceOp.parse(op).value
+        if len(_OP_NAMES) < 64:
+            _OP_NAMES[op] = name
+    return name
 
 
 def _array(buf, what: str) -> np.ndarray:
@@ -196,7 +222,7 @@ class Comm:
                                   f"0..{self.size - 1}")
         opname = ""
         if coll.has_op:
-            opname = ReduceOp.parse(op if op is not None else "sum").value
+            opname = _op_name(op if op is not None else "sum")
         dt = np.dtype(dtype if dtype is not None else
                       (send.dtype if send is not None else
                        (recv.dtype if recv is not None else np.uint8)))
@@ -207,10 +233,11 @@ class Comm:
         drv = self._driver
         req_id = drv.new_request_id()
         drv.buffers.register(req_id, sched, self.rank, send, recv, opname or None)
-        req = Request(req_id, self.id, f"rank {self.rank}: {sched.describe()}",
+        rank = self.rank
+        req = Request(req_id, self.id, lambda: f"rank {rank}: {sched.describe()}",
                       self.timeout_seconds)
         req.on_done = after
-        drv.post(self.id, req, sched, dt.itemsize, str(dt), opname)
+        drv.post(self.id, req, sched, dt.itemsize, _dtype_name(dt), opname)
         return req
 
     # -- buffer collectives (non-blocking) ------------------------------------------------
