@@ -344,7 +344,7 @@ class _Stream:
 
 
 class _Request:
-    __slots__ = ("req", "seq", "sched", "prog", "plan", "itemsize", "sig", "desc", "state",
+    __slots__ = ("req", "seq", "sched", "prog", "plan", "itemsize", "sig", "_desc", "state",
                  "ndeps", "ndone", "ready", "held", "held_nbytes", "streams", "mrecv_left",
                  "multicast", "fin_sent", "fin_received", "outstanding", "op_timer",
                  "rec_timer", "pace_timers", "rto", "mcast_bytes_in", "recovered_nbytes",
@@ -353,7 +353,7 @@ class _Request:
     def __init__(self, req, seq, sched, plan, itemsize, sig, desc):
         self.req, self.seq, self.sched, self.plan = req, seq, sched, plan
         self.prog = None
-        self.itemsize, self.sig, self.desc = itemsize, sig, desc
+        self.itemsize, self.sig, self._desc = itemsize, sig, desc
         self.state = [_PENDING] * len(plan.ndeps)
         self.ndeps = list(plan.ndeps)
         self.ndone = 0
@@ -373,6 +373,21 @@ class _Request:
         self.tokens = set()
         self.mismatch = None            # our MismatchError text, while awaiting the other call
         self.mis_timer = None
+
+    @property
+    def desc(self) -> str:
+        """The call, for error messages: formatted on first use (every post formatting it
+        measured ~2 us of a small collective's engine time). ``_desc`` holds (dtype, op)
+        until then."""
+        d = self._desc
+        if isinstance(d, tuple):
+            dtype, op = d
+            sc = self.sched
+            d = self._desc = (
+                f"{sc.collective} {sc.algorithm} (request {self.req}, seq {self.seq}, "
+                f"P={sc.nranks}, count={sc.count}, root={sc.root}"
+                + (f", {dtype}" if dtype else "") + (f", op={op}" if op else "") + ")")
+        return d
 
 
 # ---------------------------------------------------------------------------------------
@@ -453,10 +468,7 @@ class Engine:
                                  schedule.root, schedule.nranks, itemsize, dtype, op,
                                  schedule.options)
             self._sig_cache[key] = (schedule, sig)
-        desc = (f"{schedule.collective} {schedule.algorithm} (request {req}, seq {seq}, "
-                f"P={schedule.nranks}, count={schedule.count}, root={schedule.root}"
-                + (f", {dtype}" if dtype else "") + (f", op={op}" if op else "") + ")")
-        r = _Request(req, seq, schedule, plan, itemsize, sig, desc)
+        r = _Request(req, seq, schedule, plan, itemsize, sig, (dtype, op))
         r.prog = schedule.program(self.rank)
         self._reqs[req] = r
         self._by_seq[seq] = r
@@ -473,7 +485,7 @@ class Engine:
             if r.multicast or p in plan.peers:
                 for _, _, h, _ in self._early.pop(seq, ()):
                     self._early_release(h)
-                self._fail(r, PeerLost(p, f"rank {self.rank}: {desc} needs rank {p}, which "
+                self._fail(r, PeerLost(p, f"rank {self.rank}: {r.desc} needs rank {p}, which "
                                           f"was lost earlier ({self._lost[p]})"), out,
                            abort=None)
                 return out
@@ -481,7 +493,7 @@ class Engine:
         if why is not None:
             for _, _, h, _ in self._early.pop(seq, ()):
                 self._early_release(h)
-            self._fail(r, ProtocolError(f"rank {self.rank}: {desc}: {why}"), out,
+            self._fail(r, ProtocolError(f"rank {self.rank}: {r.desc}: {why}"), out,
                        abort=AbortReason.OVERFLOW)
             return out
         for idx, n in enumerate(r.ndeps):

@@ -38,6 +38,8 @@ IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost d
 # A user thread driving progress watches the rings this long before it sleeps in select
 # (8-byte allreduce, 4 ranks: 1.47 -> 1.04 ms here; 2 ranks: 350 -> 259 us).
 DRIVE_SPIN_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_US", "50")) * 1e-6
+DRIVE_SPIN_WALL_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_WALL_US", "1000")) * 1e-6
+YIELD_RAN_OTHERS_SECONDS = 10e-6
 FULL_ROUND_SECONDS = 0.0005  # a driving thread's bound between full rounds (sockets, timers)
 PARK_SECONDS = 0.002          # the progress thread's nap while user threads drive progress
 SPIN_SECONDS = float(os.environ.get("POLYCAST_SPIN_US", "0")) * 1e-6
@@ -423,16 +425,26 @@ class Driver:
         if not rings and sel is None:
             return 0
         mono, yield_ = time.monotonic, os.sched_yield
-        end = mono() + seconds
+        start = mono()
+        end = start + max(seconds, DRIVE_SPIN_WALL_SECONDS)
+        own = 0.0           # wall time of looks that came straight back from the yield
+        last = start
         while True:
             for _, ring in rings:
                 if ring.pending_input():
                     return 1
             if sel is not None and sel.select(0):
                 return 2
-            if mono() >= end:
-                return 0
             yield_()
+            now = mono()
+            # A yield that took long ran a peer meanwhile (4 ranks on 2 cores): that is
+            # not our spinning, so only short looks count against the spin budget.
+            step = now - last
+            if step < YIELD_RAN_OTHERS_SECONDS:
+                own += step
+            last = now
+            if own >= seconds or now >= end:
+                return 0
 
     def _quick_round(self, now: float) -> bool:
         """The part of :meth:`_round` a driving thread needs when a ring has input: no
