@@ -48,7 +48,22 @@ def _fast(cls):
     __init__'s per-field ``object.__setattr__`` (the engine's hot path makes millions)."""
     setters = tuple(getattr(cls, f).__set__ for f in cls.__slots__)
     n = len(setters)
-    if n == 3:
+    if n == 1:
+        (a,) = setters
+
+        def make(x):
+            o = _new(cls)
+            a(o, x)
+            return o
+    elif n == 2:
+        a, b = setters
+
+        def make(x, y):
+            o = _new(cls)
+            a(o, x)
+            b(o, y)
+            return o
+    elif n == 3:
         a, b, c = setters
 
         def make(x, y, z):
@@ -87,6 +102,10 @@ _region = _fast(Region)
 _deliver = _fast(Deliver)
 _multicast = _fast(Multicast)
 _send_action = _fast(Send)
+_copy = _fast(Copy)
+_set_timer = _fast(SetTimer)
+_cancel_timer = _fast(CancelTimer)
+_complete = _fast(Complete)
 
 MIB = 1 << 20
 _ENTRY_OVERHEAD_NBYTES = 64          # what one held message costs beyond its payload
@@ -180,6 +199,7 @@ class _Plan:
     n_mrecv: int
     mcast_nelems: int                       # elements of all its MCAST and MRECV steps
     multicast: bool                         # the schedule multicasts (FIN ring on every rank)
+    roots: tuple = ()                       # steps with no dependencies, in order
 
 
 _USES_MULTICAST: dict[int, tuple[Schedule, bool]] = {}
@@ -266,7 +286,8 @@ def _plan(schedule: Schedule, rank: int) -> _Plan:
             n_mrecv += 1
             mcast_nelems += ne
     return _Plan(ndeps, succ, runs, nelems, dst_runs, recv_index, streams, frozenset(peers),
-                 n_mrecv, mcast_nelems, bool(streams) or _uses_multicast(schedule))
+                 n_mrecv, mcast_nelems, bool(streams) or _uses_multicast(schedule),
+                 tuple(i for i, d in enumerate(ndeps) if d == 0))
 
 
 def _gaps(held: bytearray, asked: bytearray, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -496,9 +517,7 @@ class Engine:
             self._fail(r, ProtocolError(f"rank {self.rank}: {r.desc}: {why}"), out,
                        abort=AbortReason.OVERFLOW)
             return out
-        for idx, n in enumerate(r.ndeps):
-            if n == 0:
-                r.ready.append(idx)
+        r.ready.extend(plan.roots)
         self._pump(r, now, out)
         if r.multicast and r.mrecv_left == 0 and not r.fin_sent and self._reqs.get(r.req) is r:
             self._send_fin(r, out)
@@ -886,15 +905,15 @@ class Engine:
                 r.held_nbytes -= cost
                 self.stats.early_nbytes -= cost
                 if h.length:
-                    out.append(Deliver(payload, Region(r.req, step.buf, plan.runs[idx],
-                                                       h.length), step.reduce))
+                    out.append(_deliver(payload, _region(r.req, step.buf, plan.runs[idx],
+                                                         h.length), step.reduce))
                 self._step_done(r, idx)
         elif kind is Kind.COPY:
             nbytes = plan.nelems[idx] * r.itemsize
             if nbytes:
-                out.append(Copy(Region(r.req, step.buf, plan.runs[idx], nbytes),
-                                Region(r.req, step.dst, plan.dst_runs[idx], nbytes),
-                                step.reduce))
+                out.append(_copy(_region(r.req, step.buf, plan.runs[idx], nbytes),
+                                 _region(r.req, step.dst, plan.dst_runs[idx], nbytes),
+                                 step.reduce))
             self._step_done(r, idx)
         elif kind is Kind.MCAST:
             self._start_mcast(r, idx, now, out)
@@ -1143,7 +1162,7 @@ class Engine:
         self._adapt_pacing(r)
         self._cleanup(r, out)
         self.stats.completed += 1
-        out.append(Complete(r.req))
+        out.append(_complete(r.req))
 
     def _adapt_pacing(self, r: _Request) -> None:
         cfg = self.config
@@ -1239,9 +1258,9 @@ class Engine:
         tid = self._next_timer
         self._next_timer += 1
         self._timers[tid] = (kind, r, arg)
-        out.append(SetTimer(tid, deadline))
+        out.append(_set_timer(tid, deadline))
         return tid
 
     def _cancel_timer(self, out: list, tid: int) -> None:
         if self._timers.pop(tid, None) is not None:
-            out.append(CancelTimer(tid))
+            out.append(_cancel_timer(tid))
