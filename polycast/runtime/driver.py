@@ -35,11 +35,15 @@ IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost d
 # While requests are outstanding and input came recently, poll instead of sleeping in
 # select (yielding the core between polls). Off by default: with more ranks than cores
 # (4 ranks on 2 cores here) spinning steals the CPU the peers need, measured 2-3x slower.
-# A user thread driving progress watches the rings this long before it sleeps in select
-# (8-byte allreduce, 4 ranks: 1.47 -> 1.04 ms here; 2 ranks: 350 -> 259 us).
+# A user thread driving progress watches the rings (and sockets of peers without rings)
+# for this much of its own time before it sleeps in select, yielding the core between
+# looks; looks whose yield ran another process for a while do not count (4 ranks on 2
+# cores: the peer we wait for often runs in our yield), but the wall bound caps it all.
+# 8-byte allreduce, 4 ranks on 2 cores: 50, 200 and 500 us measured alike (300-380 us,
+# the spread is other load), 20 us worse (426 us: more sleeps, so more doorbells).
 DRIVE_SPIN_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_US", "50")) * 1e-6
 DRIVE_SPIN_WALL_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_WALL_US", "1000")) * 1e-6
-YIELD_RAN_OTHERS_SECONDS = 10e-6
+YIELD_RAN_OTHERS_SECONDS = 10e-6    # a yield longer than this ran someone else
 FULL_ROUND_SECONDS = 0.0005  # a driving thread's bound between full rounds (sockets, timers)
 PARK_SECONDS = 0.002          # the progress thread's nap while user threads drive progress
 SPIN_SECONDS = float(os.environ.get("POLYCAST_SPIN_US", "0")) * 1e-6
