@@ -243,3 +243,12 @@ def test_init_explicit_single_rank():
         assert comm.allgather("me") == ["me"]
     finally:
         polycast.finalize()
+
+
+def test_shm_rings_are_refused_on_cpus_without_total_store_order(monkeypatch):
+    from polycast.runtime import shm
+    monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")
+    assert not shm.shm_available()
+    assert "store ordering" in shm.shm_unavailable_reason()
+    monkeypatch.setattr(shm.platform, "machine", lambda: "x86_64")
+    assert shm.shm_unavailable_reason() in (None, f"{shm.SHM_DIR} is not a writable directory")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import mmap
 import os
+import platform
 import weakref
 
 import numpy as np
@@ -52,8 +53,26 @@ def ring_path(job_id: str, src: int, dst: int) -> str:
     return os.path.join(SHM_DIR, f"polycast-{job_id}-{src}-{dst}")
 
 
+# The rings publish data by storing a counter after the payload, with no fence between:
+# correct where the CPU keeps stores in order (x86-64's total store order). On weaker
+# memory models (arm64, POWER) a reader could see the counter before the data, so the
+# rings are not offered there and ranks talk over TCP instead.
+_TSO_MACHINES = ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def shm_unavailable_reason() -> str | None:
+    """Why shared-memory rings cannot be used here, or None when they can."""
+    machine = platform.machine().lower()
+    if machine not in _TSO_MACHINES:
+        return (f"the shm rings rely on x86-64 store ordering and this CPU is {machine!r}; "
+                "use POLYCAST_TRANSPORT=tcp")
+    if not (os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)):
+        return f"{SHM_DIR} is not a writable directory"
+    return None
+
+
 def shm_available() -> bool:
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+    return shm_unavailable_reason() is None
 
 
 class Ring:

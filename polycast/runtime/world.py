@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CollectiveTimeout, InvalidArgument, PolycastError
 from .env import JobEnv, host_id
-from .shm import DEFAULT_RING_NBYTES, Ring, ring_path, shm_available
+from .shm import DEFAULT_RING_NBYTES, Ring, ring_path, shm_available, shm_unavailable_reason
 from .store import PortInUse, StoreClient, StoreServer
 from .tcp import TcpLink
 
@@ -119,7 +119,8 @@ def connect(env: JobEnv, transport: str | None = None,
         socks = _connect_pairs(env.rank, env.size, info, listener, job_id, deadline)
         use_shm = choice != "tcp" and shm_available()
         if choice == "shm" and not shm_available():
-            raise PolycastError("POLYCAST_TRANSPORT=shm but /dev/shm is not writable here")
+            raise PolycastError("POLYCAST_TRANSPORT=shm is not possible: "
+                                f"{shm_unavailable_reason()}")
         same = {r for r in range(env.size)
                 if r != env.rank and info[r]["host"] == me["host"]}
         if choice == "shm" and same != set(range(env.size)) - {env.rank}:
