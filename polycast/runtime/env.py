@@ -178,11 +178,24 @@ def detect(env: Mapping[str, str] | None = None) -> JobEnv:
 
 
 def host_id() -> str:
-    """Identifies this host (and its shared-memory namespace) among the job's hosts."""
+    """Identifies this host (and its shared-memory namespace) among the job's hosts.
+
+    Hostname and boot id, plus the network namespace: processes in different network
+    namespaces (containers, or ``ip netns`` hosts emulating a LAN) cannot reach each
+    other over loopback and are different hosts to polycast (TCP, multicast with TTL 1),
+    even on one kernel. POLYCAST_HOST_ID overrides all of it (e.g. to force TCP between
+    ranks of one machine, or to group ranks that share /dev/shm across namespaces)."""
+    override = os.environ.get("POLYCAST_HOST_ID")
+    if override:
+        return override
     boot = ""
     try:
         with open("/proc/sys/kernel/random/boot_id") as fh:
             boot = fh.read().strip()
     except OSError:
         pass
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        netns = ""
+    return f"{socket.gethostname()}/{boot}/{netns}"
