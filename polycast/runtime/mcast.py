@@ -3,8 +3,10 @@
 The group address (in 239.255.0.0/16, the IPv4 organisation-local scope) and the port are
 derived from the job id and the communicator id, so two jobs or two communicators never
 share a group. On one host the group lives on the loopback interface with TTL 0 (nothing
-leaves the host) and IP_MULTICAST_LOOP on (the other ranks are local). On several hosts,
-POLYCAST_MCAST_IF names the interface address to use and the TTL is 1.
+leaves the host) and IP_MULTICAST_LOOP on (the other ranks are local). On several hosts
+the TTL is 1 and the interface is POLYCAST_MCAST_IF (an interface address) or, when unset,
+:func:`default_interface`: the one the kernel routes the group through, else the only
+non-loopback IPv4 interface that is up.
 """
 
 from __future__ import annotations
@@ -34,12 +36,57 @@ def group_for(job_id: str, comm_id: int) -> tuple[str, int]:
     return addr, port
 
 
+def _interfaces() -> list[tuple[str, str]]:
+    """(name, IPv4 address) of every interface that has one (Linux ioctl; [] elsewhere)."""
+    try:
+        import fcntl
+    except ImportError:
+        return []
+    out = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915,          # SIOCGIFADDR
+                                  struct.pack("256s", name[:15].encode()))
+                flags = struct.unpack("H", fcntl.ioctl(s.fileno(), 0x8913,   # SIOCGIFFLAGS
+                                      struct.pack("256s", name[:15].encode()))[16:18])[0]
+            except OSError:
+                continue
+            if flags & 0x1:                                    # IFF_UP
+                out.append((name, socket.inet_ntoa(raw[20:24])))
+    return out
+
+
+def default_interface(group: str, port: int) -> str:
+    """The interface address for a multi-host group when POLYCAST_MCAST_IF is unset: the
+    source address of the kernel's route to the group (a multicast or default route),
+    else the only non-loopback IPv4 interface that is up. Raises MulticastUnavailable
+    naming the candidates when neither settles it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((group, port))
+            addr = s.getsockname()[0]
+            if addr != "0.0.0.0":
+                return addr
+        except OSError:
+            pass
+    candidates = [(n, a) for n, a in _interfaces() if not a.startswith("127.")]
+    if len(candidates) == 1:
+        return candidates[0][1]
+    raise MulticastUnavailable(
+        f"no route to multicast group {group} and "
+        + (f"{len(candidates)} candidate interfaces" if candidates else "no interface")
+        + ": set POLYCAST_MCAST_IF to the address of the interface facing the other hosts"
+        + (" (one of: " + ", ".join(f"{a} ({n})" for n, a in candidates) + ")"
+           if candidates else ""))
+
+
 def open_group(job_id: str, comm_id: int, single_host: bool,
                interface: str | None = None) -> tuple[socket.socket, tuple[str, int]]:
     """A non-blocking UDP socket joined to the communicator's group, ready to send to it."""
     group, port = group_for(job_id, comm_id)
     iface = interface or os.environ.get("POLYCAST_MCAST_IF") or \
-        ("127.0.0.1" if single_host else "0.0.0.0")
+        ("127.0.0.1" if single_host else default_interface(group, port))
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
