@@ -67,6 +67,7 @@ class Lan:
     tag: str
     nhosts: int
     rate_mbit: float | None = None
+    mcast_route: bool = True          # add 224.0.0.0/4 dev eth0 in every host
     namespaces: list[str] = field(default_factory=list)    # made so far, for cleanup
     procs: list[subprocess.Popen] = field(default_factory=list)
 
@@ -101,7 +102,8 @@ class Lan:
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "addr", "add", f"{self.addr(k)}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0")
+            if self.mcast_route:
+                _ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0")
             if self.rate_mbit:
                 self._shape(ns, "eth0")
                 self._shape(sw, f"p{k}")
@@ -150,7 +152,7 @@ class Lan:
 
 
 @contextlib.contextmanager
-def lan(nhosts: int, rate_mbit: float | None = None):
+def lan(nhosts: int, rate_mbit: float | None = None, mcast_route: bool = True):
     """An emulated LAN of ``nhosts`` hosts, removed on exit (also on failure). Raises
     :class:`NetnsUnavailable` when namespaces cannot be made here."""
     reason = unavailable_reason()
@@ -158,7 +160,7 @@ def lan(nhosts: int, rate_mbit: float | None = None):
         raise NetnsUnavailable(reason)
     if rate_mbit and not tc_available():
         raise NetnsUnavailable("`tc` is not installed (needed to shape links)")
-    net = Lan(f"pc{os.getpid()}-{next(_counter)}", nhosts, rate_mbit)
+    net = Lan(f"pc{os.getpid()}-{next(_counter)}", nhosts, rate_mbit, mcast_route)
     try:
         net.build()
         yield net

@@ -7,6 +7,7 @@ Needs root (skipped otherwise). Every namespace is deleted at the end, also on f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -25,20 +26,22 @@ RUN_SECONDS = 90
 
 @pytest.fixture
 def lan_factory():
-    """Yields a function making a LAN; every LAN made is torn down at the end."""
+    """Yields a function making a LAN; every LAN made is torn down at the end (also when
+    the test fails), and none of their namespaces may be left."""
     reason = netns.unavailable_reason()
     if reason:
         pytest.skip(f"emulated LAN unavailable: {reason}")
-    stack = []
-
-    def make(nhosts: int, rate_mbit: float | None = None) -> netns.Lan:
-        cm = netns.lan(nhosts, rate_mbit)
-        net = cm.__enter__()
-        stack.append(cm)
-        return net
-    yield make
-    for cm in reversed(stack):
-        cm.__exit__(None, None, None)
+    tags = []
+    with contextlib.ExitStack() as stack:
+        def make(nhosts: int, rate_mbit: float | None = None,
+                 mcast_route: bool = True) -> netns.Lan:
+            net = stack.enter_context(netns.lan(nhosts, rate_mbit, mcast_route))
+            tags.append(net.tag)
+            return net
+        yield make
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                          timeout=20).stdout.split()
+    assert not [ns for ns in left if any(ns.startswith(t + "-") for t in tags)], left
 
 
 def _port() -> int:
@@ -46,13 +49,15 @@ def _port() -> int:
     return 30000 + (os.getpid() * 7) % 20000
 
 
-def _launch(net: netns.Lan, ranks_per_host: int, argv: list[str], **extra: str):
+def _launch(net: netns.Lan, ranks_per_host: int, argv: list[str], per_host=None,
+            **extra: str):
     size = net.nhosts * ranks_per_host
     procs = []
     for r in range(size):
         host = r // ranks_per_host
         env = netns.rank_env(r, size, _port(), local_rank=r % ranks_per_host,
-                             local_size=ranks_per_host, POLYCAST_TIMEOUT="30", **extra)
+                             local_size=ranks_per_host, POLYCAST_TIMEOUT="30", **extra,
+                             **(per_host(host) if per_host else {}))
         procs.append(net.popen(host, argv, env))
     outs = []
     for p in procs:
@@ -89,13 +94,17 @@ def test_selftest_algos_across_three_hosts(lan_factory):
     assert all(a > b for a, b in zip(after, before))
 
 
-def test_multicast_crosses_the_bridge(lan_factory):
-    """mcast allgather and broadcast: datagrams arrive from other hosts over eth0."""
-    net = lan_factory(3)
+@pytest.mark.parametrize("iface", ["route", "no-route", "explicit"])
+def test_multicast_crosses_the_bridge(lan_factory, iface):
+    """mcast allgather and broadcast: datagrams arrive from other hosts over eth0. The
+    interface is chosen automatically (through the 224.0.0.0/4 route; with no multicast
+    route, the only non-loopback interface) or given by POLYCAST_MCAST_IF."""
+    net = lan_factory(3, mcast_route=iface != "no-route")
     argv = netns.python_argv(WORKER, "worker", "--nbytes", str(3 << 20),
                              "--call", "allgather:mcast", "--call", "broadcast:mcast",
                              "--call", "allgather:ring")
-    res = _results(_launch(net, 1, argv))
+    per_host = (lambda k: {"POLYCAST_MCAST_IF": net.addr(k)}) if iface == "explicit" else None
+    res = _results(_launch(net, 1, argv, per_host))
     for r in res:
         assert r["transports"] == ["tcp"] and r["mcast_error"] is None
         calls = {c["call"]: c for c in r["calls"]}
@@ -140,3 +149,17 @@ def test_dead_rank_on_one_host_raises_peer_lost(lan_factory):
     for rc, out in outs[:victim]:
         assert rc == 0 and "SELFTEST death OK" in out, out[-3000:]
         assert f"rank {victim}" in out or f"PEERLOST {victim} " in out, out[-2000:]
+
+
+def test_shaped_links_multicast_loss_is_recovered(lan_factory):
+    """Unpaced multicast into 100 Mbit/s tbf links overflows the queues (datagrams are
+    dropped); the results must still be exact (lost parts come by unicast recovery)."""
+    net = lan_factory(3, rate_mbit=100)
+    argv = netns.python_argv(WORKER, "worker", "--nbytes", str(2 << 20),
+                             "--call", "broadcast:mcast", "--call", "allgather:mcast")
+    res = _results(_launch(net, 1, argv))
+    for r in res:
+        assert all(c["ok"] for c in r["calls"]), r["calls"]
+        if r["rank"] == 0:       # the root really multicast the buffer
+            bc = r["calls"][0]["stats"]
+            assert bc["datagram_bytes_out"] >= r["calls"][0]["nbytes"]
