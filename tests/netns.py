@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,31 @@ def unavailable_reason() -> str | None:
         return f"`ip netns add` failed: {p.stderr.strip()}"
     _ip("netns", "del", name, check=False)
     return None
+
+
+_OURS = re.compile(r"^pc(?:probe)?(\d+)-\d+(?:-(?:sw|h\d+))?$")
+
+
+def reap_stale() -> list[str]:
+    """Delete namespaces this module made in runs that died without cleaning up (killed
+    with SIGKILL): names ``pc<pid>-...`` whose pid is gone. Returns the names deleted."""
+    p = _ip("netns", "list", check=False)
+    gone = []
+    for line in p.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = _OURS.match(name)
+        if not m:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue                    # its run is alive (maybe in parallel): leave it
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        _ip("netns", "del", name, check=False)
+        gone.append(name)
+    return gone
 
 
 def tc_available() -> bool:
@@ -160,6 +186,7 @@ def lan(nhosts: int, rate_mbit: float | None = None, mcast_route: bool = True):
         raise NetnsUnavailable(reason)
     if rate_mbit and not tc_available():
         raise NetnsUnavailable("`tc` is not installed (needed to shape links)")
+    reap_stale()
     net = Lan(f"pc{os.getpid()}-{next(_counter)}", nhosts, rate_mbit, mcast_route)
     try:
         net.build()

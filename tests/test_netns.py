@@ -128,6 +128,17 @@ def test_multicast_crosses_the_bridge(lan_factory, iface):
         assert calls["allgather:ring"]["eth0_tx_bytes"] >= 2 * chunk
 
 
+def test_selftest_algos_two_ranks_per_host(lan_factory):
+    """Every collective and algorithm (the hierarchical ones group ranks by host) on
+    2 hosts x 2 ranks: shm inside a host, TCP across, multicast across the bridge."""
+    net = lan_factory(2)
+    outs = _launch(net, 2, netns.python_argv("-m", "polycast.runtime.selftest",
+                                             "--suite", "algos"))
+    for rc, out in outs:
+        assert rc == 0 and "SELFTEST algos OK" in out, out[-3000:]
+        assert "transports=shm,tcp " in out and "mcast=yes" in out, out[-500:]
+
+
 def test_two_ranks_per_host_shm_inside_tcp_across(lan_factory):
     net = lan_factory(2)
     argv = netns.python_argv(WORKER, "worker", "--nbytes", str(1 << 20),
