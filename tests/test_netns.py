@@ -151,11 +151,14 @@ def test_two_ranks_per_host_shm_inside_tcp_across(lan_factory):
         assert all(c["ok"] for c in r["calls"]), r["calls"]
 
 
-def test_dead_rank_on_one_host_raises_peer_lost(lan_factory):
-    net = lan_factory(3)
-    outs = _launch(net, 1, netns.python_argv("-m", "polycast.runtime.selftest",
-                                             "--suite", "death"))
-    victim = 2
+@pytest.mark.parametrize("hosts,per_host", [(3, 1), (2, 2)])
+def test_dead_rank_on_one_host_raises_peer_lost(lan_factory, hosts, per_host):
+    """The last rank exits abruptly; the others (on its host via shm, on the other hosts
+    via TCP) raise PeerLost naming it (selftest's death suite checks the name)."""
+    net = lan_factory(hosts)
+    outs = _launch(net, per_host, netns.python_argv("-m", "polycast.runtime.selftest",
+                                                    "--suite", "death"))
+    victim = hosts * per_host - 1
     assert outs[victim][0] == 17
     for rc, out in outs[:victim]:
         assert rc == 0 and "SELFTEST death OK" in out, out[-3000:]
