@@ -12,7 +12,8 @@ sizes or dtypes raise InvalidArgument before anything is sent) and posts it to t
 progress thread. Every wait is bounded by the communicator's timeout (POLYCAST_TIMEOUT,
 default 60 s).
 
-The ``auto`` tuner (rules, first supported one wins). Multicast: broadcasts of 1 MiB and
+The ``auto`` tuner for the engine's schedules (rules, first supported one wins; but see
+"Symmetric memory" below, which comes first on one host). Multicast: broadcasts of 1 MiB and
 more use ``mcast`` when every rank is on one host and the multicast group was joined;
 otherwise multicast and hierarchical algorithms are only used when asked for:
 
@@ -29,9 +30,29 @@ alltoall        bruck, pairwise                pairwise
 barrier         dissemination                  (no data)
 =============== ============================ ==================================
 
-Symmetric memory: Allgather, Reduce_scatter_block and Allreduce whose buffers come from
-``comm.symm_empty`` use ``symm`` (peers read each other's arrays directly; one host only;
-every rank must pass such buffers; which ones: :func:`polycast.runtime.symm.wanted`).
+Symmetric memory comes first under ``auto`` when every rank of the communicator is on one
+host (see :mod:`polycast.runtime.symm`):
+
+* Allgather, Reduce_scatter_block and Allreduce whose buffers come from ``comm.symm_empty``
+  use ``symm``: peers read each other's arrays directly (every rank must pass such
+  buffers; which ones: :func:`polycast.runtime.symm.wanted`).
+* Allgather, Reduce_scatter_block, Allreduce and Bcast of ordinary arrays go *staged*: the
+  input is copied into a per-communicator symmetric staging buffer (allocated collectively
+  by the first such call, grown to the next power of two when a call needs more, freed
+  with the communicator) and the symm collective runs from there
+  (:func:`polycast.runtime.symm.auto_staged`). The choice depends only on what every rank
+  shares (one host, the collective, POLYCAST_SYMM), never on a rank's buffers, so ranks
+  never take different paths; ranks passing different sizes all raise MismatchError.
+  Measured with 4 ranks on 2 cores at 16 MiB (bench/symm.py, bench/peers.py): see
+  :mod:`polycast.runtime.symm`.
+* ``POLYCAST_SYMM=0`` turns both off; an explicit ``algorithm=`` (or
+  POLYCAST_<COLLECTIVE>_ALGO) other than ``auto`` always runs that engine schedule; a
+  communicator whose ranks are on several hosts, or whose symmetric memory failed (an
+  allocation refused, a peer lost), uses the table above.
+* These calls complete before they return: the ``I``-variants return an already completed
+  request.
+
+Otherwise ``auto`` picks the engine's schedule by these rules.
 
 Large messages are pipelined: ``nchunks`` is chosen so a block is about 1 MiB (at most 32; finer pipelining measured slower with 4 ranks on 2 cores).
 """
@@ -162,7 +183,9 @@ class Comm:
 
     # -- algorithm choice -----------------------------------------------------------------
     def choose_algorithm(self, coll: Collective, nbytes: int, algorithm: str | None) -> str:
-        """The algorithm a call would use (see the module docstring for ``auto``)."""
+        """The engine schedule a call would use (see the module docstring for ``auto``).
+        Under ``auto`` on one host, calls of ordinary arrays take the staged symm path
+        first: :meth:`takes_symm` says whether they do."""
         name = algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO") or "auto"
         name = name.lower()
         P = self.size
@@ -242,6 +265,11 @@ class Comm:
 
     # -- buffer collectives (non-blocking) ------------------------------------------------
     def Ibcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> Request:
+        if (isinstance(root, int) and 0 <= root < self.size
+                and _symm.auto_staged(self, Collective.BROADCAST, algorithm, buf)):
+            req = _symm.staged_bcast(self, buf, root)
+            if req is not None:
+                return req
         buf = _array(buf, "buf")
         return self._post(Collective.BROADCAST, buf if self.rank == root else None, buf,
                           buf.size, root, algorithm=algorithm)
@@ -266,6 +294,10 @@ class Comm:
         if _symm.wanted(self, Collective.ALLREDUCE, algorithm, sendbuf, recvbuf,
                         sendbuf is IN_PLACE):
             return _symm.allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
+        if _symm.auto_staged(self, Collective.ALLREDUCE, algorithm, recvbuf):
+            req = _symm.staged_allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
+            if req is not None:
+                return req
         recvbuf = _array(recvbuf, "recvbuf")
         # In place: the input is copied first, so every algorithm is safe to use.
         sendbuf = recvbuf.copy() if sendbuf is IN_PLACE else _array(sendbuf, "sendbuf")
@@ -279,6 +311,10 @@ class Comm:
         if _symm.wanted(self, Collective.ALLGATHER, algorithm, sendbuf, recvbuf,
                         sendbuf is IN_PLACE):
             return _symm.allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE)
+        if _symm.auto_staged(self, Collective.ALLGATHER, algorithm, recvbuf):
+            req = _symm.staged_allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE)
+            if req is not None:
+                return req
         recvbuf = _array(recvbuf, "recvbuf")
         if recvbuf.size % self.size:
             raise InvalidArgument(f"Allgather recvbuf of {recvbuf.size} elements is not a "
@@ -299,6 +335,11 @@ class Comm:
         if _symm.wanted(self, Collective.REDUCE_SCATTER, algorithm, sendbuf, recvbuf,
                         sendbuf is IN_PLACE):
             return _symm.reduce_scatter(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
+        if _symm.auto_staged(self, Collective.REDUCE_SCATTER, algorithm, recvbuf):
+            req = _symm.staged_reduce_scatter(self, sendbuf, recvbuf, op,
+                                              sendbuf is IN_PLACE)
+            if req is not None:
+                return req
         recvbuf = _array(recvbuf, "recvbuf")
         if sendbuf is IN_PLACE:
             if recvbuf.size % self.size:
@@ -393,11 +434,19 @@ class Comm:
         self.Ibarrier(**kw).Wait()
 
     # -- symmetric memory (one host) ------------------------------------------------------
+    def takes_symm(self, coll: Collective, dtype, algorithm: str | None = None) -> bool:
+        """Whether an ``auto`` call of ``coll`` on ordinary arrays of ``dtype`` runs through
+        symmetric memory (staged) rather than an engine schedule. Collective the first time
+        on a communicator (it may set up the symmetric state): call it on every rank."""
+        return _symm.auto_staged(self, Collective.parse(coll), algorithm,
+                                 np.empty(0, np.dtype(dtype)))
+
     def symm_empty(self, shape, dtype=np.float32) -> np.ndarray:
         """A new array in shared memory that every rank of this (single-host) communicator
         maps; collective: every rank calls it with the same shape and dtype. Allgather,
         Reduce_scatter_block and Allreduce then take ``algorithm="symm"`` (and pick it under
-        ``auto``) with it as the source buffer: each rank reads its peers' arrays directly.
+        ``auto``) with it as the source buffer: each rank reads its peers' arrays directly
+        (no copy into the staging buffer that ``auto`` uses for ordinary arrays).
         Freed with the communicator. See :mod:`polycast.runtime.symm`."""
         return _symm.alloc(self, shape, dtype)
 

@@ -117,6 +117,15 @@ def _rank_main(suite: str) -> int:
               flush=True)
         os._exit(0 if not failures else 1)
 
+    if suite == "auto":
+        _auto_suite(comm, check, leftovers)
+        print(f"{SUITE_OK if not failures else 'SYMM-SUITE FAILED'} {checks} checks",
+              flush=True)
+        if failures:
+            os._exit(1)
+        polycast.finalize()
+        return 0
+
     # Ranks on different hosts (host ids faked on a fresh communicator): symm is refused,
     # naming the requirement, and auto does not pick it.
     import polycast.runtime.symm as symm
@@ -296,6 +305,141 @@ def _rank_main(suite: str) -> int:
     return 0
 
 
+def _auto_suite(comm, check, leftovers) -> None:
+    """``auto`` with ordinary arrays on one host: the staged symm path (exact results,
+    in place, growth of the staging buffer, mismatches, the escape hatch, other hosts)."""
+    import polycast
+    import polycast.runtime.symm as symm
+    from polycast.collectives import Collective
+    from polycast.errors import MismatchError
+    from polycast.reference import make_inputs, reference
+
+    P, r = comm.size, comm.rank
+    sizes = []
+
+    def stage_nbytes() -> int:
+        st = symm.state(comm)
+        return st.stage.nbytes if st is not None and st.stage is not None else 0
+
+    # Increasing counts: 0 and 1 element, non-powers of two, and allreduce above
+    # ONE_SHOT_MAX_NBYTES (the reduce-scatter + allgather form).
+    for count in (0, 1, 5, 37, 1000, 20001):
+        for dtype in ("float32", "int64", "uint8", "float16"):
+            dt = np.dtype(dtype)
+            tag = f"auto/{dtype}/{count}"
+            ins = make_inputs(Collective.ALLGATHER, P, count, dt, seed=4)
+            want = reference(Collective.ALLGATHER, ins)[r]
+            got = np.full(P * count, 99, dt)
+            req = comm.Iallgather(ins[r].copy(), got)
+            req.Wait()
+            check(f"{tag}/allgather", np.array_equal(got, want) and "symm" in req.desc,
+                  req.desc)
+            got[:] = 99
+            got[r * count:(r + 1) * count] = ins[r]
+            comm.Allgather(polycast.IN_PLACE, got)
+            check(f"{tag}/allgather-inplace", np.array_equal(got, want))
+            root = count % P
+            ins = make_inputs(Collective.BROADCAST, P, count, dt, root=root, seed=5)
+            want = reference(Collective.BROADCAST, ins, root=root)[r]
+            buf = ins[r].copy() if r == root else np.full(count, 99, dt)
+            req = comm.Ibcast(buf, root)
+            req.Wait()
+            check(f"{tag}/bcast", np.array_equal(buf, want) and "symm" in req.desc, req.desc)
+            for op in ("sum", "max", "avg"):
+                ins = make_inputs(Collective.REDUCE_SCATTER, P, count, dt, seed=6, op=op)
+                want = reference(Collective.REDUCE_SCATTER, ins, op=op)[r]
+                got = np.full(count, 99, dt)
+                req = comm.Ireduce_scatter_block(ins[r].copy(), got, op=op)
+                req.Wait()
+                check(f"{tag}/{op}/reduce_scatter", np.array_equal(got, want)
+                      and "symm" in req.desc, req.desc)
+                inout = ins[r].copy()
+                comm.Reduce_scatter_block(polycast.IN_PLACE, inout, op=op)
+                check(f"{tag}/{op}/reduce_scatter-inplace",
+                      np.array_equal(inout[:count], want))
+                ins = make_inputs(Collective.ALLREDUCE, P, count, dt, seed=7, op=op)
+                want = reference(Collective.ALLREDUCE, ins, op=op)[r]
+                got = np.full(count, 99, dt)
+                req = comm.Iallreduce(ins[r].copy(), got, op=op)
+                req.Wait()
+                check(f"{tag}/{op}/allreduce", np.array_equal(got, want)
+                      and "symm" in req.desc, req.desc)
+                inout = ins[r].copy()
+                comm.Allreduce(polycast.IN_PLACE, inout, op=op)
+                check(f"{tag}/{op}/allreduce-inplace", np.array_equal(inout, want))
+        sizes.append(stage_nbytes())
+    # The staging buffer grew with the calls, to powers of two covering the largest one,
+    # and only the newest is mapped (the old ones were freed).
+    need = P * 20001 * 8                                   # reduce-scatter of int64
+    check("auto/grew", sizes == sorted(sizes) and sizes[0] < sizes[-1], str(sizes))
+    check("auto/grew-pow2", sizes[-1] >= need and sizes[-1] & (sizes[-1] - 1) == 0
+          and sizes[-1] < 2 * need, f"{sizes[-1]} for {need}")
+    st = symm.state(comm)
+    check("auto/one-stage", sum(seg is st.stage for seg in st.segments) == 1
+          and len(st.segments) == 1, str(len(st.segments)))
+
+    # Ranks passing different sizes: every rank raises MismatchError, whether the sizes fit
+    # the staging buffer or one rank would have to grow it; the communicator goes on.
+    for what, k in (("fits", 3 + (r == 0)), ("grows", 3 if r else 1 << 22)):
+        for name, call in (
+                ("allreduce", lambda: comm.Allreduce(np.ones(k), np.empty(k))),
+                ("allgather", lambda: comm.Allgather(np.ones(k), np.empty(k * P))),
+                ("reduce_scatter",
+                 lambda: comm.Reduce_scatter_block(np.ones(k * P), np.empty(k))),
+                ("bcast", lambda: comm.Bcast(np.ones(k), 0))):
+            t0 = time.monotonic()
+            try:
+                call()
+                check(f"mismatch-{what}/{name}", False, "returned")
+            except MismatchError as exc:
+                check(f"mismatch-{what}/{name}", "differently" in str(exc), str(exc))
+                check(f"mismatch-{what}/{name}/fast", time.monotonic() - t0 < 5,
+                      f"{time.monotonic() - t0:.1f}s")
+    out = np.empty(P)
+    comm.Allgather(np.array([float(r)]), out)
+    check("mismatch/after", np.array_equal(out, np.arange(P, dtype=float)), str(out))
+    check("mismatch/no-growth", stage_nbytes() == sizes[-1], str(stage_nbytes()))
+
+    # POLYCAST_SYMM=0: the engine's schedules, same results.
+    os.environ["POLYCAST_SYMM"] = "0"
+    got = np.empty(3)
+    req = comm.Iallreduce(np.full(3, r + 1.0), got)
+    req.Wait()
+    check("env-off/allreduce", "symm" not in req.desc
+          and np.array_equal(got, np.full(3, P * (P + 1) / 2)), req.desc)
+    got = np.empty(2 * P)
+    req = comm.Iallgather(np.full(2, float(r)), got)
+    req.Wait()
+    check("env-off/allgather", "symm" not in req.desc
+          and np.array_equal(got, np.repeat(np.arange(P, dtype=float), 2)), req.desc)
+    del os.environ["POLYCAST_SYMM"]
+    # An explicit algorithm name is the engine's schedule, as before.
+    req = comm.Iallreduce(np.full(3, r + 1.0), got[:3], algorithm="ring")
+    req.Wait()
+    check("explicit/ring", "symm" not in req.desc, req.desc)
+
+    # Ranks on different hosts (host ids faked for a fresh communicator): the first auto
+    # call finds out and every call takes the engine.
+    real_host = symm.host_id
+    symm.host_id = lambda: f"host{r}"
+    multi = comm.Dup()
+    try:
+        got = np.empty(2 * P)
+        req = multi.Iallgather(np.full(2, float(r)), got)
+        req.Wait()
+    finally:
+        symm.host_id = real_host
+    check("hosts/auto-engine", "symm" not in req.desc
+          and np.array_equal(got, np.repeat(np.arange(P, dtype=float), 2)), req.desc)
+    got = np.empty(1)
+    req = multi.Iallreduce(np.ones(1), got)
+    req.Wait()
+    check("hosts/auto-engine-again", "symm" not in req.desc and got[0] == P, req.desc)
+    multi.Free()
+    check("auto/no-leftovers", not leftovers(), str(leftovers()))
+    comm.Barrier()
+
+
 if __name__ == "__main__":
     sys.exit(_rank_main(sys.argv[sys.argv.index("--suite") + 1]))
 
@@ -360,4 +504,18 @@ def test_symm_dead_peer_raises_in_time():
         assert res.returncode == 0 and SUITE_OK in res.out, (
             f"rank {res.rank}\n{res.out[-3000:]}\n{res.err[-3000:]}")
         assert "SYMM-DEATH" in res.out and "rank 2" in res.out, res.out
+    assert _symm_files() - before == set()
+
+
+@pytest.mark.parametrize("nranks", [3, 4])
+def test_symm_auto_staged_plain_arrays(nranks):
+    """``auto`` on one host runs ordinary arrays through a staging symmetric buffer."""
+    before = _symm_files()
+    results = spawn_ranks(nranks, [HERE, "--suite", "auto"],
+                          env={"POLYCAST_TIMEOUT": "20"}, timeout=120)
+    for res in results:
+        assert res.returncode == 0 and SUITE_OK in res.out, (
+            f"rank {res.rank} exit {res.returncode}\n{res.out[-3000:]}\n{res.err[-3000:]}")
+        n = int(res.out.split(SUITE_OK)[1].split()[0])
+        assert n > 6 * 4 * 3 * 4, res.out[-500:]          # every size x dtype x op ran
     assert _symm_files() - before == set()

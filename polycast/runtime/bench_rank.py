@@ -1,7 +1,7 @@
 """The rank side of ``polycast bench`` (one process per rank, started by the launcher).
 
 Rank 0 prints one ``BENCHROW <json>`` line per (size, algorithm) and ``BENCHPROGRESS i n``
-lines; the parent (:mod:`polycast.cli.bench`) turns them into the table.
+lines (``auto`` rows that ran through symmetric memory say ``auto(symm)``); the parent (:mod:`polycast.cli.bench`) turns them into the table.
 
 Timing follows nccl-tests: ``warmup`` untimed calls, a barrier, ``iters`` calls back to
 back; the time is the slowest rank's average. The correctness check runs one more call on
@@ -53,7 +53,11 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
         recv = None
     if coll is Collective.BARRIER:
         send = recv = None
-    name = comm.choose_algorithm(coll, count * dt.itemsize, algo)
+    # Under auto on one host, ordinary arrays go through symmetric memory (staged): label
+    # the row "auto(symm)" and call with auto, so the row says which path ran.
+    staged = algo is None and comm.takes_symm(coll, dt)
+    name = "auto(symm)" if staged else comm.choose_algorithm(coll, count * dt.itemsize, algo)
+    how = None if staged else name
     st0 = comm.stats()
     rec0 = st0.recovered_bytes if st0 is not None else 0
     drops0 = st0.dropped if st0 is not None else 0
@@ -64,9 +68,9 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
             # Bcast works in place: the root re-sends its input, others overwrite recv.
             if r == root:
                 recv[...] = bsend
-            comm.Bcast(recv, root, algorithm=name)
+            comm.Bcast(recv, root, algorithm=how)
         else:
-            call(comm, coll, send, recv, root, op, name)
+            call(comm, coll, send, recv, root, op, how)
 
     for _ in range(warmup):
         once()
@@ -83,10 +87,10 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
         out = np.full(nrecv, 7, dt) if recv is not None else None
         if coll is Collective.BROADCAST:
             out = inputs[r].copy() if r == root else np.zeros(nrecv, dt)
-            comm.Bcast(out, root, algorithm=name)
+            comm.Bcast(out, root, algorithm=how)
         else:
             call(comm, coll, inputs[r].copy() if coll is not Collective.BARRIER else None,
-                 out, root, op, name)
+                 out, root, op, how)
         ok = expect[r] is None or (out is not None and np.array_equal(out, expect[r]))
         flags = np.empty(P, np.int32)
         comm.Allgather(np.array([1 if ok else 0], np.int32), flags)

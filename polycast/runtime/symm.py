@@ -201,6 +201,14 @@ class SymmState:
         # late rank could pass a barrier on a stale epoch and read a buffer in use.
         self.broken: str | None = None
         self.done: dict = {}            # collective -> its completed request
+        self.nsegments = 0              # allocations made (segment indices stay unique)
+        self.nuser = 0                  # symm_empty allocations (their tags: a0, a1, ...)
+        # The staging buffer of the auto path for ordinary arrays (see staged_*); while it
+        # is being (re)allocated, the object collectives that allocation makes take the
+        # engine, so nothing recurses into it.
+        self.stage: Segment | None = None
+        self.growing = False
+        self.auto_refused: str | None = None
         hosts = comm.allgather(host_id())
         if len(set(hosts)) != 1:
             self.usable_reason = ("symmetric memory needs every rank of the communicator on "
@@ -233,12 +241,33 @@ class SymmState:
                                           for r, (s, d) in enumerate(asks)))
         if self.usable_reason:
             raise InvalidArgument(self.usable_reason)
-        maps = _map_collectively(self.comm, nbytes, f"a{len(self.segments)}")
-        seg = Segment(len(self.segments), nbytes, maps)
+        seg = self._new_segment(nbytes, f"a{self.nuser}")
+        self.nuser += 1
+        return np.ndarray(shape, dt, seg.maps[self.rank], 0)
+
+    def _new_segment(self, nbytes: int, tag: str) -> Segment:
+        maps = _map_collectively(self.comm, nbytes, tag)
+        seg = Segment(self.nsegments, max(nbytes, 1), maps)
+        self.nsegments += 1
         seg.bases = [np.frombuffer(m, np.uint8, 1).__array_interface__["data"][0]
                      for m in maps]
         self.segments.append(seg)
-        return np.ndarray(shape, dt, maps[self.rank], 0)
+        return seg
+
+    def grow_stage(self, nbytes: int) -> Segment:
+        """Replace the staging segment by one of ``nbytes`` (collective: every rank calls it
+        with the same size). The old one is unmapped first: bounded by the largest call."""
+        self.growing = True
+        try:
+            old, self.stage = self.stage, None
+            if old is not None:
+                self.segments.remove(old)
+                for m in old.maps:
+                    _close(m)
+            self.stage = self._new_segment(nbytes, f"s{self.nsegments}")
+            return self.stage
+        finally:
+            self.growing = False
 
     def find(self, arr) -> tuple[Segment, int] | None:
         """(segment, byte offset) of an array inside one of our allocations, else None."""
@@ -257,6 +286,7 @@ class SymmState:
             for m in seg.maps:
                 _close(m)
         self.segments = []
+        self.stage = None
         if self.ctrl is not None:
             self.ctrl = None
             for m in self._ctrl_maps:
@@ -335,7 +365,13 @@ def _sig(*parts) -> int:
 def state(comm, create: bool = False) -> SymmState | None:
     st = comm.__dict__.get("_symm_state")
     if st is None and create:
-        st = comm._symm_state = SymmState(comm)
+        # Making the state runs object allgathers on this communicator: they must take the
+        # engine, not the auto symm path that would make the state again.
+        comm._symm_creating = True
+        try:
+            st = comm._symm_state = SymmState(comm)
+        finally:
+            comm._symm_creating = False
     return st
 
 
@@ -367,7 +403,7 @@ def wanted(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
     name = (algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO") or "auto").lower()
     if name == NAME:
         return True
-    if name != "auto":
+    if name != "auto" or auto_disabled():
         return False
     st = comm.__dict__.get("_symm_state")
     if st is None or st.usable_reason or st.broken or comm.size < 2:
@@ -380,6 +416,224 @@ def wanted(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
     if coll is Collective.ALLREDUCE:
         return st.find(recvbuf) is not None
     return False
+
+
+def auto_disabled() -> bool:
+    """POLYCAST_SYMM=0 (or false/no/off): ``auto`` never takes symmetric memory."""
+    return os.environ.get("POLYCAST_SYMM", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+_STAGED = (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLREDUCE,
+           Collective.BROADCAST)
+
+
+def _members_on_one_host(comm) -> bool:
+    """From what the rendezvous told every rank (no message): the same answer everywhere,
+    since every member sees every other member on its own host or none does."""
+    world = getattr(comm._driver, "world", None)
+    if world is None:
+        return False
+    if world.single_host:
+        return True
+    peers = world.peers
+    return all(w == world.rank or (w in peers and peers[w].same_host) for w in comm.members)
+
+
+def auto_staged(comm, coll: Collective, algorithm: str | None, buf) -> bool:
+    """Whether an ``auto`` call with ordinary arrays takes the staged symm path: the
+    collective is allgather, reduce-scatter, allreduce or broadcast, the communicator has
+    2+ ranks all on one host, POLYCAST_SYMM is not 0, and symmetric memory has not been
+    refused on this communicator (other hosts, a failed allocation, a lost peer). All of it
+    is the same on every rank (``buf`` only gives the dtype, which ranks share), so ranks
+    never take different paths. The first such call makes the communicator's symmetric
+    state (collective: every rank is making the same call)."""
+    if algorithm is not None and algorithm.lower() != "auto":
+        return False
+    if coll not in _STAGED or comm.size < 2 or comm._freed:
+        return False
+    env = os.environ.get(f"POLYCAST_{coll.name}_ALGO")
+    if env and env.lower() != "auto":
+        return False
+    if auto_disabled() or not isinstance(buf, np.ndarray) or buf.dtype.hasobject:
+        return False
+    d = comm.__dict__
+    st = d.get("_symm_state")
+    if st is None:
+        if d.get("_symm_creating") or d.get("_symm_refused") or not _members_on_one_host(comm):
+            return False
+        try:
+            st = state(comm, create=True)
+        except (PeerLost, CollectiveTimeout):
+            raise
+        except PolycastError as exc:        # raised on every rank: all take the engine
+            comm._symm_refused = str(exc)
+            return False
+    return not (st.usable_reason or st.broken or st.growing or st.auto_refused)
+
+
+STAGE_MIN_NBYTES = 4096
+
+
+def _stage(comm, st: SymmState, nbytes: int, desc: tuple, what: str) -> Segment | None:
+    """The staging segment, with room for ``nbytes``. Growth is decided from the call's
+    size, which every rank shares: each rank that needs more joins a barrier first whose
+    descriptor says so, so ranks whose sizes differ (some growing, some not) all raise
+    MismatchError there instead of some allocating while others wait. The new size is the
+    next power of two (at least STAGE_MIN_NBYTES), so a series of growing calls allocates
+    O(log) times. None: the allocation failed on every rank (the call takes the engine)."""
+    seg = st.stage
+    if seg is not None and nbytes <= seg.nbytes:
+        return seg
+    need = max(STAGE_MIN_NBYTES, 1 << max(0, nbytes - 1).bit_length())
+    with st.lock:
+        st.check_sigs(st.barrier(_sig("grow", need, *desc), what), what)
+    try:
+        return st.grow_stage(need)
+    except (PeerLost, CollectiveTimeout) as exc:
+        st.broken = f"{type(exc).__name__}: {exc}"
+        raise
+    except PolycastError as exc:            # every rank raised it (the reports are shared)
+        st.auto_refused = f"staging buffer of {need} bytes: {exc}"
+        return None
+
+
+def staged_allgather(comm, sendbuf, recvbuf, in_place: bool):
+    """``auto`` allgather of ordinary arrays: this rank's block is copied into the staging
+    segment, whence every peer reads it straight into its own recvbuf (no copy out).
+    Returns a completed request, or None when the call must take the engine."""
+    P, r = comm.size, comm.rank
+    st = state(comm)
+    with _telling_peers(comm, "allgather"):
+        recv = _flat(recvbuf, "recvbuf")
+        if recv.size % P:
+            raise InvalidArgument(f"Allgather recvbuf of {recv.size} elements is not a "
+                                  f"multiple of the {P} ranks")
+        n = recv.size // P
+        src = recv[r * n:(r + 1) * n] if in_place else _flat(sendbuf, "sendbuf")
+        if src.size != n:
+            raise InvalidArgument(f"Allgather: sendbuf has {src.size} elements, recvbuf "
+                                  f"needs {P} x {src.size} = {P * src.size}, got {recv.size}")
+        if src.dtype != recv.dtype:
+            raise InvalidArgument(f"Allgather: sendbuf dtype {src.dtype} and recvbuf dtype "
+                                  f"{recv.dtype} must match")
+    dt = recv.dtype
+    seg = _stage(comm, st, n * dt.itemsize, ("allgather", n, dt.str),
+                 _describe("allgather", n, dt))
+    if seg is None:
+        return None
+    stage = seg.view(r, 0, n, dt)
+    stage[...] = src
+    return allgather(comm, stage, recv, False)
+
+
+def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
+    """``auto`` reduce-scatter of ordinary arrays: the input is copied into the staging
+    segment; each rank reduces its block from every peer's copy into its recvbuf."""
+    P, r = comm.size, comm.rank
+    st = state(comm)
+    with _telling_peers(comm, "reduce_scatter"):
+        recv = _flat(recvbuf, "recvbuf")
+        ropt = _op(op)
+        if in_place:
+            if recv.size % P:
+                raise InvalidArgument("Reduce_scatter_block IN_PLACE: recvbuf must hold "
+                                      f"{P} blocks, got {recv.size} elements")
+            src, n = recv, recv.size // P
+            out = recv[:n]
+        else:
+            src, n, out = _flat(sendbuf, "sendbuf"), recv.size, recv
+            if src.size != P * n:
+                raise InvalidArgument(f"Reduce_scatter_block: sendbuf needs {P} x {n} = "
+                                      f"{P * n} elements, got {src.size}")
+        if src.dtype != recv.dtype:
+            raise InvalidArgument(f"Reduce_scatter_block: sendbuf dtype {src.dtype} and "
+                                  f"recvbuf dtype {recv.dtype} must match")
+    dt = recv.dtype
+    seg = _stage(comm, st, P * n * dt.itemsize, ("reduce_scatter", n, dt.str, ropt.value),
+                 _describe("reduce_scatter", n, dt, ropt.value))
+    if seg is None:
+        return None
+    stage = seg.view(r, 0, P * n, dt)
+    stage[...] = src
+    return reduce_scatter(comm, stage, out, ropt, False)
+
+
+def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
+    """``auto`` allreduce of ordinary arrays: the input is copied into the staging segment.
+    Up to ONE_SHOT_MAX_NBYTES every rank reduces the whole of every peer's copy, in rank
+    order, straight into its recvbuf (two barriers). Above, each rank reduces its block
+    in its own staging copy (nobody else reads that block then), and after a barrier every
+    rank copies every block from its owner into its recvbuf (three barriers). Either way
+    each element is reduced in one order, so every rank holds the same bits."""
+    P, r = comm.size, comm.rank
+    st = state(comm)
+    with _telling_peers(comm, "allreduce"):
+        recv = _flat(recvbuf, "recvbuf")
+        ropt = _op(op)
+        src = recv if in_place else _flat(sendbuf, "sendbuf")
+        if src.size != recv.size:
+            raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got "
+                                  f"{src.size} and {recv.size}")
+        if src.dtype != recv.dtype:
+            raise InvalidArgument(f"Allreduce: sendbuf dtype {src.dtype} and recvbuf dtype "
+                                  f"{recv.dtype} must match")
+    dt, isz, count = recv.dtype, recv.dtype.itemsize, recv.size
+    what = _describe("allreduce", count, dt, ropt.value)
+    seg = _stage(comm, st, count * isz, ("allreduce", count, dt.str, ropt.value), what)
+    if seg is None:
+        return None
+    ufunc = _UFUNCS[ropt]
+    mine = seg.view(r, 0, count, dt)
+    mine[...] = src
+    with st.lock:
+        st.check_sigs(st.barrier(_sig("allreduce-staged", count, dt.str, ropt.value,
+                                      seg.index), what), what)
+        if count * isz <= ONE_SHOT_MAX_NBYTES or count < P:
+            # recv is ours alone (peers read the staging copies): reduce straight into it.
+            ufunc(seg.view(0, 0, count, dt), seg.view(1, 0, count, dt), out=recv)
+            for p in range(2, P):
+                ufunc(recv, seg.view(p, 0, count, dt), out=recv)
+            if ropt is ReduceOp.AVG:
+                apply_avg(recv, P)
+            st.barrier(0, what)
+            return _done_request(comm, "allreduce")
+        blocks = _blocks(count, P)
+        a, b = blocks[r]
+        acc = mine[a:b]
+        for i in range(1, P):
+            ufunc(acc, seg.view((r + i) % P, a * isz, b - a, dt), out=acc)
+        if ropt is ReduceOp.AVG:
+            apply_avg(acc, P)
+        st.barrier(0, what)
+        for i in range(P):
+            p = (r + i) % P
+            a, b = blocks[p]
+            recv[a:b] = seg.view(p, a * isz, b - a, dt)
+        st.barrier(0, what)
+    return _done_request(comm, "allreduce")
+
+
+def staged_bcast(comm, buf, root: int):
+    """``auto`` broadcast of an ordinary array: the root copies it into its staging
+    segment; after a barrier every other rank copies it out (a second barrier keeps the
+    root from overwriting it for the next call while a peer still reads)."""
+    r = comm.rank
+    st = state(comm)
+    with _telling_peers(comm, "bcast"):
+        b = _flat(buf, "buf")
+    dt, n = b.dtype, b.size
+    what = _describe("bcast", n, dt, f"root {root}")
+    seg = _stage(comm, st, n * dt.itemsize, ("bcast", n, dt.str, root), what)
+    if seg is None:
+        return None
+    if r == root:
+        seg.view(r, 0, n, dt)[...] = b
+    with st.lock:
+        st.check_sigs(st.barrier(_sig("bcast", n, dt.str, root, seg.index), what), what)
+        if r != root:
+            b[...] = seg.view(root, 0, n, dt)
+        st.barrier(0, what)
+    return _done_request(comm, "bcast")
 
 
 # -- the collectives ------------------------------------------------------------------------
@@ -617,4 +871,5 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
 
 
 __all__ = ["NAME", "SymmState", "alloc", "free", "is_symmetric", "wanted", "segment_path",
-           "allgather", "reduce_scatter", "allreduce"]
+           "allgather", "reduce_scatter", "allreduce", "auto_disabled", "auto_staged",
+           "staged_allgather", "staged_reduce_scatter", "staged_allreduce", "staged_bcast"]
