@@ -13,6 +13,20 @@ MRECV step by (root, stream ordinal). Messages and datagrams of a collective not
 are held in one bounded buffer (``max_early_nbytes``); so are those whose step has not
 started (its dependencies are not complete).
 
+Rendezvous. A SEND of more than ``eager_max_nbytes`` does not send its data at once: it sends
+an RTS (length and call signature, checked like a DATA's) and waits for the receiver's CTS,
+then sends the DATA as an eager SEND would. The receiver answers CTS as soon as the matching
+RECV step has started. An RTS of a collective not posted yet is held in the early buffer (it
+costs a header, not a payload), so a late rank never makes a large collective overflow. An
+RTS whose RECV is posted but waiting on its dependencies is granted at once if its payload
+fits in the early buffer (the bytes are reserved there, as an eager DATA would have held
+them): the schedule IR promises that sends never wait for the receiver's RECV (the verifier
+checks deadlock freedom under that rule; recursive doubling's RECV waits on its own SEND to
+the same peer), so such a RECV must not stall the SEND while memory allows. Only when the
+buffer is full, where an eager DATA would have failed the call (OVERFLOW), is that RTS
+held until its RECV starts: a rank late inside the collective then costs nothing, while a
+RECV that waits on this very SEND ends at ``op_timeout_s`` (the error names the CTS wait).
+
 Reliable multicast (specs/mcast-protocol.md). An MCAST step cuts its region into chunks of
 at most ``mtu_nbytes`` (whole elements), sends one datagram per chunk (paced), then an
 end-of-stream datagram ``eos_repeats`` times. An MRECV step keeps a bitmap of chunks. Loss is
@@ -127,6 +141,9 @@ class EngineConfig:
     max_early_nbytes: int = 64 * MIB        # bound on held messages and datagrams
     secret: bytes | None = None             # keyed BLAKE2 MAC on every message
     pacing_min_fraction: float = 0.1        # loss adaptation never slows below this share
+    # Larger SEND payloads go by rendezvous (RTS/CTS): one round trip more, but nothing
+    # unbounded waits in the receiver's early buffer. See bench/latency.py for the choice.
+    eager_max_nbytes: int = 64 * 1024
 
     def validate(self) -> None:
         def bad(name: str, why: str):
@@ -146,6 +163,9 @@ class EngineConfig:
             bad("secret", "must be bytes or None")
         if self.secret is not None and not 1 <= len(self.secret) <= 64:
             bad("secret", "BLAKE2b keys are 1..64 bytes")
+        if not isinstance(self.eager_max_nbytes, int) or self.eager_max_nbytes < 0:
+            bad("eager_max_nbytes", "must be a non-negative integer (bytes; larger SEND "
+                "payloads use the RTS/CTS rendezvous)")
         if not 0 < self.pacing_min_fraction <= 1:
             bad("pacing_min_fraction", "must be in (0, 1]")
 
@@ -160,7 +180,10 @@ class EngineStats:
     datagrams_out: int = 0
     datagram_bytes_in: int = 0
     datagram_bytes_out: int = 0
-    control_messages_out: int = 0           # FIN, RECOVER_REQ, ABORT
+    control_messages_out: int = 0           # FIN, RECOVER_REQ, ABORT, RTS, CTS
+    rts_out: int = 0                        # rendezvous SENDs announced
+    cts_out: int = 0                        # RTS answered
+    cts_granted_early: int = 0              # ... before their RECV started (bytes reserved)
     fins_out: int = 0
     drops: dict[str, int] = field(default_factory=dict)   # reason -> count
     recovery_requests: int = 0              # RECOVER_REQ sent
@@ -369,7 +392,7 @@ class _Request:
                  "ndeps", "ndone", "ready", "held", "held_nbytes", "streams", "mrecv_left",
                  "multicast", "fin_sent", "fin_received", "outstanding", "op_timer",
                  "rec_timer", "pace_timers", "rto", "mcast_bytes_in", "recovered_nbytes",
-                 "tokens", "mismatch", "mis_timer")
+                 "tokens", "mismatch", "mis_timer", "rts_wait", "rdv", "granted")
 
     def __init__(self, req, seq, sched, plan, itemsize, sig, desc):
         self.req, self.seq, self.sched, self.plan = req, seq, sched, plan
@@ -394,6 +417,9 @@ class _Request:
         self.tokens = set()
         self.mismatch = None            # our MismatchError text, while awaiting the other call
         self.mis_timer = None
+        self.rts_wait = None            # (peer, tag) -> SEND step index awaiting its CTS
+        self.rdv = None                 # (src, tag) of RECVs whose RTS was accepted
+        self.granted = None             # (src, tag) -> bytes reserved by an early CTS
 
     @property
     def desc(self) -> str:
@@ -677,7 +703,11 @@ class Engine:
                                   f"its message (tag {h.tag}) carries {h.length}", now, out)
                 return
             state = r.state[idx]
+            granted = r.granted.pop((src, h.tag), 0) if r.granted else 0
             if state == _STARTED:
+                if granted:                 # the RECV started after its early CTS
+                    r.held_nbytes -= granted
+                    st.early_nbytes -= granted
                 if nbytes:
                     out.append(_deliver(payload, _region(r.req, r.prog[idx].buf,
                                                          r.plan.runs[idx], nbytes),
@@ -690,6 +720,9 @@ class Engine:
                     st.drop("duplicate")
                     return
                 cost = nbytes + _ENTRY_OVERHEAD_NBYTES
+                if granted:                 # reserved by the early CTS: already charged
+                    r.held[(src, h.tag)] = (h, payload)
+                    return
                 if not self._charge(cost):
                     self._fail(r, ProtocolError(
                         f"rank {self.rank}: {r.desc}: more than max_early_nbytes="
@@ -700,6 +733,10 @@ class Engine:
                 r.held_nbytes += cost
             else:
                 st.drop("duplicate")
+        elif kind is MsgKind.RTS:
+            self._on_rts(r, src, h, now, out)
+        elif kind is MsgKind.CTS:
+            self._on_cts(r, src, h, out)
         elif kind is MsgKind.FIN:
             if src != (self.rank - 1) % self.nranks or not r.multicast or r.fin_received:
                 st.drop("unexpected_fin")
@@ -712,6 +749,72 @@ class Engine:
             self._on_recover_data(r, src, h, payload, now, out)
         else:
             st.drop("bad_kind")
+
+    # -- rendezvous -----------------------------------------------------------------------
+    def _on_rts(self, r: _Request, src: int, h: Header, now: float, out: list) -> None:
+        st = self.stats
+        key = (src, h.tag)
+        idx = r.plan.recv_index.get(key)
+        if idx is None or not h.flags & F_NO_PAYLOAD:
+            st.drop("unexpected_rts")
+            return
+        nbytes = r.plan.nelems[idx] * r.itemsize
+        if h.length != nbytes:
+            self._mismatch(r, f"step {idx} expects {nbytes} bytes from rank {src} but its "
+                              f"RTS (tag {h.tag}) announces {h.length}", now, out)
+            return
+        rdv = r.rdv
+        if rdv is None:
+            rdv = r.rdv = set()
+        state = r.state[idx]
+        if key in rdv or key in r.held or state == _DONE:
+            st.drop("duplicate_rts")
+            return
+        if state == _STARTED:
+            rdv.add(key)
+            self._send_cts(r, src, h.tag, out)
+            return
+        # The RECV waits on its dependencies. Grant now while the early buffer allows
+        # (sends must not wait on RECVs, see the module docstring); else hold the RTS.
+        cost = nbytes + _ENTRY_OVERHEAD_NBYTES
+        if self._charge(cost):
+            rdv.add(key)
+            if r.granted is None:
+                r.granted = {}
+            r.granted[key] = cost
+            r.held_nbytes += cost
+            st.cts_granted_early += 1
+            self._send_cts(r, src, h.tag, out)
+            return
+        if not self._charge(_ENTRY_OVERHEAD_NBYTES):
+            self._fail(r, ProtocolError(
+                f"rank {self.rank}: {r.desc}: more than max_early_nbytes="
+                f"{self.config.max_early_nbytes} of messages held before their "
+                "steps could start"), out, abort=AbortReason.OVERFLOW)
+            return
+        rdv.add(key)
+        r.held[key] = (h, None)
+        r.held_nbytes += _ENTRY_OVERHEAD_NBYTES
+
+    def _send_cts(self, r: _Request, dst: int, tag: int, out: list) -> None:
+        st = self.stats
+        st.cts_out += 1
+        st.control_messages_out += 1
+        h = make_header(MsgKind.CTS, self.comm, r.seq, self.rank, tag, 0, 0, r.sig)
+        self._send(r, dst, h, None, -1, out)
+
+    def _on_cts(self, r: _Request, src: int, h: Header, out: list) -> None:
+        wait = r.rts_wait
+        idx = wait.pop((src, h.tag), None) if wait else None
+        if idx is None:
+            self.stats.drop("unexpected_cts")
+            return
+        step = r.prog[idx]
+        nbytes = r.plan.nelems[idx] * r.itemsize
+        data = make_header(MsgKind.DATA, self.comm, r.seq, self.rank, step.tag, 0, nbytes,
+                           r.sig)
+        self._send(r, src, data, _region(r.req, step.buf, r.plan.runs[idx], nbytes), idx,
+                   out)
 
     def _on_abort(self, r: _Request, src: int, h: Header, payload, out: list) -> None:
         try:
@@ -893,6 +996,16 @@ class Engine:
         plan = r.plan
         if kind is Kind.SEND:
             nbytes = plan.nelems[idx] * r.itemsize
+            if nbytes > self.config.eager_max_nbytes:
+                h = make_header(MsgKind.RTS, self.comm, r.seq, self.rank, step.tag, 0,
+                                nbytes, r.sig, 0, F_NO_PAYLOAD)
+                if r.rts_wait is None:
+                    r.rts_wait = {}
+                r.rts_wait[(step.peer, step.tag)] = idx
+                self.stats.rts_out += 1
+                self.stats.control_messages_out += 1
+                self._send(r, step.peer, h, None, -1, out)
+                return
             h = make_header(MsgKind.DATA, self.comm, r.seq, self.rank, step.tag, 0, nbytes,
                             r.sig)
             region = _region(r.req, step.buf, plan.runs[idx], nbytes) if nbytes else None
@@ -901,9 +1014,12 @@ class Engine:
             held = r.held.pop((step.peer, step.tag), None)
             if held is not None:
                 h, payload = held
-                cost = h.length + _ENTRY_OVERHEAD_NBYTES
+                cost = h.payload_nbytes + _ENTRY_OVERHEAD_NBYTES
                 r.held_nbytes -= cost
                 self.stats.early_nbytes -= cost
+                if h.kind is MsgKind.RTS:       # a held rendezvous: clear it to send now
+                    self._send_cts(r, step.peer, step.tag, out)
+                    return
                 if h.length:
                     out.append(_deliver(payload, _region(r.req, step.buf, plan.runs[idx],
                                                          h.length), step.reduce))
@@ -1237,6 +1353,8 @@ class Engine:
             what = f"step {idx} ({step.kind}"
             if step.kind is Kind.SEND:
                 what += f" to rank {step.peer}"
+                if r.rts_wait and r.rts_wait.get((step.peer, step.tag)) == idx:
+                    what += ": waiting for its clear-to-send (CTS)"
             elif step.kind in (Kind.RECV, Kind.MRECV):
                 what += f" from rank {step.peer}"
             if step.kind is Kind.MRECV:

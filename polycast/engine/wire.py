@@ -20,13 +20,19 @@ MCAST_EOS    number of chunks   ordinal         stream size in bytes     0
 RECOVER_REQ  stream's root      ordinal         first byte wanted        bytes wanted (*)
 RECOVER_DATA stream's root      ordinal         byte offset in stream    payload bytes
 FIN          0                  0               0                        0
+RTS          step tag           0               0                        payload bytes (*)
+CTS          step tag           0               0                        0
 ABORT        reason code        0               lost rank (PEER_LOST)    utf-8 reason text
 ============ ================== =============== ======================== ===================
 
-(*) RECOVER_REQ sets the ``F_NO_PAYLOAD`` flag: its ``length`` is a count and no payload
+(*) RECOVER_REQ and RTS set the ``F_NO_PAYLOAD`` flag: its ``length`` is a count and no payload
 follows, so framing stays uniform (read :attr:`Header.payload_nbytes` bytes after the header).
 ``sig`` always carries the sender's call signature; every kind but ABORT (whose point may be
 that the calls differ) is checked against the posted call.
+
+RTS ("ready to send") and CTS ("clear to send") are the rendezvous of a large DATA message:
+the sender announces it with an RTS (its length checked like a DATA's) and sends the DATA
+only once the receiver's CTS for the same (comm, seq, tag) came back.
 
 The MAC (``flags & F_MAC``) is BLAKE2b(key=secret, digest_size=16) over the 44 header bytes
 followed by the payload. :func:`parse_header` verifies it when the payload is in the same
@@ -66,6 +72,8 @@ class MsgKind(enum.IntEnum):
     RECOVER_DATA = 5    # the answer: those bytes
     FIN = 6             # "I hold all multicast data of this collective; I need nothing more"
     ABORT = 7           # the sender failed this collective; fail it too (reason code in tag)
+    RTS = 8             # "I have a DATA of ``length`` bytes for your RECV (src, tag)"
+    CTS = 9             # "send that DATA now": the answer to an RTS
 
     def __str__(self) -> str:
         return self.name

@@ -24,7 +24,7 @@ from ..engine import wire
 from ..engine.actions import (CancelTimer, Complete, Copy, Deliver, Fail, Multicast, Send,
                               SetTimer)
 from ..engine.engine import Engine, EngineConfig
-from ..errors import CollectiveTimeout, PeerLost, PolycastError
+from ..errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
 from ..memory import Buffers
 from .frames import KIND_BYE, KIND_DOORBELL, control_frame, is_driver_kind
 from .mcast import MulticastUnavailable, drop_own_datagrams, open_group
@@ -151,13 +151,36 @@ class _CommState:
         self.dgram_out: collections.deque = collections.deque()
 
 
+def _env_engine_config(config: EngineConfig) -> EngineConfig:
+    """POLYCAST_MAX_EARLY_NBYTES / POLYCAST_EAGER_MAX_NBYTES override the engine's early
+    buffer bound and rendezvous threshold (bytes; tests use them to force the late-rank
+    path with small messages)."""
+    import dataclasses
+    changes = {}
+    for var, name in (("POLYCAST_MAX_EARLY_NBYTES", "max_early_nbytes"),
+                      ("POLYCAST_EAGER_MAX_NBYTES", "eager_max_nbytes")):
+        text = os.environ.get(var)
+        if text:
+            try:
+                changes[name] = int(text)
+            except ValueError:
+                raise InvalidArgument(f"{var}={text!r}: must be an integer number of "
+                                      "bytes") from None
+    if not changes:
+        return config
+    config = dataclasses.replace(config, **changes)
+    config.validate()
+    return config
+
+
 class Driver:
     """Owns the engines and the I/O of one process; runs the progress thread."""
 
     def __init__(self, world: World, config: EngineConfig | None = None) -> None:
         self.world = world
         self.rank = world.rank
-        self.config = config or EngineConfig(op_timeout_s=world.timeout_seconds)
+        self.config = _env_engine_config(config or EngineConfig(
+            op_timeout_s=world.timeout_seconds))
         self.secret = self.config.secret
         self.buffers = Buffers()
         self._comms: dict[int, _CommState] = {}

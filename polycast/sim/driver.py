@@ -86,7 +86,12 @@ def default_engine_config(**overrides):
     from ..engine.engine import EngineConfig
     # The engine caps mtu_nbytes at a UDP payload (65000): the largest it allows. The
     # driver coalesces a stream's back-to-back datagrams into one flow anyway.
-    base = {"mtu_nbytes": 65000, "op_timeout_s": 600.0, "max_early_nbytes": 1 << 50}
+    # Every send is eager: the simulated early buffer is unbounded (max_early_nbytes), so
+    # the RTS/CTS rendezvous, which exists only to bound that buffer on real ranks, would
+    # protect nothing here and add a round trip per large message to every modelled time
+    # (the closed-form alpha-beta checks assume the IR's eager sends).
+    base = {"mtu_nbytes": 65000, "op_timeout_s": 600.0, "max_early_nbytes": 1 << 50,
+            "eager_max_nbytes": 1 << 50}
     base.update(overrides)
     return EngineConfig(**base)
 

@@ -1,0 +1,324 @@
+"""The RTS/CTS rendezvous of large point-to-point messages: state transitions in the
+in-memory World, and the late-rank case across real processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from world import World, ring_allgather, ring_reduce_scatter  # noqa: E402
+
+from polycast.collectives import Collective  # noqa: E402
+from polycast.engine.actions import Fail, Send, SetTimer  # noqa: E402
+from polycast.engine.engine import Engine, EngineConfig  # noqa: E402
+from polycast.engine.wire import F_NO_PAYLOAD, Header, MsgKind  # noqa: E402
+from polycast.errors import (CollectiveTimeout, InvalidArgument, MismatchError,  # noqa: E402
+                             PeerLost, ProtocolError)
+from polycast.schedule.builder import Builder  # noqa: E402
+from polycast.schedule.ir import Layout  # noqa: E402
+
+EAGER = 1024                    # rendezvous above 1 KiB in these tests
+
+
+def send_recv(count: int, P: int = 2):
+    """Rank 0 sends its whole buffer to rank 1 (step 1; step 0 copies for itself)."""
+    lay = Layout(count)
+    b = Builder(Collective.BROADCAST, P, 0, count, "p2p", {"send": lay, "recv": lay})
+    b.copy(0, "send", (0,), "recv", (0,))
+    b.send(0, 1, "recv", (0,))
+    b.recv(1, 0, "recv", (0,))
+    return b.build()
+
+
+def rts(seq, src, tag, length, sig, comm=0):
+    return Header(MsgKind.RTS, comm, seq, src, tag, 0, length, sig, 0, F_NO_PAYLOAD)
+
+
+def kinds(acts, kind):
+    return [a for a in acts if isinstance(a, Send) and a.header.kind is kind]
+
+
+def test_config_validates_threshold():
+    with pytest.raises(InvalidArgument, match="eager_max_nbytes"):
+        EngineConfig(eager_max_nbytes=-1).validate()
+    assert EngineConfig().eager_max_nbytes == 64 * 1024
+
+
+def test_small_messages_stay_eager():
+    P = 4
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER))
+    call = w.post_call(ring_allgather(P, 64))          # 256 B per message
+    w.run()
+    w.check(call)
+    assert w.sends_of(MsgKind.RTS) == 0 and w.sends_of(MsgKind.CTS) == 0
+
+
+def test_large_message_to_late_rank_holds_only_the_rts():
+    """Ring allgather, 4 ranks, 64 KiB shards, rank 3 posts 1 s late, early buffer 16 KiB:
+    eager sends overflow it and fail the call everywhere; rendezvous succeeds holding only
+    RTS headers."""
+    P, count = 4, 16384
+    sched = ring_allgather(P, count, nchunks=2)
+
+    def run(eager):
+        w = World(P, EngineConfig(eager_max_nbytes=eager, max_early_nbytes=16384))
+        call = w.post_call(sched, ranks=range(P - 1))
+        w.advance(1.0)
+        late = w.engines[P - 1]
+        held = late.stats.early_nbytes
+        inputs = call.inputs
+        call.reqs[P - 1] = w.post(P - 1, sched, inputs[P - 1], call.recvs[P - 1])
+        w.run(max_time_s=5.0)
+        return w, call, held
+
+    w, _, _ = run(eager=1 << 30)                       # today's path: overflow
+    assert any(isinstance(e, ProtocolError) and "max_early_nbytes" in str(e)
+               for e in w.errors.values()), w.errors
+    w, call, held = run(eager=EAGER)
+    w.check(call)
+    late = w.engines[P - 1].stats
+    assert late.early_peak_nbytes <= 6 * 64, late        # at most one RTS header per shard
+    assert 0 < held <= 6 * 64
+    assert late.early_nbytes == 0 and late.cts_out == (P - 1) * 2
+    assert w.sends_of(MsgKind.RTS) == w.sends_of(MsgKind.CTS) == P * (P - 1) * 2
+    assert all(e.stats.drops == {} for e in w.engines)
+
+
+def test_rts_duplicate_stale_and_unexpected_cts_are_dropped_and_counted():
+    count = 1024                                        # 4 KiB of float32
+    cfg = EngineConfig(eager_max_nbytes=EAGER)
+    s = send_recv(count)
+    e0, e1 = Engine(0, 2, config=cfg), Engine(1, 2, config=cfg)
+    a0 = e0.post(0, s, 4, 0.0)
+    (r,) = kinds(a0, MsgKind.RTS)
+    assert r.header.length == 4 * count and r.payload is None and not kinds(a0, MsgKind.DATA)
+    e1.post(0, s, 4, 0.0)                               # its RECV starts at once
+    a1 = e1.on_message(0, r.header, b"", 0.0)
+    (c,) = kinds(a1, MsgKind.CTS)
+    assert not e1.on_message(0, r.header, b"", 0.0)     # duplicate: no second CTS
+    assert e1.stats.drops == {"duplicate_rts": 1}
+    a0 = e0.on_message(1, c.header, b"", 0.0)
+    (d,) = kinds(a0, MsgKind.DATA)
+    assert d.header.length == 4 * count and d.payload.nbytes == 4 * count
+    assert not e0.on_message(1, c.header, b"", 0.0)     # CTS twice: nothing sent twice
+    assert e0.stats.drops == {"unexpected_cts": 1}
+    # the DATA's send completes the SEND step and the request
+    for a in kinds(a0, MsgKind.DATA) + [r]:
+        e0.on_send_done(a.token, 0.0)
+    assert not e0.busy and e0.stats.completed == 1
+    e1.on_message(0, d.header, b"\0" * (4 * count), 0.0)
+    e1.on_send_done(c.token, 0.0)
+    assert not e1.busy and e1.stats.completed == 1
+    assert not e1.on_message(0, r.header, b"", 0.0)     # seq 0 is finished: stale
+    assert e1.stats.drops == {"duplicate_rts": 1, "stale": 1}
+
+
+def test_rts_with_wrong_signature_fails_every_rank_before_any_data():
+    P, count = 2, 1024
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER))
+    s = send_recv(count)
+    w.post(0, s, np.zeros(count, np.float32), np.zeros(count, np.float32))
+    w.post(1, s, np.zeros(count, np.int32), np.zeros(count, np.int32))     # same size
+    w.run()
+    assert all(isinstance(w.errors[(r, 0)], MismatchError) for r in range(P)), w.errors
+    assert "RTS message carries call signature" in str(w.errors[(1, 0)])
+    assert w.sends_of(MsgKind.DATA) == 0 and w.sends_of(MsgKind.CTS) == 0
+    assert not any(e.busy for e in w.engines)
+
+
+def test_rts_with_wrong_length_fails_every_rank():
+    P, count = 2, 1024
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER))
+    s = send_recv(count)
+    w.post(1, s, None, np.zeros(count, np.float32))
+    sig = w.engines[1]._reqs[0].sig
+    w.inject_message(1, 0, rts(0, 0, 0, 4 * count + 4, sig))   # a forged/corrupt RTS
+    w.post(0, s, np.zeros(count, np.float32), np.zeros(count, np.float32))
+    w.run()
+    for r in range(P):
+        assert isinstance(w.errors[(r, 0)], MismatchError), w.errors
+    assert f"expects {4 * count} bytes from rank 0 but its RTS" in str(w.errors[(1, 0)])
+    assert w.sends_of(MsgKind.DATA) == 0
+
+
+def test_peer_lost_while_waiting_for_cts():
+    count = 1024
+    w = World(2, EngineConfig(eager_max_nbytes=EAGER))
+    s = send_recv(count)
+    w.post(0, s, np.zeros(count, np.float32), np.zeros(count, np.float32))
+    w.posted.add((1, 0))
+    w.advance(0.5)
+    assert w.engines[0].busy and w.sends_of(MsgKind.RTS) == 1
+    w.kill(1)
+    w.run()
+    err = w.errors[(0, 0)]
+    assert isinstance(err, PeerLost) and err.rank == 1, err
+    assert "send to rank 1: waiting for its clear-to-send (CTS)" in str(err)
+
+
+def test_op_timeout_while_waiting_for_cts_names_the_step():
+    count = 1024
+    w = World(2, EngineConfig(eager_max_nbytes=EAGER, op_timeout_s=2.0))
+    s = send_recv(count)
+    w.post(0, s, np.zeros(count, np.float32), np.zeros(count, np.float32))
+    w.posted.add((1, 0))
+    w.dead.add(1)                                       # never acts, never reported lost
+    w.run()
+    err = w.errors[(0, 0)]
+    assert isinstance(err, CollectiveTimeout)
+    assert "step 1 (send to rank 1: waiting for its clear-to-send (CTS))" in str(err), err
+
+
+def test_recv_waiting_on_its_own_send_is_granted_early_no_deadlock():
+    """Both ranks SEND to each other and RECV into the block they send (so the RECV depends
+    on the SEND): the IR promises sends never wait for RECVs, so the RTS is granted against
+    the early buffer rather than held until the RECV starts (which would deadlock)."""
+    count = 2048
+    lay = Layout(count)
+    b = Builder(Collective.BROADCAST, 2, 0, count, "swap", {"send": lay, "recv": lay})
+    for r in (0, 1):
+        c = b.copy(r, "send", (0,), "recv", (0,))
+        snd = b.send(r, 1 - r, "recv", (0,), deps=(c,))
+        b.recv(r, 1 - r, "recv", (0,), deps=(snd,))
+    s = b.build()
+    w = World(2, EngineConfig(eager_max_nbytes=EAGER, op_timeout_s=5.0))
+    x = [np.arange(count, dtype=np.float32) + 1000 * r for r in (0, 1)]
+    y = [np.zeros(count, np.float32) for _ in (0, 1)]
+    for r in (0, 1):
+        w.post(r, s, x[r], y[r])
+    w.run()
+    assert not w.errors, w.errors
+    for r in (0, 1):
+        np.testing.assert_array_equal(y[r], x[1 - r])
+        st = w.engines[r].stats
+        assert st.cts_granted_early == 1 and st.early_nbytes == 0
+        assert 4 * count <= st.early_peak_nbytes <= 4 * count + 64
+
+
+def test_pending_recv_is_granted_against_the_early_buffer():
+    """Recursive-doubling allreduce, ranks posting one after another: RTSs reach RECVs
+    that are posted but wait on earlier steps (here on the SEND to the same peer), so they
+    are granted at once, the payload reserved in the early buffer as an eager DATA would
+    have held it."""
+    from polycast.algorithms import build
+    P, count = 4, 8192                                  # 16 KiB halves
+    s = build("allreduce", "recdoubling", P, count, nchunks=2)
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER, max_early_nbytes=1 << 20))
+    call = w.post_call(s, op="sum", ranks=[])
+    for r in (3, 2, 1, 0):
+        call.reqs[r] = w.post(r, s, call.inputs[r], call.recvs[r], "sum")
+        w.advance(1e-3)
+    w.run()
+    w.check(call)
+    assert sum(e.stats.cts_granted_early for e in w.engines) > 0
+    assert w.sends_of(MsgKind.CTS) == w.sends_of(MsgKind.RTS) > 0
+    assert all(e.stats.early_nbytes == 0 for e in w.engines)
+
+
+def test_rts_held_for_a_posted_recv_when_the_buffer_is_full():
+    """Rank 1 posts a 2-message chain: its second RECV waits on its first, whose sender
+    (rank 2) is late. Rank 0's 16 KiB message for the second RECV does not fit the 1 KiB
+    early buffer: its RTS is held (eager would fail the call) and answered once the RECV
+    starts."""
+    count = 4096
+    lay = Layout(3 * count, 3)
+    b = Builder(Collective.BROADCAST, 3, 1, 3 * count, "chain", {"send": lay, "recv": lay})
+    first = b.recv(1, 2, "recv", (2,))
+    b.recv(1, 0, "recv", (0,), deps=(first,))
+    b.send(2, 1, "send", (2,))
+    b.send(0, 1, "send", (0,))
+    s = b.build()
+    w = World(3, EngineConfig(eager_max_nbytes=EAGER, max_early_nbytes=1024))
+    x = [np.full(3 * count, r + 1, np.float32) for r in range(3)]
+    y = [np.zeros(3 * count, np.float32) for _ in range(3)]
+    w.post(1, s, x[1], y[1])
+    w.post(0, s, x[0], y[0])
+    w.advance(0.5)
+    e1 = w.engines[1].stats
+    assert e1.cts_out == 0 and 0 < e1.early_nbytes <= 64 and e1.cts_granted_early == 0
+    w.post(2, s, x[2], y[2])
+    w.run()
+    assert not w.errors, w.errors
+    np.testing.assert_array_equal(y[1][:count], 1)
+    np.testing.assert_array_equal(y[1][2 * count:], 3)
+    assert e1.cts_out == 2 and e1.early_nbytes == 0 and e1.early_peak_nbytes <= 1024
+
+
+def test_many_requests_outstanding_with_rendezvous_interleaved():
+    """Eight collectives in flight on every rank, small (eager) and large (rendezvous)
+    mixed, ranks posting at different times; every one exact."""
+    P = 4
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER, max_early_nbytes=8192), seed=3)
+    scheds = [ring_allgather(P, 16), ring_allgather(P, 4096, nchunks=3),
+              ring_reduce_scatter(P, 2048), ring_reduce_scatter(P, 8),
+              ring_allgather(P, 1000, nchunks=2), ring_allgather(P, 5),
+              ring_reduce_scatter(P, 1500), ring_allgather(P, 3000)]
+    from polycast.reference import make_inputs
+    calls = []
+    for i, s in enumerate(scheds):
+        op = "sum" if s.collective is Collective.REDUCE_SCATTER else None
+        inputs = make_inputs(s.collective, P, s.count, "float32", 0, i, op or "sum")
+        _, nrecv = s.collective.buffer_counts(P, s.count)
+        recvs = [np.full(nrecv, 99, np.float32) for _ in range(P)]
+        calls.append((s, op, inputs, recvs, {}))
+    order = [0, 2, 1, 3]
+    for k, r in enumerate(order):
+        for i, (s, op, inputs, recvs, reqs) in enumerate(calls):
+            reqs[r] = w.post(r, s, inputs[r], recvs[r], op)
+            if i % 3 == k % 3:
+                w.advance(1e-5)
+        w.advance(0.01 * k)
+    w.run()
+    from world import Call
+    for s, op, inputs, recvs, reqs in calls:
+        c = Call(s, op, inputs, recvs, reqs)
+        w.check(c)
+    assert w.sends_of(MsgKind.RTS) > 0 and w.sends_of(MsgKind.DATA) > w.sends_of(MsgKind.RTS)
+    for e in w.engines:
+        assert e.stats.early_nbytes == 0 and e.stats.early_peak_nbytes <= 8192
+        assert set(e.stats.drops) <= set(), e.stats.drops
+        assert not e.busy
+
+
+# -- real processes --------------------------------------------------------------------
+
+_LATE_RANK = r"""
+import sys, time
+import numpy as np
+import polycast
+comm = polycast.init()
+rank, P = comm.Get_rank(), comm.Get_size()
+n = 1 << 20                                     # 4 MiB of float32 per rank
+x = np.arange(n, dtype=np.float32) + rank * n
+y = np.zeros(P * n, np.float32)
+if rank == P - 1:
+    time.sleep(1.5)                             # everyone else is well ahead
+comm.Allgather(x, y, algorithm="ring")
+ok = np.array_equal(y, np.arange(P * n, dtype=np.float32))
+st = comm.stats()
+print(f"RESULT ok={ok} peak={st.early_peak_nbytes} rts={st.rts_out} cts={st.cts_out}",
+      flush=True)
+polycast.finalize()
+"""
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_late_rank_large_allgather_succeeds_across_processes(transport):
+    """3 ranks, 12 MiB ring allgather, the last rank posts 1.5 s late, early buffer 1 MiB
+    (POLYCAST_MAX_EARLY_NBYTES): eager sends would overflow it and fail on every rank."""
+    import re
+    from test_runtime_helpers import spawn_ranks
+    limit = 1 << 20
+    results = spawn_ranks(3, ["-c", _LATE_RANK], timeout=90, env={
+        "POLYCAST_TRANSPORT": transport, "POLYCAST_TIMEOUT": "30",
+        "POLYCAST_MAX_EARLY_NBYTES": str(limit)})
+    for r in results:
+        m = re.search(r"RESULT ok=(\w+) peak=(\d+) rts=(\d+) cts=(\d+)", r.out)
+        assert r.returncode == 0 and m, f"rank {r.rank}\n{r.out[-2000:]}\n{r.err[-3000:]}"
+        assert m.group(1) == "True"
+        assert int(m.group(2)) <= limit
+        assert int(m.group(3)) > 0 and int(m.group(4)) > 0
