@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import netns  # noqa: E402
 
-pytestmark = pytest.mark.root        # ~3 s in all: not slow
+pytestmark = [pytest.mark.root, pytest.mark.slow]     # ~11 s for the file
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns.py")
 RUN_SECONDS = 90
