@@ -400,6 +400,16 @@ def _auto_suite(comm, check, leftovers) -> None:
     check("mismatch/after", np.array_equal(out, np.arange(P, dtype=float)), str(out))
     check("mismatch/no-growth", stage_nbytes() == sizes[-1], str(stage_nbytes()))
 
+    # A broadcast big enough to be pipelined chunk by chunk (a partial last chunk).
+    from polycast.runtime.symm import BCAST_CHUNK_NBYTES
+    k = 3 * BCAST_CHUNK_NBYTES // 8 + 7
+    want = np.arange(k, dtype=np.int64) * 3 + 1
+    buf = want.copy() if r == P - 1 else np.zeros(k, np.int64)
+    req = comm.Ibcast(buf, P - 1)
+    req.Wait()
+    check("auto/bcast-pipelined", np.array_equal(buf, want) and "symm" in req.desc,
+          req.desc)
+
     # POLYCAST_SYMM=0: the engine's schedules, same results.
     os.environ["POLYCAST_SYMM"] = "0"
     got = np.empty(3)
