@@ -184,6 +184,8 @@ class EngineStats:
     rts_out: int = 0                        # rendezvous SENDs announced
     cts_out: int = 0                        # RTS answered
     cts_granted_early: int = 0              # ... before their RECV started (bytes reserved)
+    cts_ahead_out: int = 0                  # CTS sent unasked as a large RECV started
+    rts_crossed: int = 0                    # RTS that crossed our unasked CTS (expected)
     fins_out: int = 0
     drops: dict[str, int] = field(default_factory=dict)   # reason -> count
     recovery_requests: int = 0              # RECOVER_REQ sent
@@ -223,6 +225,7 @@ class _Plan:
     mcast_nelems: int                       # elements of all its MCAST and MRECV steps
     multicast: bool                         # the schedule multicasts (FIN ring on every rank)
     roots: tuple = ()                       # steps with no dependencies, in order
+    send_index: dict = field(default_factory=dict)  # (peer, tag) -> step index (SEND)
 
 
 _USES_MULTICAST: dict[int, tuple[Schedule, bool]] = {}
@@ -265,7 +268,7 @@ def _plan(schedule: Schedule, rank: int) -> _Plan:
     ndeps = [len(st.deps) for st in prog]
     succ: list[list[int]] = [[] for _ in range(n)]
     runs, nelems, dst_runs = [], [], []
-    recv_index, streams = {}, {}
+    recv_index, streams, send_index = {}, {}, {}
     peers = set()
     n_mrecv = mcast_nelems = 0
     SEND, RECV, COPY, MCAST, MRECV = Kind.SEND, Kind.RECV, Kind.COPY, Kind.MCAST, Kind.MRECV
@@ -303,6 +306,7 @@ def _plan(schedule: Schedule, rank: int) -> _Plan:
             recv_index[(peer, st.tag)] = idx
             peers.add(peer)
         elif kind is SEND:
+            send_index[(peer, st.tag)] = idx
             peers.add(peer)
         elif kind is MRECV:
             streams[(peer, st.tag)] = idx
@@ -310,7 +314,7 @@ def _plan(schedule: Schedule, rank: int) -> _Plan:
             mcast_nelems += ne
     return _Plan(ndeps, succ, runs, nelems, dst_runs, recv_index, streams, frozenset(peers),
                  n_mrecv, mcast_nelems, bool(streams) or _uses_multicast(schedule),
-                 tuple(i for i, d in enumerate(ndeps) if d == 0))
+                 tuple(i for i, d in enumerate(ndeps) if d == 0), send_index)
 
 
 def _gaps(held: bytearray, asked: bytearray, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -392,7 +396,8 @@ class _Request:
                  "ndeps", "ndone", "ready", "held", "held_nbytes", "streams", "mrecv_left",
                  "multicast", "fin_sent", "fin_received", "outstanding", "op_timer",
                  "rec_timer", "pace_timers", "rto", "mcast_bytes_in", "recovered_nbytes",
-                 "tokens", "mismatch", "mis_timer", "rts_wait", "rdv", "granted")
+                 "tokens", "mismatch", "mis_timer", "rts_wait", "rdv", "granted", "cts_early",
+                 "cts_ahead")
 
     def __init__(self, req, seq, sched, plan, itemsize, sig, desc):
         self.req, self.seq, self.sched, self.plan = req, seq, sched, plan
@@ -420,6 +425,8 @@ class _Request:
         self.rts_wait = None            # (peer, tag) -> SEND step index awaiting its CTS
         self.rdv = None                 # (src, tag) of RECVs whose RTS was accepted
         self.granted = None             # (src, tag) -> bytes reserved by an early CTS
+        self.cts_early = None           # (peer, tag): CTS that came before the SEND started
+        self.cts_ahead = None           # (src, tag): CTS sent unasked as the RECV started
 
     @property
     def desc(self) -> str:
@@ -763,6 +770,11 @@ class Engine:
             self._mismatch(r, f"step {idx} expects {nbytes} bytes from rank {src} but its "
                               f"RTS (tag {h.tag}) announces {h.length}", now, out)
             return
+        if r.cts_ahead and key in r.cts_ahead:
+            # The sender started before our unasked CTS reached it; that CTS answers this.
+            r.cts_ahead.discard(key)
+            st.rts_crossed += 1
+            return
         rdv = r.rdv
         if rdv is None:
             rdv = r.rdv = set()
@@ -804,9 +816,18 @@ class Engine:
         self._send(r, dst, h, None, -1, out)
 
     def _on_cts(self, r: _Request, src: int, h: Header, out: list) -> None:
+        key = (src, h.tag)
         wait = r.rts_wait
-        idx = wait.pop((src, h.tag), None) if wait else None
+        idx = wait.pop(key, None) if wait else None
         if idx is None:
+            sidx = r.plan.send_index.get(key)
+            if (sidx is not None and r.state[sidx] == _PENDING
+                    and r.plan.nelems[sidx] * r.itemsize > self.config.eager_max_nbytes
+                    and not (r.cts_early and key in r.cts_early)):
+                if r.cts_early is None:         # the receiver is ahead of this SEND
+                    r.cts_early = set()
+                r.cts_early.add(key)
+                return
             self.stats.drop("unexpected_cts")
             return
         step = r.prog[idx]
@@ -997,6 +1018,15 @@ class Engine:
         if kind is Kind.SEND:
             nbytes = plan.nelems[idx] * r.itemsize
             if nbytes > self.config.eager_max_nbytes:
+                key = (step.peer, step.tag)
+                if r.cts_early and key in r.cts_early:
+                    # the receiver's RECV started first and cleared us already: no RTS
+                    r.cts_early.discard(key)
+                    h = make_header(MsgKind.DATA, self.comm, r.seq, self.rank, step.tag, 0,
+                                    nbytes, r.sig)
+                    self._send(r, step.peer, h, _region(r.req, step.buf, plan.runs[idx],
+                                                        nbytes), idx, out)
+                    return
                 h = make_header(MsgKind.RTS, self.comm, r.seq, self.rank, step.tag, 0,
                                 nbytes, r.sig, 0, F_NO_PAYLOAD)
                 if r.rts_wait is None:
@@ -1024,6 +1054,20 @@ class Engine:
                     out.append(_deliver(payload, _region(r.req, step.buf, plan.runs[idx],
                                                          h.length), step.reduce))
                 self._step_done(r, idx)
+            elif plan.nelems[idx] * r.itemsize > self.config.eager_max_nbytes:
+                # A large message will come by rendezvous: clear it now, so a sender that
+                # is behind us sends its DATA without the RTS round trip.
+                key = (step.peer, step.tag)
+                rdv = r.rdv
+                if rdv is None:
+                    rdv = r.rdv = set()
+                if key not in rdv:
+                    rdv.add(key)
+                    if r.cts_ahead is None:
+                        r.cts_ahead = set()
+                    r.cts_ahead.add(key)
+                    self.stats.cts_ahead_out += 1
+                    self._send_cts(r, step.peer, step.tag, out)
         elif kind is Kind.COPY:
             nbytes = plan.nelems[idx] * r.itemsize
             if nbytes:
