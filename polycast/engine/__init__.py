@@ -24,6 +24,11 @@ it; ``tests/world.py`` is a complete small driver):
   the same id moves it; ``CancelTimer`` removes it.
 * ``Complete``/``Fail``: the request is over; its buffers may be reused (for AVG call
   ``polycast.memory.Buffers.finalize`` on Complete).
+* Large point-to-point payloads (over ``EngineConfig.eager_max_nbytes``, 64 KiB) go by an
+  RTS/CTS rendezvous inside the engine: a driver sees only more small Sends (kinds RTS and
+  CTS, no payload) and needs no change. Drivers that model eager sends with an unbounded
+  early buffer (the simulator) set ``eager_max_nbytes`` huge; the runtime honours
+  ``POLYCAST_EAGER_MAX_NBYTES`` and ``POLYCAST_MAX_EARLY_NBYTES``.
 * ``post(..., dtype=, op=)``: pass the same strings on every rank (``str(array.dtype)``);
   they are part of the call signature that detects mismatched calls.
 """
