@@ -345,3 +345,31 @@ def test_late_rank_large_allgather_succeeds_across_processes(transport):
         assert m.group(1) == "True"
         assert int(m.group(2)) <= limit
         assert int(m.group(3)) > 0 and int(m.group(4)) > 0
+
+
+def test_runtime_env_knobs_override_the_engine_config(monkeypatch):
+    from polycast.runtime.driver import _env_engine_config
+    base = EngineConfig(op_timeout_s=7.0)
+    assert _env_engine_config(base) is base                 # nothing set: unchanged
+    monkeypatch.setenv("POLYCAST_MAX_EARLY_NBYTES", "4096")
+    monkeypatch.setenv("POLYCAST_EAGER_MAX_NBYTES", "0")
+    cfg = _env_engine_config(base)
+    assert (cfg.max_early_nbytes, cfg.eager_max_nbytes, cfg.op_timeout_s) == (4096, 0, 7.0)
+    monkeypatch.setenv("POLYCAST_EAGER_MAX_NBYTES", "lots")
+    with pytest.raises(InvalidArgument, match="POLYCAST_EAGER_MAX_NBYTES='lots'"):
+        _env_engine_config(base)
+    monkeypatch.setenv("POLYCAST_EAGER_MAX_NBYTES", "-5")
+    with pytest.raises(InvalidArgument, match="eager_max_nbytes"):
+        _env_engine_config(base)
+
+
+def test_every_algorithm_with_every_payload_by_rendezvous_across_processes():
+    """POLYCAST_EAGER_MAX_NBYTES=0: every message with a payload goes RTS/CTS; every
+    collective and algorithm of the runtime selftest stays exact (no deadlock from SENDs
+    waiting on RECVs that wait on them: those are granted against the early buffer)."""
+    from test_runtime_helpers import selftest
+    results = selftest(4, "all", env={"POLYCAST_TRANSPORT": "tcp",
+                                      "POLYCAST_EAGER_MAX_NBYTES": "0"})
+    for r in results:
+        assert r.returncode == 0 and "SELFTEST all OK" in r.out, (
+            f"rank {r.rank} exit {r.returncode}\n{r.out[-3000:]}\n{r.err[-3000:]}")
