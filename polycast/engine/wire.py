@@ -32,7 +32,8 @@ that the calls differ) is checked against the posted call.
 
 RTS ("ready to send") and CTS ("clear to send") are the rendezvous of a large DATA message:
 the sender announces it with an RTS (its length checked like a DATA's) and sends the DATA
-only once the receiver's CTS for the same (comm, seq, tag) came back.
+only once the receiver's CTS for the same (comm, seq, tag) came back. A receiver whose
+RECV starts first sends that CTS unasked (the sender then needs no RTS).
 
 The MAC (``flags & F_MAC``) is BLAKE2b(key=secret, digest_size=16) over the 44 header bytes
 followed by the payload. :func:`parse_header` verifies it when the payload is in the same
