@@ -291,10 +291,11 @@ class Comm:
 
     def Iallreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None
                    ) -> Request:
-        if _symm.wanted(self, Collective.ALLREDUCE, algorithm, sendbuf, recvbuf,
-                        sendbuf is IN_PLACE):
+        path = _symm.route(self, Collective.ALLREDUCE, algorithm, sendbuf, recvbuf,
+                           sendbuf is IN_PLACE)
+        if path is _symm.SYMM:
             return _symm.allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
-        if _symm.auto_staged(self, Collective.ALLREDUCE, algorithm, recvbuf):
+        if path is _symm.STAGED:
             req = _symm.staged_allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
             if req is not None:
                 return req
@@ -308,10 +309,11 @@ class Comm:
                           algorithm)
 
     def Iallgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
-        if _symm.wanted(self, Collective.ALLGATHER, algorithm, sendbuf, recvbuf,
-                        sendbuf is IN_PLACE):
+        path = _symm.route(self, Collective.ALLGATHER, algorithm, sendbuf, recvbuf,
+                           sendbuf is IN_PLACE)
+        if path is _symm.SYMM:
             return _symm.allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE)
-        if _symm.auto_staged(self, Collective.ALLGATHER, algorithm, recvbuf):
+        if path is _symm.STAGED:
             req = _symm.staged_allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE)
             if req is not None:
                 return req
@@ -332,10 +334,11 @@ class Comm:
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
                               algorithm: str | None = None) -> Request:
-        if _symm.wanted(self, Collective.REDUCE_SCATTER, algorithm, sendbuf, recvbuf,
-                        sendbuf is IN_PLACE):
+        path = _symm.route(self, Collective.REDUCE_SCATTER, algorithm, sendbuf, recvbuf,
+                           sendbuf is IN_PLACE)
+        if path is _symm.SYMM:
             return _symm.reduce_scatter(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
-        if _symm.auto_staged(self, Collective.REDUCE_SCATTER, algorithm, recvbuf):
+        if path is _symm.STAGED:
             req = _symm.staged_reduce_scatter(self, sendbuf, recvbuf, op,
                                               sendbuf is IN_PLACE)
             if req is not None:
