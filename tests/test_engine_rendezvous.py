@@ -271,6 +271,34 @@ def test_rts_held_for_a_posted_recv_when_the_buffer_is_full():
     assert e1.cts_out == 2 and e1.early_nbytes == 0 and e1.early_peak_nbytes <= 1024
 
 
+def test_held_rts_granted_as_the_buffer_frees_no_deadlock():
+    """Recursive doubling on 4 ranks posting one after another, 8 chunks of 16 KiB per
+    exchange, early buffer 20 KiB: each RECV waits on its own SEND to the same peer, whose
+    CTS waits on the peer's RECV, which waits on the peer's SEND... Only one grant fits at
+    a time; held RTSs are granted as granted messages are consumed. Eager sends overflow
+    the same buffer and fail."""
+    from polycast.algorithms import build
+    P = 4
+    s = build("allreduce", "recdoubling", P, 32768, nchunks=8)
+    for eager, ok in ((EAGER, True), (1 << 30, False)):
+        w = World(P, EngineConfig(eager_max_nbytes=eager, max_early_nbytes=20000,
+                                  op_timeout_s=5.0))
+        call = w.post_call(s, op="sum", ranks=[])
+        for r in reversed(range(P)):
+            call.reqs[r] = w.post(r, s, call.inputs[r], call.recvs[r], "sum")
+            w.advance(1e-3)
+        w.run()
+        if not ok:
+            assert any(isinstance(e, ProtocolError) and "max_early_nbytes" in str(e)
+                       for e in w.errors.values()), w.errors
+            continue
+        w.check(call)
+        assert sum(e.stats.cts_granted_early for e in w.engines) > 4
+        assert all(e.stats.early_peak_nbytes <= 20000 and e.stats.early_nbytes == 0
+                   for e in w.engines)
+        assert all(not e._grant_wait for e in w.engines)
+
+
 def test_many_requests_outstanding_with_rendezvous_interleaved():
     """Eight collectives in flight on every rank, small (eager) and large (rendezvous)
     mixed, ranks posting at different times; every one exact."""

@@ -26,9 +26,13 @@ fits in the early buffer (the bytes are reserved there, as an eager DATA would h
 them): the schedule IR promises that sends never wait for the receiver's RECV (the verifier
 checks deadlock freedom under that rule; recursive doubling's RECV waits on its own SEND to
 the same peer), so such a RECV must not stall the SEND while memory allows. Only when the
-buffer is full, where an eager DATA would have failed the call (OVERFLOW), is that RTS held
-until its RECV starts: a rank late inside the collective then costs nothing, while a RECV
-that waits on this very SEND ends at ``op_timeout_s`` (the error names the CTS wait).
+buffer is full, where an eager DATA would have failed the call (OVERFLOW), is that RTS
+held, and granted as soon as the buffer has room again (oldest first) or its RECV starts: a
+rank late inside the collective then costs nothing, and a RECV that waits on this very SEND
+still progresses as granted messages are consumed. A cycle of such waits that needs more of
+the buffer at once than there is (a single message larger than it, say) still waits, until
+``op_timeout_s`` (the error names the CTS wait); eager, it would have failed at once with
+OVERFLOW.
 
 Reliable multicast (specs/mcast-protocol.md). An MCAST step cuts its region into chunks of
 at most ``mtu_nbytes`` (whole elements), sends one datagram per chunk (paced), then an
@@ -481,6 +485,7 @@ class Engine:
         self._rate_gbps = self.config.pacing_gbps
         self._sig_cache: dict[tuple, tuple] = {}    # -> (schedule, sig)
         self._plans: dict[tuple, tuple] = {}        # (id(schedule), rank) -> (schedule, plan)
+        self._grant_wait: deque = deque()           # (request, (src, tag)): RTS refused a grant
 
     # -- public state ---------------------------------------------------------------------
     @property
@@ -571,6 +576,8 @@ class Engine:
                     self._datagram(h, payload, now, out)
         if self._reqs.get(r.req) is r:
             self._maybe_complete(r, out)
+        if self._grant_wait:
+            self._retry_grants(out)
         return out
 
     def _get_plan(self, schedule: Schedule) -> _Plan:
@@ -593,6 +600,8 @@ class Engine:
         st.message_bytes_in += header.payload_nbytes
         out: list[Action] = []
         self._message(src, header, payload, now, out)
+        if self._grant_wait:
+            self._retry_grants(out)
         return out
 
     def on_datagram(self, data, now: float) -> list[Action]:
@@ -636,6 +645,8 @@ class Engine:
             self._step_done(r, idx)
             self._pump(r, now, out)
         self._maybe_complete(r, out)
+        if self._grant_wait:
+            self._retry_grants(out)
         return out
 
     def on_timer(self, timer: int, now: float) -> list[Action]:
@@ -812,6 +823,36 @@ class Engine:
         rdv.add(key)
         r.held[key] = (h, None)
         r.held_nbytes += _ENTRY_OVERHEAD_NBYTES
+        # Grant it as soon as the buffer has room again: its RECV may wait on a SEND of
+        # ours that waits on the peer's CTS (recursive doubling), which only grants end.
+        self._grant_wait.append((r, key))
+
+    def _retry_grants(self, out: list) -> None:
+        """Grant held RTSs of posted requests, oldest first, while the early buffer
+        has room (called after any event that may have released some)."""
+        wait = self._grant_wait
+        st = self.stats
+        while wait:
+            r, key = wait[0]
+            held = r.held.get(key) if self._reqs.get(r.req) is r else None
+            if held is None or held[0].kind is not MsgKind.RTS:
+                wait.popleft()                  # its RECV started, or the request ended
+                continue
+            idx = r.plan.recv_index[key]
+            cost = r.plan.nelems[idx] * r.itemsize + _ENTRY_OVERHEAD_NBYTES
+            # the held header's own cost is given back as the payload's is reserved
+            st.early_nbytes -= _ENTRY_OVERHEAD_NBYTES
+            if not self._charge(cost):
+                st.early_nbytes += _ENTRY_OVERHEAD_NBYTES
+                return
+            wait.popleft()
+            del r.held[key]
+            r.held_nbytes += cost - _ENTRY_OVERHEAD_NBYTES
+            if r.granted is None:
+                r.granted = {}
+            r.granted[key] = cost
+            st.cts_granted_early += 1
+            self._send_cts(r, key[0], key[1], out)
 
     def _send_cts(self, r: _Request, dst: int, tag: int, out: list) -> None:
         st = self.stats
