@@ -49,11 +49,31 @@ Measured (bench/symm.py, 4 ranks on 2 cores, 16 MiB): busbw allgather 3.6-4.0 GB
 reduce-scatter 4.2-4.9, allreduce 4.2-4.7, against the ring's 0.8-1.4; a 16-byte call
 takes ~100 us against the ring's 0.8-1.5 ms (18 us for allreduce on 2 ranks).
 
+``auto`` with ordinary arrays (:func:`route`, :func:`auto_staged`): when every rank of
+the communicator is on one host, POLYCAST_SYMM is not 0 and symm has not been refused
+there (other hosts, a failed allocation, a lost peer), Allgather, Reduce_scatter_block,
+Allreduce and Bcast go *staged*: the input is copied into the communicator's staging
+segment and the collective reads peers' staging segments (allgather and reduce-scatter
+write straight into the user's recvbuf; allreduce reduces its block in place, then copies
+every block out; broadcast is pipelined in BCAST_CHUNK_NBYTES chunks; an allreduce up to
+ONE_SHOT_MAX_NBYTES takes one barrier, its input in one of two alternating slots of a
+small segment). The staging segment is made by the first such call (collective: every
+rank makes the same call) and replaced by one of the next power of two when a call needs
+more; a rank that needs to grow it first joins a barrier saying so, so ranks passing
+different sizes all raise MismatchError rather than some allocating while others wait.
+It is freed with the communicator. The choice uses only what every rank shares, never
+whether a rank's own buffers are symmetric (those take the zero-copy path above, on
+every rank alike or MismatchError). Measured, 4 ranks on 2 cores (loaded machine, noisy):
+16 MiB busbw allgather 1.2-2.8 GB/s, allreduce 1.1-2.4, broadcast 1.6-4.7; 8-byte
+allreduce 60-180 us, against the engine's 0.5-1.2, 0.8-1.3, ~1.0-1.25 GB/s and 300-1300 us.
+
 Why this does not break "one engine": this path is a transport-level fast path for one
 host, like PyTorch's, not a second copy of an algorithm. The engine's schedules (direct,
 ring, ...) remain the semantics of every collective; here the buffers themselves are
 shared, so there is nothing to send: the "schedule" degenerates to direct reads in a
-rotated order, and it is only taken when the user asked for symmetric memory. It cannot
+rotated order, and it is only taken on one host, where it is a copy through shared
+memory like the shm rings' (POLYCAST_SYMM=0 or an explicit algorithm= runs the schedule
+instead). It cannot
 run in the simulator (there is no shared memory across a modelled network) and does not
 need to: its traffic is that of the ``direct`` allgather and reduce-scatter schedules
 (every rank exchanges with every peer, once), which the simulator and verifier cover.
