@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
+from polycast.cli.bench import measure
+from polycast.cli.table import print_table
+from polycast.errors import PolycastError
+from polycast.units import parse_size
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 
 CASES = [
     # (label, collective, algorithms, size, iters, warmup)
@@ -34,20 +37,12 @@ CASES = [
 
 def bench(nranks: int, coll: str, algos: str, size: str, iters: int, warmup: int,
           transport: str | None, timeout: float) -> list[dict]:
-    cmd = [sys.executable, "-m", "polycast.cli.main", "bench", "-n", str(nranks), coll,
-           "--algo", algos, "--min", size, "--max", size, "--iters", str(iters),
-           "--warmup", str(warmup), "--json"]
-    if transport:
-        cmd += ["--transport", transport]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                         cwd=REPO)
-    if res.returncode != 0:
-        print(f"  {coll} {algos} {size}: polycast bench failed ({res.returncode}):\n"
-              f"{res.stderr[-2000:]}", file=sys.stderr)
+    """One `polycast bench` run (its measure() entry point); [] and a message on failure."""
     try:
-        return json.loads(res.stdout)
-    except json.JSONDecodeError:
+        return measure(coll, nranks, algos.split(","), [parse_size(size)], iters=iters,
+                       warmup=warmup, transport=transport, timeout_seconds=timeout)
+    except PolycastError as exc:
+        print(f"  {coll} {algos} {size}: polycast bench failed: {exc}", file=sys.stderr)
         return []
 
 
@@ -72,14 +67,11 @@ def main(argv=None) -> int:
     print(f"polycast runtime, {args.nranks} local ranks, transport "
           f"{args.transport or 'auto'}, {os.cpu_count()} cores "
           f"(load average {os.getloadavg()[0]:.1f} at the end)")
-    head = (f"{'case':28} {'algorithm':14} {'asked':14} {'time (us)':>12} {'busbw GB/s':>11} "
-            f"{'correct':>8} {'recovered':>10}")
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['case']:28} {r['algorithm']:14} {r.get('requested', ''):14} "
-              f"{r['time_us']:12.1f} {r['busbw']:11.3f} {str(r['correct']):>8} "
-              f"{r.get('recovered_bytes', 0):10d}")
+    print_table("", ["case", "algorithm", "asked", "time (us)", "busbw GB/s", "correct",
+                     "recovered"],
+                [[r["case"], r["algorithm"], r.get("requested", ""), round(r["time_us"], 1),
+                  round(r["busbw"], 3), str(r["correct"]), r.get("recovered_bytes", 0)]
+                 for r in rows], right={"time (us)", "busbw GB/s", "recovered"})
     lat = [r for r in rows if r["case"].startswith("8 B")]
     if lat:
         best = min(lat, key=lambda r: r["time_us"])
