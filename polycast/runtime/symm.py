@@ -642,15 +642,7 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
     P, r = comm.size, comm.rank
     st = state(comm)
     with _telling_peers(comm, "allreduce"):
-        recv = _flat(recvbuf, "recvbuf")
-        ropt = _op(op)
-        src = recv if in_place else _flat(sendbuf, "sendbuf")
-        if src.size != recv.size:
-            raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got "
-                                  f"{src.size} and {recv.size}")
-        if src.dtype != recv.dtype:
-            raise InvalidArgument(f"Allreduce: sendbuf dtype {src.dtype} and recvbuf dtype "
-                                  f"{recv.dtype} must match")
+        recv, src, ropt = _allreduce_args(sendbuf, recvbuf, op, in_place)
     dt, isz, count = recv.dtype, recv.dtype.itemsize, recv.size
     what = _describe("allreduce", count, dt, ropt.value)
     seg = _stage(comm, st, count * isz, ("allreduce", count, dt.str, ropt.value), what)
@@ -819,6 +811,20 @@ def _op(op) -> ReduceOp:
     return got or ReduceOp.parse(op if op is not None else "sum")
 
 
+
+def _allreduce_args(sendbuf, recvbuf, op, in_place: bool):
+    """(recv, src, op) of an Allreduce, flattened and checked alike on both paths."""
+    recv = _flat(recvbuf, "recvbuf")
+    ropt = _op(op)
+    src = recv if in_place else _flat(sendbuf, "sendbuf")
+    if src.size != recv.size:
+        raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got "
+                              f"{src.size} and {recv.size}")
+    if src.dtype != recv.dtype:
+        raise InvalidArgument(f"Allreduce: sendbuf dtype {src.dtype} and recvbuf dtype "
+                              f"{recv.dtype} must match")
+    return recv, src, ropt
+
 def allgather(comm, sendbuf, recvbuf, in_place: bool):
     """Rank r's block p of ``recvbuf`` = peer p's ``sendbuf`` (or, in place, peer p's block
     p of its symmetric ``recvbuf``)."""
@@ -910,15 +916,7 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
     ``sendbuf`` is first copied into ``recvbuf`` (then it runs in place)."""
     P, r = comm.size, comm.rank
     with _telling_peers(comm, "allreduce"):
-        recv = _flat(recvbuf, "recvbuf")
-        ropt = _op(op)
-        src = recv if in_place else _flat(sendbuf, "sendbuf")
-        if src.size != recv.size:
-            raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got "
-                                  f"{src.size} and {recv.size}")
-        if src.dtype != recv.dtype:
-            raise InvalidArgument(f"Allreduce: sendbuf is {src.dtype}, recvbuf "
-                                  f"{recv.dtype}: they must match")
+        recv, src, ropt = _allreduce_args(sendbuf, recvbuf, op, in_place)
         st = state(comm)
         rloc = st.find(recv) if st is not None else None
         sloc = rloc if in_place else (st.find(src) if st is not None else None)
