@@ -252,3 +252,16 @@ def test_shm_rings_are_refused_on_cpus_without_total_store_order(monkeypatch):
     assert "store ordering" in shm.shm_unavailable_reason()
     monkeypatch.setattr(shm.platform, "machine", lambda: "x86_64")
     assert shm.shm_unavailable_reason() in (None, f"{shm.SHM_DIR} is not a writable directory")
+
+
+def test_auto_symm_is_not_offered_without_total_store_order(monkeypatch):
+    from polycast.runtime import shm, symm
+
+    class _World:
+        single_host = True
+
+    class _Comm:
+        _driver = type("D", (), {"world": _World()})()
+    assert symm._members_on_one_host(_Comm())
+    monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")
+    assert not symm._members_on_one_host(_Comm())

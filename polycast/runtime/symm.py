@@ -98,7 +98,7 @@ from ..collectives import Collective, ReduceOp
 from ..errors import CollectiveTimeout, InvalidArgument, MismatchError, PeerLost, PolycastError
 from ..memory import apply_avg
 from .env import host_id
-from .shm import SHM_DIR
+from .shm import SHM_DIR, shm_available, shm_unavailable_reason
 
 NAME = "symm"
 CTRL_NBYTES = 4096
@@ -233,9 +233,15 @@ class SymmState:
         self.growing = False
         self.auto_refused: str | None = None
         hosts = comm.allgather(host_id())
+        why = None
         if len(set(hosts)) != 1:
-            self.usable_reason = ("symmetric memory needs every rank of the communicator on "
-                                  f"one host; ranks are on {len(set(hosts))} hosts")
+            why = ("symmetric memory needs every rank of the communicator on one host; ranks "
+                   f"are on {len(set(hosts))} hosts")
+        # The epoch barrier orders data and counters the way the shm rings do: only where
+        # the CPU keeps stores in order (same answer on every rank of one host).
+        why = why or shm_unavailable_reason()
+        if why:
+            self.usable_reason = why
             self.ctrl = None
             return
         maps = _map_collectively(comm, CTRL_NBYTES, "ctrl")
@@ -470,7 +476,7 @@ def _members_on_one_host(comm) -> bool:
     """From what the rendezvous told every rank (no message): the same answer everywhere,
     since every member sees every other member on its own host or none does."""
     world = getattr(comm._driver, "world", None)
-    if world is None:
+    if world is None or not shm_available():
         return False
     if world.single_host:
         return True
