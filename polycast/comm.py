@@ -217,11 +217,21 @@ class Comm:
                                 f"(registered: {', '.join(ok) or 'none'})")
         return plain[0]
 
-    def _schedule(self, coll: Collective, algo: str, count: int, root: int, nbytes: int):
-        P = self.size
+    def _schedule(self, coll: Collective, algo: str, count: int, root: int,
+                  total_nbytes: int):
+        """The schedule for this call; ``total_nbytes`` is the collective's largest buffer."""
         nchunks = 1
-        if nbytes > 2 * BLOCK_NBYTES and not _is_multicast(coll, algo):
-            nchunks = int(min(MAX_NCHUNKS, max(1, nbytes // (P * BLOCK_NBYTES))))
+        if total_nbytes > 2 * BLOCK_NBYTES and not _is_multicast(coll, algo):
+            # Pipeline in messages of about BLOCK_NBYTES: a part of the largest buffer
+            # (P parts for a ring, 2 for a double tree, 1 for a chain) is cut into nchunks.
+            parts = max(lay.parts for lay in self._built(coll, algo, count, root, 1).layouts
+                        .values())
+            nchunks = int(min(MAX_NCHUNKS, max(1, total_nbytes // (parts * BLOCK_NBYTES))))
+        return self._built(coll, algo, count, root, nchunks)
+
+    def _built(self, coll: Collective, algo: str, count: int, root: int, nchunks: int):
+        """The schedule, from this communicator's cache (schedules are pure data)."""
+        P = self.size
         key = (coll, algo, count, root, nchunks)
         with self._lock:
             sched = self._schedules.get(key)
@@ -252,7 +262,8 @@ class Comm:
         nbytes = count * dt.itemsize * (1 if coll in (Collective.BROADCAST, Collective.REDUCE,
                                                       Collective.ALLREDUCE) else 1)
         algo = self.choose_algorithm(coll, nbytes, algorithm)
-        sched = self._schedule(coll, algo, count, root if coll.rooted else 0, nbytes)
+        sched = self._schedule(coll, algo, count, root if coll.rooted else 0,
+                               coll.total_elements(self.size, count) * dt.itemsize)
         drv = self._driver
         req_id = drv.new_request_id()
         drv.buffers.register(req_id, sched, self.rank, send, recv, opname or None)
