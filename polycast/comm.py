@@ -609,6 +609,7 @@ def init(*, rank: int | None = None, size: int | None = None,
     global _WORLD
     from .engine.engine import EngineConfig
     from .runtime.env import detect, timeout_from_env
+    from .runtime.mcast import datagram_payload_nbytes
     from .runtime.world import connect
     with _WORLD_LOCK:
         if _WORLD is not None and not _WORLD._freed:
@@ -636,12 +637,12 @@ def init(*, rank: int | None = None, size: int | None = None,
             from dataclasses import replace
             job = replace(job, timeout_seconds=float(timeout))
         world = connect(job, transport)
-        mtu = mtu_nbytes or int(os.environ.get("POLYCAST_MTU", 0) or
-                                (60000 if world.single_host else 8192))
+        secret = os.environ.get("POLYCAST_SECRET")
+        mtu = mtu_nbytes or int(os.environ.get("POLYCAST_MTU", 0) or datagram_payload_nbytes(
+            world.job_id, world.single_host, secret.encode() if secret else None))
         pace = pacing_gbps if pacing_gbps is not None else \
             (float(os.environ["POLYCAST_PACING_GBPS"]) if os.environ.get("POLYCAST_PACING_GBPS")
              else None)
-        secret = os.environ.get("POLYCAST_SECRET")
         config = EngineConfig(mtu_nbytes=mtu, pacing_gbps=pace,
                               op_timeout_s=job.timeout_seconds,
                               secret=secret.encode() if secret else None)

@@ -265,3 +265,18 @@ def test_auto_symm_is_not_offered_without_total_store_order(monkeypatch):
     assert symm._members_on_one_host(_Comm())
     monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")
     assert not symm._members_on_one_host(_Comm())
+
+
+def test_datagram_size_follows_the_interface_mtu(monkeypatch):
+    from polycast.engine.wire import header_nbytes
+    from polycast.runtime.mcast import datagram_payload_nbytes
+    assert datagram_payload_nbytes("job", True, None) == 60000
+    monkeypatch.setenv("POLYCAST_MCAST_IF", "127.0.0.1")          # lo: a 64 KiB MTU
+    with open("/sys/class/net/lo/mtu") as fh:
+        lo_mtu = int(fh.read())
+    want = min(65000, lo_mtu - 28 - header_nbytes(None))
+    assert datagram_payload_nbytes("job", False, None) == want
+    assert datagram_payload_nbytes("job", False, b"key") == min(
+        65000, lo_mtu - 28 - header_nbytes(b"key"))
+    monkeypatch.setenv("POLYCAST_MCAST_IF", "192.0.2.1")          # no such interface here
+    assert datagram_payload_nbytes("job", False, None) == 1500 - 28 - header_nbytes(None)

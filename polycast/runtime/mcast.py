@@ -16,6 +16,7 @@ import os
 import socket
 import struct
 
+from ..engine.wire import header_nbytes
 from ..errors import PolycastError
 
 RCVBUF_NBYTES = 64 << 20
@@ -79,6 +80,25 @@ def default_interface(group: str, port: int) -> str:
         + ": set POLYCAST_MCAST_IF to the address of the interface facing the other hosts"
         + (" (one of: " + ", ".join(f"{a} ({n})" for n, a in candidates) + ")"
            if candidates else ""))
+
+
+def datagram_payload_nbytes(job_id: str, single_host: bool, secret: bytes | None) -> int:
+    """The engine's ``mtu_nbytes`` for this job's multicast: large on one host (loopback
+    has a 64 KiB MTU), else what fits one frame of the interface facing the other hosts
+    (its MTU less the IP and UDP headers and ours), so that one lost IP fragment never
+    costs a whole larger datagram."""
+    if single_host:
+        return 60000
+    ours = header_nbytes(secret) + 28                      # + IPv4 (20) and UDP (8)
+    try:
+        group, port = group_for(job_id, 0)
+        addr = os.environ.get("POLYCAST_MCAST_IF") or default_interface(group, port)
+        name = next(n for n, a in _interfaces() if a == addr)
+        with open(f"/sys/class/net/{name}/mtu") as fh:
+            mtu = int(fh.read())
+    except (OSError, StopIteration, ValueError, MulticastUnavailable):
+        mtu = 1500                                          # Ethernet's, the common case
+    return max(64, min(65000, mtu - ours))
 
 
 def open_group(job_id: str, comm_id: int, single_host: bool,
