@@ -456,3 +456,21 @@ def test_gap_finder_matches_a_plain_scan():
             want.append((i, j))
             i = j
         assert _gaps(held, asked, lo, hi) == want
+
+
+def test_a_broadcast_root_slows_down_when_its_receivers_lose_data():
+    # The root receives no multicast data, so only the unicast re-sends its successor pulls
+    # back tell it that its stream is too fast.
+    P, root = 4, 0
+    cfg = EngineConfig(mtu_nbytes=64, pacing_gbps=10.0)
+    w = World(P, cfg, Net(loss=0.3), seed=5)
+    c = w.post_call(mcast_broadcast(P, 400, root=root))
+    w.run()
+    w.check(c)
+    assert w.engines[root].stats.recovery_served > 0
+    assert w.engines[root].stats.pacing_gbps < 10.0
+    w2 = World(P, cfg, seed=5)                          # no loss: full rate stays
+    c2 = w2.post_call(mcast_broadcast(P, 400, root=root))
+    w2.run()
+    w2.check(c2)
+    assert w2.engines[root].stats.pacing_gbps == 10.0

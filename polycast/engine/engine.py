@@ -405,7 +405,7 @@ class _Request:
                  "ndeps", "ndone", "ready", "held", "held_nbytes", "streams", "mrecv_left",
                  "multicast", "fin_sent", "fin_received", "outstanding", "op_timer",
                  "rec_timer", "pace_timers", "rto", "mcast_bytes_in", "recovered_nbytes",
-                 "tokens", "mismatch", "mis_timer", "rts_wait", "rdv", "granted", "cts_early",
+                 "mcast_bytes_out", "served_own_nbytes", "tokens", "mismatch", "mis_timer", "rts_wait", "rdv", "granted", "cts_early",
                  "cts_ahead")
 
     def __init__(self, req, seq, sched, plan, itemsize, sig, desc):
@@ -428,6 +428,8 @@ class _Request:
         self.rto = 0.0
         self.mcast_bytes_in = 0
         self.recovered_nbytes = 0
+        self.mcast_bytes_out = 0        # our own streams' bytes, multicast
+        self.served_own_nbytes = 0      # ... and re-sent by unicast: the loss others saw
         self.tokens = set()
         self.mismatch = None            # our MismatchError text, while awaiting the other call
         self.mis_timer = None
@@ -1174,6 +1176,7 @@ class Engine:
             out.append(_multicast(h, _region(req, buf, runs, nb), t))
             st.datagrams_out += 1
             st.datagram_bytes_out += nb
+            r.mcast_bytes_out += nb
             if rate:
                 t += (nb + HEADER_NBYTES) * 8 * per_bit
         eos = Header(MsgKind.MCAST_EOS, comm, seq, me, s.nchunks, s.nbytes, 0, sig, ordinal)
@@ -1313,6 +1316,8 @@ class Engine:
         reply = Header(MsgKind.RECOVER_DATA, self.comm, r.seq, self.rank, s.root, h.offset,
                        h.length, r.sig, s.ordinal)
         self.stats.recovery_served += 1
+        if s.owner:
+            r.served_own_nbytes += h.length
         self._send(r, dst, reply, region, -1, out)
 
     def _answer_deferred(self, r: _Request, s: _Stream, out: list) -> None:
@@ -1374,10 +1379,15 @@ class Engine:
         cfg = self.config
         if not cfg.pacing_gbps or not r.multicast:
             return
+        # Loss as a receiver (what we had to recover) and as a sender (what our successor
+        # pulled back of our own streams): a broadcast root receives nothing, so without
+        # the second it would never slow down.
         got = r.mcast_bytes_in + r.recovered_nbytes
-        if not got:
+        recv_loss = r.recovered_nbytes / got if got else 0.0
+        send_loss = r.served_own_nbytes / r.mcast_bytes_out if r.mcast_bytes_out else 0.0
+        if not got and not r.mcast_bytes_out:
             return
-        loss = r.recovered_nbytes / got
+        loss = max(recv_loss, send_loss)
         if loss > 0.01:
             self._rate_gbps = max(cfg.pacing_gbps * cfg.pacing_min_fraction,
                                   self._rate_gbps * 0.7)
