@@ -401,3 +401,20 @@ def test_every_algorithm_with_every_payload_by_rendezvous_across_processes():
     for r in results:
         assert r.returncode == 0 and "SELFTEST all OK" in r.out, (
             f"rank {r.rank} exit {r.returncode}\n{r.out[-3000:]}\n{r.err[-3000:]}")
+
+
+def test_held_payloads_do_not_pin_the_shm_ring():
+    # A late rank grants clear-to-sends early and parks the data it receives until its
+    # steps start. Parked as views into the shm ring, they pinned the ring's tail and the
+    # partner's next clear-to-send could never arrive (recursive doubling, 16 x 1 MiB).
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).with_name("late_rank_allreduce.py")
+    env = {**os.environ, "POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": "shm"}
+    proc = subprocess.run([sys.executable, "-m", "polycast.cli.main", "run", "-n", "4",
+                           str(script), str(1 << 22), "0"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("ok") == 4

@@ -746,7 +746,7 @@ class Engine:
                     return
                 cost = nbytes + _ENTRY_OVERHEAD_NBYTES
                 if granted:                 # reserved by the early CTS: already charged
-                    r.held[(src, h.tag)] = (h, payload)
+                    r.held[(src, h.tag)] = (h, _own(payload))
                     return
                 if not self._charge(cost):
                     self._fail(r, ProtocolError(
@@ -754,7 +754,7 @@ class Engine:
                         f"{self.config.max_early_nbytes} of messages held before their "
                         "steps could start"), out, abort=AbortReason.OVERFLOW)
                     return
-                r.held[(src, h.tag)] = (h, payload)
+                r.held[(src, h.tag)] = (h, _own(payload))
                 r.held_nbytes += cost
             else:
                 st.drop("duplicate")
@@ -1036,7 +1036,7 @@ class Engine:
                     f"messages of this collective arrived before it was posted and "
                     f"overflowed max_early_nbytes={self.config.max_early_nbytes}")
             return
-        self._early.setdefault(seq, []).append((is_msg, src, h, payload))
+        self._early.setdefault(seq, []).append((is_msg, src, h, _own(payload)))
 
     # -- steps ----------------------------------------------------------------------------
     def _pump(self, r: _Request, now: float, out: list) -> None:
@@ -1482,3 +1482,16 @@ class Engine:
     def _cancel_timer(self, out: list, tid: int) -> None:
         if self._timers.pop(tid, None) is not None:
             out.append(_cancel_timer(tid))
+
+
+def _own(payload):
+    """A payload the engine keeps for later, as bytes of its own.
+
+    Drivers hand payloads as views into their receive memory (the shm rings hand views into
+    the ring, freed when the view dies). A view parked here until its step starts would pin
+    that memory and every frame behind it, so the peer's next messages, the very clear-to-
+    send or data that lets the step start, could never arrive: copy what is held, not what
+    is delivered at once (None, the simulator's payload, stays None)."""
+    if payload is None or type(payload) is bytes:
+        return payload
+    return bytes(memoryview(payload).cast("B"))
