@@ -611,22 +611,8 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
     P, r = comm.size, comm.rank
     st = state(comm)
     with _telling_peers(comm, "reduce_scatter"):
-        recv = _flat(recvbuf, "recvbuf")
-        ropt = _op(op)
-        if in_place:
-            if recv.size % P:
-                raise InvalidArgument("Reduce_scatter_block IN_PLACE: recvbuf must hold "
-                                      f"{P} blocks, got {recv.size} elements")
-            src, n = recv, recv.size // P
-            out = recv[:n]
-        else:
-            src, n, out = _flat(sendbuf, "sendbuf"), recv.size, recv
-            if src.size != P * n:
-                raise InvalidArgument(f"Reduce_scatter_block: sendbuf needs {P} x {n} = "
-                                      f"{P * n} elements, got {src.size}")
-        if src.dtype != recv.dtype:
-            raise InvalidArgument(f"Reduce_scatter_block: sendbuf dtype {src.dtype} and "
-                                  f"recvbuf dtype {recv.dtype} must match")
+        recv, src, n, ropt = _reduce_scatter_args(sendbuf, recvbuf, op, in_place, P)
+        out = recv[:n] if in_place else recv
     dt = recv.dtype
     seg = _stage(comm, st, P * n * dt.itemsize, ("reduce_scatter", n, dt.str, ropt.value),
                  _describe("reduce_scatter", n, dt, ropt.value))
@@ -818,6 +804,27 @@ def _op(op) -> ReduceOp:
 
 
 
+def _reduce_scatter_args(sendbuf, recvbuf, op, in_place: bool, P: int):
+    """(recv, src, n, op) of a Reduce_scatter_block, n the block size, checked alike on
+    both paths (in place: the input is recvbuf's P blocks)."""
+    recv = _flat(recvbuf, "recvbuf")
+    ropt = _op(op)
+    if in_place:
+        if recv.size % P:
+            raise InvalidArgument("Reduce_scatter_block IN_PLACE: recvbuf must hold "
+                                  f"{P} blocks, got {recv.size} elements")
+        src, n = recv, recv.size // P
+    else:
+        src, n = _flat(sendbuf, "sendbuf"), recv.size
+        if src.size != P * n:
+            raise InvalidArgument(f"Reduce_scatter_block: sendbuf needs {P} x {n} = "
+                                  f"{P * n} elements, got {src.size}")
+    if src.dtype != recv.dtype:
+        raise InvalidArgument(f"Reduce_scatter_block: sendbuf dtype {src.dtype} and "
+                              f"recvbuf dtype {recv.dtype} must match")
+    return recv, src, n, ropt
+
+
 def _allreduce_args(sendbuf, recvbuf, op, in_place: bool):
     """(recv, src, op) of an Allreduce, flattened and checked alike on both paths."""
     recv = _flat(recvbuf, "recvbuf")
@@ -876,21 +883,7 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
     (in place: of its symmetric ``recvbuf``, the result landing in its first block)."""
     P, r = comm.size, comm.rank
     with _telling_peers(comm, "reduce_scatter"):
-        recv = _flat(recvbuf, "recvbuf")
-        ropt = _op(op)
-        if in_place:
-            if recv.size % P:
-                raise InvalidArgument("Reduce_scatter_block IN_PLACE: recvbuf must hold "
-                                      f"{P} blocks, got {recv.size} elements")
-            src, n = recv, recv.size // P
-        else:
-            src, n = _flat(sendbuf, "sendbuf"), recv.size
-            if src.size != P * n:
-                raise InvalidArgument(f"Reduce_scatter_block: sendbuf needs {P} x {n} = "
-                                      f"{P * n} elements, got {src.size}")
-        if src.dtype != recv.dtype:
-            raise InvalidArgument(f"Reduce_scatter_block: sendbuf is {src.dtype}, recvbuf "
-                                  f"{recv.dtype}: they must match")
+        recv, src, n, ropt = _reduce_scatter_args(sendbuf, recvbuf, op, in_place, P)
         st, (seg, off) = _require(comm, "reduce_scatter", src,
                                   "recvbuf (IN_PLACE)" if in_place else "sendbuf")
     dt = recv.dtype
