@@ -1,0 +1,29 @@
+"""The user-facing communicator: mpi4py-style collectives on numpy arrays.
+
+>>> import numpy as np, polycast
+>>> comm = polycast.init()                        # from polycast run / torchrun / mpiexec / srun
+>>> x = np.full(4, comm.rank, np.float32)
+>>> comm.Allreduce(polycast.IN_PLACE, x, op="sum")
+>>> req = comm.Iallgather(x, out)                 # non-blocking; req.Wait()
+
+Every call builds the schedule of the chosen algorithm (``algorithm=`` keyword, else the
+environment's ``POLYCAST_<COLLECTIVE>_ALGO``, else ``auto``: see :mod:`.choice`), registers
+the arrays (bad sizes or dtypes raise InvalidArgument before anything is sent) and posts it
+to the progress thread. Every wait is bounded by the communicator's timeout
+(POLYCAST_TIMEOUT, default 60 s).
+
+Modules: :mod:`.core` (identity, posting, Split/Dup/Free), :mod:`.choice` (which algorithm),
+:mod:`.buffers` (what a buffer may be), :mod:`.collectives` (buffer methods),
+:mod:`.objects` (object methods), :mod:`.communicator` (``Comm``), :mod:`.lifecycle`
+(``init``, ``finalize``, ``world``).
+"""
+
+from ..errors import UnknownName
+from ..runtime.driver import Request
+from .buffers import IN_PLACE
+from .communicator import Comm
+from .core import UNDEFINED
+from .lifecycle import finalize, init, world
+
+__all__ = ["Comm", "Request", "IN_PLACE", "UNDEFINED", "init", "finalize", "world",
+           "UnknownName"]

@@ -1,0 +1,14 @@
+"""The user's communicator, assembled from modules each readable alone."""
+
+from __future__ import annotations
+
+from .collectives import BufferCollectives
+from .core import CommCore
+from .objects import ObjectMethods
+
+
+class Comm(BufferCollectives, ObjectMethods, CommCore):
+    """A communicator. Made by :func:`polycast.init` (the world), :meth:`Split` and
+    :meth:`Dup`. mpi4py's buffer methods (:mod:`.collectives`), lowercase object methods
+    (:mod:`.objects`); identity, posting and Split/Dup/Free in :mod:`.core`; which algorithm
+    a call runs in :mod:`.choice`."""

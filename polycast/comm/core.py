@@ -1,0 +1,178 @@
+"""The communicator's core: who it is, how a call becomes a posted schedule, and how
+communicators are made and freed. The methods users call are mixed in from
+:mod:`.collectives` (buffers) and :mod:`.objects` (pickled Python objects)."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+
+import numpy as np
+
+from ..algorithms import build
+from ..collectives import Collective
+from ..errors import InvalidArgument
+from ..runtime import symm as _symm
+from ..runtime.driver import Driver, Request
+from . import choice
+from .buffers import dtype_name, op_name
+
+UNDEFINED = -32766          # Split color for "not in any new communicator" (as MPI.UNDEFINED)
+
+
+class CommCore:
+    """Identity, schedule cache, posting, Split/Dup/Free (see :class:`polycast.Comm`)."""
+
+    def __init__(self, driver: Driver, comm_id: int, members: list[int],
+                 timeout_seconds: float, mcast_error: str | None = None) -> None:
+        self._driver = driver
+        self.id = comm_id
+        self.members = members
+        self.rank = members.index(driver.rank)
+        self.size = len(members)
+        self.timeout_seconds = timeout_seconds
+        self.mcast_error = mcast_error
+        self._splits = 0
+        self._freed = False
+        self._schedules: collections.OrderedDict = collections.OrderedDict()
+        self._supported: dict = {}
+        self._lock = threading.Lock()
+
+    # -- identity ---------------------------------------------------------------------------
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"<polycast.Comm id={self.id} rank={self.rank}/{self.size}>"
+
+    def transports(self) -> dict[int, str]:
+        """Transport to each other member (local rank -> "shm" or "tcp")."""
+        t = self._driver.transports()
+        return {i: t[w] for i, w in enumerate(self.members) if w != self._driver.rank}
+
+    # -- algorithm choice -----------------------------------------------------------------
+    def choose_algorithm(self, coll: Collective, nbytes: int, algorithm: str | None) -> str:
+        """The engine schedule a call would use (:func:`.choice.choose_algorithm`)."""
+        return choice.choose_algorithm(self, coll, nbytes, algorithm)
+
+    def _schedule(self, coll: Collective, algo: str, count: int, root: int,
+                  total_nbytes: int):
+        """The schedule for this call; ``total_nbytes`` is the collective's largest buffer."""
+        nchunks = choice.pipeline_nchunks(
+            coll, algo, total_nbytes,
+            lambda: max(lay.parts for lay in
+                        self._built(coll, algo, count, root, 1).layouts.values()))
+        return self._built(coll, algo, count, root, nchunks)
+
+    def _built(self, coll: Collective, algo: str, count: int, root: int, nchunks: int):
+        """The schedule, from this communicator's cache (schedules are pure data)."""
+        P = self.size
+        key = (coll, algo, count, root, nchunks)
+        with self._lock:
+            sched = self._schedules.get(key)
+            if sched is None:
+                sched = build(coll, algo, P, count, root=root, nchunks=nchunks)
+                self._schedules[key] = sched
+                if len(self._schedules) > 64:
+                    self._schedules.popitem(last=False)
+            else:
+                self._schedules.move_to_end(key)
+        return sched
+
+    # -- posting a call -----------------------------------------------------------------
+    def _post(self, coll: Collective, send: np.ndarray | None, recv: np.ndarray | None,
+              count: int, root: int = 0, op=None, algorithm: str | None = None,
+              dtype: np.dtype | None = None, after=None) -> Request:
+        if self._freed:
+            raise InvalidArgument(f"{self!r} was freed")
+        if coll.rooted and not (isinstance(root, int) and 0 <= root < self.size):
+            raise InvalidArgument(f"root {root!r} out of range: valid roots are "
+                                  f"0..{self.size - 1}")
+        opname = ""
+        if coll.has_op:
+            opname = op_name(op if op is not None else "sum")
+        dt = np.dtype(dtype if dtype is not None else
+                      (send.dtype if send is not None else
+                       (recv.dtype if recv is not None else np.uint8)))
+        algo = self.choose_algorithm(coll, count * dt.itemsize, algorithm)
+        sched = self._schedule(coll, algo, count, root if coll.rooted else 0,
+                               coll.total_elements(self.size, count) * dt.itemsize)
+        drv = self._driver
+        req_id = drv.new_request_id()
+        drv.buffers.register(req_id, sched, self.rank, send, recv, opname or None)
+        rank = self.rank
+        req = Request(req_id, self.id, lambda: f"rank {rank}: {sched.describe()}",
+                      self.timeout_seconds)
+        req.on_done = after
+        drv.post(self.id, req, sched, dt.itemsize, dtype_name(dt), opname)
+        return req
+
+    # -- symmetric memory (one host) ------------------------------------------------------
+    def takes_symm(self, coll: Collective, dtype, algorithm: str | None = None) -> bool:
+        """Whether an ``auto`` call of ``coll`` on ordinary arrays of ``dtype`` runs through
+        symmetric memory (staged) rather than an engine schedule. Collective the first time
+        on a communicator (it may set up the symmetric state): call it on every rank."""
+        return _symm.auto_staged(self, Collective.parse(coll), algorithm,
+                                 np.empty(0, np.dtype(dtype)))
+
+    def symm_empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """A new array in shared memory that every rank of this (single-host) communicator
+        maps; collective: every rank calls it with the same shape and dtype. Allgather,
+        Reduce_scatter_block and Allreduce then take ``algorithm="symm"`` (and pick it under
+        ``auto``) with it as the source buffer: each rank reads its peers' arrays directly
+        (no copy into the staging buffer that ``auto`` uses for ordinary arrays).
+        Freed with the communicator. See :mod:`polycast.runtime.symm`."""
+        return _symm.alloc(self, shape, dtype)
+
+    # -- communicators ----------------------------------------------------------------------
+    def _child_id(self, what: str) -> int:
+        self._splits += 1
+        d = hashlib.blake2b(f"{self.id}/{self._splits}/{what}".encode(),
+                            digest_size=4).digest()
+        return (int.from_bytes(d, "big") | 1) & 0xFFFFFFFF     # never 0, the world's id
+
+    def Split(self, color: int = 0, key: int = 0) -> "Comm | None":
+        """Ranks with the same ``color`` form a new communicator, ordered by (key, rank).
+        ``color=polycast.UNDEFINED`` takes part but gets None."""
+        pairs = self.allgather((color, key))
+        # Same id on every member: from the parent's id, its split count and the color
+        # (never Python's hash(), which differs between processes).
+        cid = self._child_id(f"split/{color!r}")
+        if color == UNDEFINED:
+            return None
+        group = sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)
+        members = [self.members[r] for _, r in group]
+        return self._make_child(cid, members)
+
+    def Dup(self) -> "Comm":
+        self.Barrier()      # every member makes the child in the same order
+        return self._make_child(self._child_id("dup"), list(self.members))
+
+    def _make_child(self, comm_id: int, members: list[int]) -> "Comm":
+        err = self._driver.add_comm(comm_id, members)
+        return type(self)(self._driver, comm_id, members, self.timeout_seconds, err)
+
+    def Free(self) -> None:
+        if self._freed:
+            return
+        self._freed = True
+        _symm.free(self)
+        if self.id == 0:
+            from .lifecycle import finalize
+            finalize()
+        else:
+            self._driver.free_comm(self.id)
+
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.Free()
+
+    def stats(self):
+        """The engine's counters for this communicator (messages, drops, recovery...)."""
+        return self._driver.stats(self.id)

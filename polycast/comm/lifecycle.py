@@ -1,0 +1,93 @@
+"""The world communicator: :func:`init` joins the job, :func:`finalize` leaves it."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+from ..errors import InvalidArgument
+from ..runtime import symm as _symm
+from ..runtime.driver import Driver
+from .communicator import Comm
+
+_WORLD: Comm | None = None
+_WORLD_LOCK = threading.Lock()
+
+
+def init(*, rank: int | None = None, size: int | None = None,
+         master_addr: str | None = None, master_port: int | None = None,
+         timeout: float | None = None, transport: str | None = None, env=None,
+         mtu_nbytes: int | None = None, pacing_gbps: float | None = None) -> Comm:
+    """Join the job and return the world communicator (calling it again returns the same
+    one). The job is described by the environment (see :mod:`polycast.runtime.env`: polycast
+    run, torchrun, mpiexec, srun), or explicitly by ``rank``, ``size``, ``master_addr`` and
+    ``master_port`` (all four; every rank on one host is assumed when the address is a
+    loopback one). ``transport``: "auto", "shm" or "tcp" (else POLYCAST_TRANSPORT);
+    ``timeout``: seconds every wait is bounded by (else POLYCAST_TIMEOUT, default 60)."""
+    global _WORLD
+    from ..engine.engine import EngineConfig
+    from ..runtime.env import detect, timeout_from_env
+    from ..runtime.mcast import datagram_payload_nbytes
+    from ..runtime.world import connect
+    with _WORLD_LOCK:
+        if _WORLD is not None and not _WORLD._freed:
+            return _WORLD
+        explicit = (rank, size, master_addr, master_port)
+        if any(v is not None for v in explicit):
+            if any(v is None for v in explicit):
+                raise InvalidArgument("init() with an explicit job needs all of rank, size, "
+                                      f"master_addr and master_port; got rank={rank!r}, "
+                                      f"size={size!r}, master_addr={master_addr!r}, "
+                                      f"master_port={master_port!r}")
+            local = master_addr.startswith("127.") or master_addr == "localhost"
+            job = detect({"POLYCAST_RANK": str(rank), "POLYCAST_SIZE": str(size),
+                          "POLYCAST_LOCAL_RANK": str(rank if local else 0),
+                          "POLYCAST_LOCAL_SIZE": str(size if local else 1),
+                          "POLYCAST_MASTER_ADDR": master_addr,
+                          "POLYCAST_MASTER_PORT": str(master_port),
+                          **({"POLYCAST_TIMEOUT": os.environ["POLYCAST_TIMEOUT"]}
+                             if os.environ.get("POLYCAST_TIMEOUT") else {})})
+        else:
+            job = detect(env)
+        if timeout is not None:
+            if timeout <= 0:
+                raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout}")
+            from dataclasses import replace
+            job = replace(job, timeout_seconds=float(timeout))
+        world = connect(job, transport)
+        secret = os.environ.get("POLYCAST_SECRET")
+        mtu = mtu_nbytes or int(os.environ.get("POLYCAST_MTU", 0) or datagram_payload_nbytes(
+            world.job_id, world.single_host, secret.encode() if secret else None))
+        pace = pacing_gbps if pacing_gbps is not None else \
+            (float(os.environ["POLYCAST_PACING_GBPS"]) if os.environ.get("POLYCAST_PACING_GBPS")
+             else None)
+        config = EngineConfig(mtu_nbytes=mtu, pacing_gbps=pace,
+                              op_timeout_s=job.timeout_seconds,
+                              secret=secret.encode() if secret else None)
+        driver = Driver(world, config)
+        err = driver.add_comm(0, list(range(world.size)))
+        _WORLD = Comm(driver, 0, list(range(world.size)), job.timeout_seconds, err)
+        atexit.register(finalize)
+        return _WORLD
+
+
+def finalize() -> None:
+    """Close the world: say goodbye to the peers and stop the progress thread."""
+    global _WORLD
+    with _WORLD_LOCK:
+        w, _WORLD = _WORLD, None
+    if w is not None:
+        w._freed = True
+        _symm.free(w)
+        w._driver.close()
+
+
+def world() -> Comm:
+    if _WORLD is None:
+        raise InvalidArgument("polycast.init() has not been called")
+    return _WORLD
+
+
+__all__ = ["Comm", "Request", "IN_PLACE", "UNDEFINED", "init", "finalize", "world",
+           "UnknownName"]

@@ -1,0 +1,95 @@
+"""mpi4py's lowercase methods: any picklable Python object, moved as bytes by the buffer
+collectives."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import pickle
+
+import numpy as np
+
+from ..collectives import ReduceOp
+from ..errors import InvalidArgument
+
+
+class ObjectMethods:
+    """Mixed into :class:`polycast.Comm`; uses its buffer collectives."""
+
+    # -- Python objects (pickle) ----------------------------------------------------------
+    @staticmethod
+    def _dumps(obj) -> np.ndarray:
+        return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+
+    def bcast(self, obj=None, root: int = 0):
+        n = np.array([0], np.int64)
+        data = self._dumps(obj) if self.rank == root else None
+        if self.rank == root:
+            n[0] = data.size
+        self.Bcast(n, root)
+        buf = data.copy() if self.rank == root else np.empty(int(n[0]), np.uint8)
+        self.Bcast(buf, root)
+        return obj if self.rank == root else pickle.loads(buf.tobytes())
+
+    def _padded_allgather(self, data: np.ndarray) -> list:
+        sizes = np.empty(self.size, np.int64)
+        self.Allgather(np.array([data.size], np.int64), sizes)
+        width = int(sizes.max())
+        mine = np.zeros(width, np.uint8)
+        mine[:data.size] = data
+        out = np.empty(width * self.size, np.uint8)
+        self.Allgather(mine, out)
+        return [pickle.loads(out[i * width:i * width + int(sizes[i])].tobytes())
+                for i in range(self.size)]
+
+    def allgather(self, obj) -> list:
+        return self._padded_allgather(self._dumps(obj))
+
+    def gather(self, obj, root: int = 0):
+        data = self._dumps(obj)
+        sizes = np.empty(self.size, np.int64)
+        self.Allgather(np.array([data.size], np.int64), sizes)
+        width = int(sizes.max())
+        mine = np.zeros(width, np.uint8)
+        mine[:data.size] = data
+        out = np.empty(width * self.size, np.uint8) if self.rank == root else None
+        self.Gather(mine, out, root)
+        if self.rank != root:
+            return None
+        return [pickle.loads(out[i * width:i * width + int(sizes[i])].tobytes())
+                for i in range(self.size)]
+
+    def scatter(self, objs=None, root: int = 0):
+        if self.rank == root:
+            if objs is None or len(objs) != self.size:
+                raise InvalidArgument(f"scatter at the root needs a sequence of {self.size} "
+                                      f"objects, got {objs!r:.80}")
+            parts = [self._dumps(o) for o in objs]
+            width = max(p.size for p in parts)
+            sizes = np.array([p.size for p in parts], np.int64)
+            send = np.zeros(width * self.size, np.uint8)
+            for i, p in enumerate(parts):
+                send[i * width:i * width + p.size] = p
+            meta = np.array([width], np.int64)
+        else:
+            sizes, send, meta = np.empty(self.size, np.int64), None, np.empty(1, np.int64)
+        self.Bcast(meta, root)
+        self.Bcast(sizes, root)
+        width = int(meta[0])
+        mine = np.empty(width, np.uint8)
+        self.Scatter(send, mine, root)
+        return pickle.loads(mine[:int(sizes[self.rank])].tobytes())
+
+    def allreduce(self, obj, op="sum"):
+        """Reduce Python objects with ``op`` (sum/prod/min/max or a 2-argument callable)."""
+        values = self.allgather(obj)
+        if callable(op):
+            fn = op
+        else:
+            name = ReduceOp.parse(op)
+            fn = {ReduceOp.SUM: operator.add, ReduceOp.PROD: operator.mul,
+                  ReduceOp.MIN: min, ReduceOp.MAX: max}.get(name)
+            if fn is None:
+                raise InvalidArgument(f"allreduce of objects supports sum, prod, min, max or "
+                                      f"a callable, got {op!r}")
+        return functools.reduce(fn, values)
