@@ -437,7 +437,7 @@ def test_request_from_predecessor_is_forwarded_at_once():
 
 def test_gap_finder_matches_a_plain_scan():
     import random
-    from polycast.engine.engine import _gaps
+    from polycast.engine.mcast import gaps as _gaps
     rng = random.Random(3)
     for _ in range(500):
         n = rng.randrange(0, 40)

@@ -104,3 +104,73 @@ class Fail:
 
 
 Action = Send | Multicast | Deliver | Copy | SetTimer | CancelTimer | Complete | Fail
+
+
+_new = object.__new__
+
+
+def _fast(cls):
+    """A positional constructor for a frozen slots dataclass that skips the generated
+    __init__'s per-field ``object.__setattr__`` (the engine's hot path makes millions)."""
+    setters = tuple(getattr(cls, f).__set__ for f in cls.__slots__)
+    n = len(setters)
+    if n == 1:
+        (a,) = setters
+
+        def make(x):
+            o = _new(cls)
+            a(o, x)
+            return o
+    elif n == 2:
+        a, b = setters
+
+        def make(x, y):
+            o = _new(cls)
+            a(o, x)
+            b(o, y)
+            return o
+    elif n == 3:
+        a, b, c = setters
+
+        def make(x, y, z):
+            o = _new(cls)
+            a(o, x)
+            b(o, y)
+            c(o, z)
+            return o
+    elif n == 4:
+        a, b, c, d = setters
+
+        def make(x, y, z, w):
+            o = _new(cls)
+            a(o, x)
+            b(o, y)
+            c(o, z)
+            d(o, w)
+            return o
+    elif n == 5:
+        a, b, c, d, e = setters
+
+        def make(x, y, z, w, v):
+            o = _new(cls)
+            a(o, x)
+            b(o, y)
+            c(o, z)
+            d(o, w)
+            e(o, v)
+            return o
+    else:                                   # pragma: no cover - not used
+        return cls
+    return make
+
+
+# Positional, all-fields constructors for the engine's modules (same objects as the classes
+# make, without per-field __setattr__).
+new_region = _fast(Region)
+new_deliver = _fast(Deliver)
+new_multicast = _fast(Multicast)
+new_send = _fast(Send)
+new_copy = _fast(Copy)
+new_set_timer = _fast(SetTimer)
+new_cancel_timer = _fast(CancelTimer)
+new_complete = _fast(Complete)

@@ -1,0 +1,140 @@
+"""How a collective fails: clearly, on every rank, naming rank, call and step.
+
+A failing request sends ABORT (with the reason and its text) to every peer not known lost,
+so their calls fail too instead of waiting for their own timeout; an ABORT received fails
+the request with the matching polycast error (MismatchError, CollectiveTimeout, PeerLost,
+ProtocolError). A mismatch (a message whose call signature or length disagrees with the
+posted call) aborts every peer at once and waits a short grace for the other side's
+description, so both ranks' errors name both calls. Timeouts and lost peers say what the
+request was waiting on (:meth:`Failure._stuck`).
+
+:class:`Failure` is mixed into :class:`~polycast.engine.engine.Engine` (it uses the engine's
+``rank``, ``nranks``, ``comm``, ``config``, ``stats``, ``_reqs``, ``_lost``, ``_tokens``,
+token numbering, ``_set_timer`` and ``_cleanup``).
+"""
+
+from __future__ import annotations
+
+from ..errors import CollectiveTimeout, MismatchError, PeerLost, PolycastError, ProtocolError
+from ..schedule.ir import Kind
+from .actions import Fail, Send
+from .request import DONE, PENDING, Request
+from .wire import AbortReason, Header, MsgKind, make_header
+
+
+class Failure:
+    """Aborts, mismatches and the description of what a request waits on."""
+
+    def _fail(self, r: Request, err: PolycastError, out: list, abort: AbortReason | None,
+              lost: int = 0) -> None:
+        if self._reqs.get(r.req) is not r:
+            return
+        if abort is not None:
+            self._send_aborts(r, abort, str(err), lost, out)
+        self._cleanup(r, out)
+        self.stats.failed += 1
+        out.append(Fail(r.req, err))
+
+    def _send_aborts(self, r: Request, reason: AbortReason, text: str, lost: int, out: list,
+                     only: int | None = None) -> None:
+        data = text.encode("utf-8")[:4000]
+        for p in range(self.nranks) if only is None else (only,):
+            if p == self.rank or p in self._lost:
+                continue
+            h = make_header(MsgKind.ABORT, self.comm, r.seq, self.rank, int(reason), lost,
+                            len(data), r.sig)
+            token = self._next_token
+            self._next_token += 1
+            self._tokens[token] = (None, -1)
+            st = self.stats
+            st.aborts_out += 1
+            st.control_messages_out += 1
+            st.messages_out += 1
+            st.message_bytes_out += len(data)
+            out.append(Send(p, h, None, token, data))
+
+    def _on_abort(self, r: Request, src: int, h: Header, payload, out: list) -> None:
+        try:
+            text = bytes(payload).decode("utf-8", "replace") if payload is not None else ""
+        except Exception:
+            text = ""
+        text = text[:2000] or "(no reason given)"
+        if r.mismatch is not None:
+            # We found the mismatch and were waiting for the other side's call: name both.
+            self._fail(r, MismatchError(f"{r.mismatch}; rank {src} says: {text}"), out,
+                       abort=None)
+            return
+        what = f"rank {self.rank}: {r.desc} aborted by rank {src}: {text}"
+        reason = h.tag
+        if reason == AbortReason.MISMATCH:
+            if h.sig != r.sig:
+                # The detector names its call; tell it ours, so both errors name both.
+                self._send_aborts(r, AbortReason.MISMATCH,
+                                  f"rank {self.rank} called {r.desc}, call signature "
+                                  f"0x{r.sig:08x}", 0, out, only=src)
+            err: PolycastError = MismatchError(
+                f"{what} (this rank's call signature 0x{r.sig:08x}, rank {src}'s "
+                f"0x{h.sig:08x})")
+        elif reason == AbortReason.TIMEOUT:
+            err = CollectiveTimeout(what)
+        elif reason == AbortReason.PEER_LOST:
+            err = PeerLost(h.offset if h.offset < self.nranks else src, what)
+        else:
+            err = ProtocolError(what)
+        self._fail(r, err, out, abort=None)
+
+    def _mismatch(self, r: Request, detail: str, now: float, out: list) -> None:
+        """Abort every peer now; fail this request once the other call's description
+        comes back (its ABORT), or after a short grace, so the error names both calls."""
+        if r.mismatch is not None:
+            return
+        r.mismatch = (f"rank {self.rank}: {r.desc}: ranks called collectives differently: "
+                      f"{detail}")
+        self._send_aborts(r, AbortReason.MISMATCH, r.mismatch, 0, out)
+        grace = min(self.config.op_timeout_s, 4 * self.config.recovery_timeout_s)
+        r.mis_timer = self._set_timer(out, now + grace, "mismatch", r, None)
+
+    def _overflow(self, r: Request, out: list) -> None:
+        self._fail(r, ProtocolError(
+            f"rank {self.rank}: {r.desc}: more than max_early_nbytes="
+            f"{self.config.max_early_nbytes} of messages held before their "
+            "steps could start"), out, abort=AbortReason.OVERFLOW)
+
+    def _mismatch_grace_over(self, r: Request, out: list) -> None:
+        self._fail(r, MismatchError(f"{r.mismatch} (the other rank did not describe its "
+                                    "call in time)"), out, abort=None)
+
+    def _timed_out(self, r: Request, out: list) -> None:
+        self.stats.timeouts += 1
+        self._fail(r, CollectiveTimeout(
+            f"rank {self.rank}: {r.desc} not done after {self.config.op_timeout_s:g} s; "
+            f"waiting on {self._stuck(r)}"), out, abort=AbortReason.TIMEOUT)
+
+    def _stuck(self, r: Request) -> str:
+        """The first unfinished steps, for error messages."""
+        parts = []
+        for idx, step in enumerate(r.prog):
+            if r.state[idx] == DONE:
+                continue
+            if r.ndeps[idx] and r.state[idx] == PENDING:
+                continue            # waiting on an earlier step: not the root cause
+            what = f"step {idx} ({step.kind}"
+            if step.kind is Kind.SEND:
+                what += f" to rank {step.peer}"
+                if r.rts_wait and r.rts_wait.get((step.peer, step.tag)) == idx:
+                    what += ": waiting for its clear-to-send (CTS)"
+            elif step.kind in (Kind.RECV, Kind.MRECV):
+                what += f" from rank {step.peer}"
+            if step.kind is Kind.MRECV:
+                s = r.streams.get((step.peer, step.tag))
+                if s is not None and s.bitmap is not None:
+                    what += f": {s.nchunks - s.have} of {s.nchunks} chunks missing"
+            parts.append(what + ")")
+            if len(parts) == 4:
+                break
+        if r.multicast and r.ndone == len(r.state):
+            if not r.fin_received:
+                parts.append(f"FIN from rank {(self.rank - 1) % self.nranks}")
+        if r.outstanding and not parts:
+            parts.append(f"{r.outstanding} sends not reported done")
+        return ", ".join(parts) or "nothing (internal error)"
