@@ -376,19 +376,19 @@ def test_late_rank_large_allgather_succeeds_across_processes(transport):
 
 
 def test_runtime_env_knobs_override_the_engine_config(monkeypatch):
-    from polycast.runtime.driver import _env_engine_config
+    from polycast.runtime.driver import env_engine_config
     base = EngineConfig(op_timeout_s=7.0)
-    assert _env_engine_config(base) is base                 # nothing set: unchanged
+    assert env_engine_config(base) is base                 # nothing set: unchanged
     monkeypatch.setenv("POLYCAST_MAX_EARLY_NBYTES", "4096")
     monkeypatch.setenv("POLYCAST_EAGER_MAX_NBYTES", "0")
-    cfg = _env_engine_config(base)
+    cfg = env_engine_config(base)
     assert (cfg.max_early_nbytes, cfg.eager_max_nbytes, cfg.op_timeout_s) == (4096, 0, 7.0)
     monkeypatch.setenv("POLYCAST_EAGER_MAX_NBYTES", "lots")
     with pytest.raises(InvalidArgument, match="POLYCAST_EAGER_MAX_NBYTES='lots'"):
-        _env_engine_config(base)
+        env_engine_config(base)
     monkeypatch.setenv("POLYCAST_EAGER_MAX_NBYTES", "-5")
     with pytest.raises(InvalidArgument, match="eager_max_nbytes"):
-        _env_engine_config(base)
+        env_engine_config(base)
 
 
 def test_every_algorithm_with_every_payload_by_rendezvous_across_processes():

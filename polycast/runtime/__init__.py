@@ -11,7 +11,7 @@ frames          the framing shared by the reliable transports
 tcp             non-blocking framed TCP link (queued partial writes, recv_into)
 shm             SPSC shared-memory rings, zero-copy receive, doorbells over TCP
 mcast           UDP multicast groups per (job, communicator), own-datagram BPF filter
-driver          the progress thread / caller-driven progress; Request (Wait/Test/Waitall)
+driver/         the engines' driver: progress, actions, peer I/O, datagrams, timers, Request
 selftest        every collective and algorithm against the reference on real ranks
 bench_rank      the rank side of ``polycast bench``
 =============== ==========================================================================

@@ -359,9 +359,7 @@ class SymmState:
                  missing: str) -> None:
         """Wait until control slot ``slot`` of every rank in ``pending`` is >= ``target``,
         bounded by the timeout and watching the driver's dead-peer list."""
-        drv = self.comm._driver
-        lost = getattr(drv, "_lost", {})
-        gone = getattr(drv, "_gone", {})
+        down = getattr(self.comm._driver, "peer_down", None)
         start = time.monotonic()
         deadline = start + self.comm.timeout_seconds
         nap = 20e-6
@@ -371,9 +369,8 @@ class SymmState:
                 return
             now = time.monotonic()
             for p in pending:
-                w = self.world_ranks[p]
-                if w in lost or w in gone:
-                    reason = lost.get(w) or gone.get(w)
+                reason = down(self.world_ranks[p]) if down is not None else None
+                if reason is not None:
                     raise PeerLost(p, f"rank {self.rank}: {what}: rank {p} is gone "
                                       f"({reason}) while the others wait for it")
             if now > deadline:

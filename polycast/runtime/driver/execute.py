@@ -1,0 +1,111 @@
+"""Carrying out the engine's actions: memory, peer frames, datagrams, timers, requests.
+
+``Send`` becomes a frame queued to a peer (:class:`PeerIO`), ``Multicast`` a datagram
+(:class:`MulticastIO`), ``Deliver`` / ``Copy`` memory operations on the request's arrays
+(:class:`polycast.memory.Buffers`), ``SetTimer`` / ``CancelTimer`` entries of
+:class:`Timers`, ``Complete`` / ``Fail`` the end of a user's :class:`Request`.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from ...engine.actions import (CancelTimer, Complete, Copy, Deliver, Fail, Multicast, Send,
+                               SetTimer)
+from ...memory import Buffers
+from .datagrams import MulticastIO
+from .peers import PeerIO
+from .timers import Timers
+
+
+class CommState:
+    """One communicator as the driver holds it: its engine and its members' world ranks."""
+
+    __slots__ = ("id", "engine", "members", "local_of", "mcast_error")
+
+    def __init__(self, comm_id: int, engine, members: list[int]) -> None:
+        self.id, self.engine, self.members = comm_id, engine, members
+        self.local_of = {w: i for i, w in enumerate(members)}
+        self.mcast_error: str | None = None
+
+
+class ActionRunner:
+    """Runs engine action lists in order. Actions of engine calls made while a list is
+    being carried out wait behind the rest of it (the engine's contract)."""
+
+    def __init__(self, buffers: Buffers, requests: dict, peers: PeerIO, mcast: MulticastIO,
+                 timers: Timers, secret: bytes | None) -> None:
+        self.buffers, self.requests = buffers, requests
+        self.peers, self.mcast, self.timers = peers, mcast, timers
+        self.secret = secret
+        self._in_run = False
+        self._queued: collections.deque = collections.deque()
+
+    def run(self, cs: CommState, actions) -> None:
+        if self._in_run:
+            self._queued.append((cs, actions))
+            return
+        self._in_run = True
+        try:
+            self._run_list(cs, actions)
+            while self._queued:
+                qcs, qactions = self._queued.popleft()
+                self._run_list(qcs, qactions)
+        finally:
+            self._in_run = False
+            self._queued.clear()
+
+    def _run_list(self, cs: CommState, actions) -> None:
+        bufs = self.buffers
+        for a in actions:        # engine calls made meanwhile queue in _queued
+            t = type(a)
+            if t is Deliver:
+                if a.region.req in bufs:
+                    bufs.deliver(a.region, a.payload, a.reduce)
+            elif t is Send:
+                self._send(cs, a)
+            elif t is Copy:
+                if a.src.req in bufs:
+                    bufs.copy(a.src, a.dst, a.reduce)
+            elif t is Multicast:
+                self._multicast(cs, a)
+            elif t is SetTimer:
+                self.timers.set(cs.id, a.timer, a.deadline)
+            elif t is CancelTimer:
+                self.timers.cancel(cs.id, a.timer)
+            elif t is Complete:
+                bufs.finalize(a.req)
+                bufs.unregister(a.req)
+                req = self.requests.pop(a.req, None)
+                if req is not None:
+                    req._finish()
+            elif t is Fail:
+                self.fail_request(a.req, a.error)
+
+    def fail_request(self, req_id: int, error: BaseException) -> None:
+        self.buffers.unregister(req_id)
+        req = self.requests.pop(req_id, None)
+        if req is not None:
+            req._finish(error)
+
+    def _send(self, cs: CommState, a: Send) -> None:
+        if a.payload is not None and a.payload.nbytes:
+            views = [self.buffers.gather(a.payload)] if a.payload.req in self.buffers else []
+            nbytes = a.payload.nbytes if views else 0
+        elif a.data:
+            views, nbytes = [a.data], len(a.data)
+        else:
+            views, nbytes = [], 0
+        hdr = a.header.pack(self.secret, views) if self.secret else a.header.pack()
+        if not self.peers.send(cs.members[a.peer], hdr, views, nbytes, (cs.id, a.token)):
+            # The engine learns of the loss separately; the bytes have nowhere to go.
+            self.run(cs, cs.engine.on_send_done(a.token, time.monotonic()))
+
+    def _multicast(self, cs: CommState, a: Multicast) -> None:
+        if not self.mcast.joined(cs.id):
+            return          # posting checked this; a datagram with no socket is just lost
+        views = [self.buffers.gather(a.payload)] if (
+            a.payload is not None and a.payload.req in self.buffers) else []
+        hdr = a.header.pack(self.secret, views) if self.secret else a.header.pack()
+        self.mcast.send(cs.id, hdr, views, a.not_before)

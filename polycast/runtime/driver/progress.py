@@ -1,0 +1,337 @@
+"""Who runs the I/O and when: the progress thread, and user threads driving progress.
+
+The progress thread loops over every source of work (commands from user threads, rings,
+timers, paced datagrams, sockets) and sleeps in ``select`` when there is none. A user
+thread waiting on a request (``Request.Wait``) drives progress itself, so no thread
+hand-off sits on the critical path; the progress thread then parks. Everything runs under
+one lock (engines, sockets, rings, timers are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import selectors
+import socket
+import threading
+import time
+
+from ...errors import CollectiveTimeout, PolycastError
+
+IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost doorbells)
+# While requests are outstanding and input came recently, poll instead of sleeping in
+# select (yielding the core between polls). Off by default: with more ranks than cores
+# (4 ranks on 2 cores here) spinning steals the CPU the peers need, measured 2-3x slower.
+# A user thread driving progress watches the rings (and sockets of peers without rings)
+# for this much of its own time before it sleeps in select, yielding the core between
+# looks; looks whose yield ran another process for a while do not count (4 ranks on 2
+# cores: the peer we wait for often runs in our yield), but the wall bound caps it all.
+# 8-byte allreduce, 4 ranks on 2 cores: 50, 200 and 500 us measured alike (300-380 us,
+# the spread is other load), 20 us worse (426 us: more sleeps, so more doorbells).
+DRIVE_SPIN_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_US", "50")) * 1e-6
+DRIVE_SPIN_WALL_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_WALL_US", "1000")) * 1e-6
+YIELD_RAN_OTHERS_SECONDS = 10e-6    # a yield longer than this ran someone else
+FULL_ROUND_SECONDS = 0.0005  # a driving thread's bound between full rounds (sockets, timers)
+PARK_SECONDS = 0.002          # the progress thread's nap while user threads drive progress
+SPIN_SECONDS = float(os.environ.get("POLYCAST_SPIN_US", "0")) * 1e-6
+
+
+class Progress:
+    """The progress thread and caller-driven progress of one :class:`Driver`.
+
+    Owns the selector every socket is registered with, the command queue and its wake-up
+    socketpair, and the lock. A round asks the driver's parts for work: ``peers``
+    (:class:`PeerIO`), ``mcast`` (:class:`MulticastIO`), ``timers`` and ``fire_timers``,
+    ``requests``."""
+
+    def __init__(self, driver) -> None:
+        self.d = driver
+        self.sel = selectors.DefaultSelector()
+        self._cmds: collections.deque = collections.deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self.lock = threading.Lock()                 # engines, sockets, rings, timers
+        self.stopping = False
+        self._last_full_round = 0.0                  # when a driving thread last ran round
+        self._driving = 0                            # user threads driving progress now
+        self._drive_ended = 0.0
+        self._drive_cv = threading.Condition()
+        self._last_activity = 0.0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="polycast-progress",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- called from user threads -----------------------------------------------------------
+    def call(self, fn, *args) -> None:
+        """Run ``fn(*args)`` on the progress thread."""
+        if self.error is not None:
+            raise PolycastError(f"the progress thread died: {self.error!r}")
+        self._cmds.append((fn, args))
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, InterruptedError):
+            pass            # already plenty of wake-ups pending
+
+    def call_sync(self, fn, *args, timeout: float = 30.0):
+        box: list = []
+        done = threading.Event()
+
+        def run():
+            try:
+                box.append((True, fn(*args)))
+            except BaseException as exc:          # handed back to the caller
+                box.append((False, exc))
+            done.set()
+        self.call(run)
+        if not done.wait(timeout):
+            raise CollectiveTimeout(f"progress thread did not answer within {timeout:g} s")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def stop(self, timeout: float) -> None:
+        self.stopping = True
+        with self._drive_cv:
+            self._drive_cv.notify_all()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass            # full of wake-ups, or the thread has already closed it
+        self._thread.join(timeout)
+
+    # -- the progress thread -------------------------------------------------------------------
+    def _main(self) -> None:
+        d = self.d
+        prof_path = os.environ.get("POLYCAST_PROFILE")      # debugging: cProfile the thread
+        if prof_path:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
+        try:
+            self._loop()
+        except BaseException as exc:      # never die silently: fail everything outstanding
+            self.error = exc
+            for req in list(d.requests):
+                d.runner.fail_request(req, PolycastError(
+                    f"the progress thread of rank {d.rank} died: {exc!r}"))
+            raise
+        finally:
+            if prof_path:
+                prof.disable()
+                prof.dump_stats(f"{prof_path}.{d.rank}")
+            d._shutdown()
+            self.sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _loop(self) -> None:
+        while not self.stopping:
+            if self._driving or time.monotonic() - self._drive_ended < PARK_SECONDS:
+                # A user thread waiting on a request drives progress itself (no thread
+                # hand-offs on the critical path); stay out of its way, and for a moment
+                # after, since a blocking caller usually posts again at once. Parked, the
+                # thread still looks every PARK_SECONDS for work nobody waits on.
+                with self._drive_cv:
+                    if not self.stopping:
+                        self._drive_cv.wait(PARK_SECONDS)
+                if not self._driving and self.lock.acquire(blocking=False):
+                    try:
+                        self.round()
+                    finally:
+                        self.lock.release()
+                continue
+            with self.lock:
+                timeout = self.round()
+            self._block(timeout)
+
+    def round(self) -> float:
+        """One non-blocking pass over every source of work (call with ``lock`` held).
+        Returns how long the caller may block before the next pass."""
+        d = self.d
+        peers = d.peers
+        self._drain_commands()
+        busy = peers.poll_rings()
+        now = time.monotonic()
+        d.fire_timers(now)
+        d.mcast.send_paced(now)
+        peers.retry_blocked_writers()
+        peers.flush_all()
+        for key, mask in self.sel.select(0):
+            kind, arg = key.data
+            busy = True
+            if kind == "peer":
+                if mask & selectors.EVENT_READ:
+                    peers.read_peer(arg)
+                if mask & selectors.EVENT_WRITE:
+                    peers.mark_writable(arg)
+            elif kind == "mcast":
+                if mask & selectors.EVENT_READ:
+                    d.mcast.read(arg)
+                if mask & selectors.EVENT_WRITE:
+                    d.mcast.flush(arg)
+            elif kind == "wake":
+                try:
+                    self._wake_r.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    pass
+        if busy:
+            peers.flush_all()
+        return self._select_timeout(busy)
+
+    def _block(self, timeout: float) -> None:
+        """Sleep until some input may be ready (without ``lock``), at most ``timeout``."""
+        if timeout <= 0:
+            return
+        peers = self.d.peers
+        peers.set_sleeping(True)
+        try:
+            if peers.rings_pending():
+                return
+            self.sel.select(timeout)
+        finally:
+            peers.set_sleeping(False)
+
+    def _spin(self, seconds: float) -> int:
+        """Watch for input for up to ``seconds`` without sleeping, yielding the core
+        between looks: 1 when a ring has input, 2 when a socket is readable (only watched
+        for peers without rings: a select(0) per look), 0 when nothing came. Skips the
+        doorbell a sleeping reader costs its writer."""
+        if seconds <= 0:
+            return 0
+        peers = self.d.peers
+        rings = peers.rings_in
+        sel = self.sel if peers.tcp_only else None
+        if not rings and sel is None:
+            return 0
+        mono, yield_ = time.monotonic, os.sched_yield
+        start = mono()
+        end = start + max(seconds, DRIVE_SPIN_WALL_SECONDS)
+        own = 0.0           # wall time of looks that came straight back from the yield
+        last = start
+        while True:
+            for _, ring in rings:
+                if ring.pending_input():
+                    return 1
+            if sel is not None and sel.select(0):
+                return 2
+            yield_()
+            now = mono()
+            # A yield that took long ran a peer meanwhile (4 ranks on 2 cores): that is
+            # not our spinning, so only short looks count against the spin budget.
+            step = now - last
+            if step < YIELD_RAN_OTHERS_SECONDS:
+                own += step
+            last = now
+            if own >= seconds or now >= end:
+                return 0
+
+    def _quick_round(self, now: float) -> bool:
+        """The part of :meth:`round` a driving thread needs when a ring has input: no
+        select syscall (a full round runs at least every FULL_ROUND_SECONDS). Call with
+        ``lock`` held; returns whether there was work."""
+        d = self.d
+        peers = d.peers
+        if self._cmds:
+            self._drain_commands()
+        busy = peers.poll_rings()
+        due = d.timers.next_deadline()
+        if due is not None and due <= now:
+            d.fire_timers(now)
+        due = d.mcast.next_paced()
+        if due is not None and due <= now:
+            d.mcast.send_paced(now)
+        peers.retry_blocked_writers()
+        if peers.want_flush:
+            peers.flush_all()
+        return busy
+
+    def drive(self, request, deadline: float) -> None:
+        """Progress from the calling (user) thread until ``request`` is done or the
+        deadline passes.
+
+        Small messages: the peers' answers usually come within microseconds, so the thread
+        watches the rings (:meth:`_spin`, yielding the core) and handles what arrives with
+        a quick round (rings and due timers only) instead of sleeping in select and
+        being woken by a doorbell; a full round (sockets, multicast, commands) still runs
+        at least every FULL_ROUND_SECONDS, and after DRIVE_SPIN_SECONDS without input the
+        thread sleeps in select."""
+        with self._drive_cv:
+            self._driving += 1
+        try:
+            mono = time.monotonic
+            lock = self.lock
+            # Start with a quick round: right after a post the answer is rarely there yet,
+            # and a full round (select syscall, every source) measured ~20 us. The bound
+            # between full rounds holds across calls.
+            full, spun = False, False
+            while not request._done:
+                now = mono()
+                left = deadline - now
+                if left <= 0 or not self._thread.is_alive():
+                    return
+                if not lock.acquire(timeout=min(left, IDLE_POLL_SECONDS)):
+                    continue
+                try:
+                    if full or now - self._last_full_round >= FULL_ROUND_SECONDS:
+                        did_full, self._last_full_round = True, now
+                        timeout = self.round()
+                    else:
+                        did_full = False
+                        timeout = 0.0 if self._quick_round(now) else 1.0
+                finally:
+                    lock.release()
+                if request._done:
+                    return
+                full = False
+                if timeout <= 0:
+                    spun = False
+                    continue
+                if not spun:
+                    got = self._spin(DRIVE_SPIN_SECONDS)
+                    if got:
+                        full = got == 2
+                        continue
+                    spun = True
+                    if not did_full:
+                        full = True         # the blocking timeout comes from a full round
+                        continue
+                self._block(min(timeout, left))
+                full, spun = True, False
+        finally:
+            with self._drive_cv:
+                self._driving -= 1
+                self._drive_ended = time.monotonic()
+
+    def _select_timeout(self, busy: bool) -> float:
+        d = self.d
+        if busy or self._cmds:
+            self._last_activity = time.monotonic()
+            return 0.0
+        if d.requests and SPIN_SECONDS > 0:
+            if time.monotonic() - self._last_activity < SPIN_SECONDS:
+                os.sched_yield()
+                return 0.0
+        t = IDLE_POLL_SECONDS if d.requests or d.peers.rings_in else 1.0
+        now = time.monotonic()
+        due = d.timers.next_deadline()
+        if due is not None:
+            t = min(t, max(0.0, due - now))
+        due = d.mcast.next_paced()
+        if due is not None:
+            t = min(t, max(0.0, due - now))
+        return t
+
+    def _drain_commands(self) -> None:
+        while self._cmds:
+            fn, args = self._cmds.popleft()
+            fn(*args)
