@@ -11,6 +11,10 @@ from .errors import (CollectiveTimeout, InvalidArgument, MismatchError, PeerLost
 
 __version__ = "0.1.0"
 
+# Under `polycast run`: report how this rank ends to the launcher (see runtime/report.py).
+from .runtime import report as _report  # noqa: E402
+_report.install()
+
 __all__ = [
     "Collective", "ReduceOp", "PolycastError", "InvalidArgument", "UnknownName",
     "Unsupported", "ScheduleError", "ProtocolError", "MismatchError", "PeerLost",

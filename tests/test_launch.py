@@ -44,7 +44,7 @@ def test_a_failing_rank_ends_the_others_and_sets_the_status(tmp_path):
     res = _run(["-n", "3", str(script)])
     assert res.returncode == 3
     assert time.monotonic() - t0 < 30            # the sleepers were ended, not waited for
-    assert "rank 1 exited with status 3" in res.stderr
+    assert "rank 1 failed first: it exited with status 3" in res.stderr
 
 
 def test_module_form_and_a_real_collective():

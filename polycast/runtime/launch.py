@@ -1,10 +1,26 @@
 """Start N local ranks of a Python script: ``polycast run -n 4 script.py ARGS``.
 
-Each rank gets the POLYCAST_* environment (see :mod:`polycast.runtime.env`), its output is
-forwarded line by line with a ``[rank N]`` prefix (stdout to stdout, stderr to stderr),
-and when one rank fails the others are ended (SIGTERM, then SIGKILL after a grace period;
-only the processes this launcher started, by pid). The launcher exits with the status of
-the first rank that failed (128 + signal for a rank killed by a signal), else 0.
+Each rank gets the POLYCAST_* environment (see :mod:`polycast.runtime.env`) and its output
+is forwarded with a ``[rank N]`` prefix (stdout to stdout, stderr to stderr).
+
+How a job ends:
+
+* every rank exits 0: status 0;
+* a rank fails: the launcher names the rank that failed *first* — the one whose failure was
+  not a consequence of another's (ranks report that through
+  :mod:`polycast.runtime.report`: a rank that raised PeerLost naming rank 2 is a
+  consequence of rank 2) — ends the others and exits with that rank's status (128 + signal
+  for a rank killed by a signal). Only the cause prints a full traceback;
+* ``--timeout S``: after S seconds the ranks still running are ended (each first prints
+  every thread's stack, so the output says where it was) and the status is 124;
+* a rank still running ``--straggler-timeout`` seconds (default: the job's
+  POLYCAST_TIMEOUT, 60 s) after every other rank exited 0 is ended the same way (status
+  124): it can no longer be waiting for a peer;
+* the launcher itself dies (SIGKILL included): its ranks die with it (Linux
+  ``PR_SET_PDEATHSIG``); on SIGTERM, SIGHUP or Ctrl-C it ends them (status 128 + signal).
+
+Ranks run in their own process group, ended with SIGTERM and, after a grace period,
+SIGKILL — only the processes this launcher started.
 
 Also runnable as ``python -m polycast.runtime.launch -n 4 script.py ARGS``.
 """
@@ -12,19 +28,26 @@ Also runnable as ``python -m polycast.runtime.launch -n 4 script.py ARGS``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument
+from . import report
 
 GRACE_SECONDS = 3.0
+SETTLE_SECONDS = 2.0        # how long a consequence waits for its cause to exit
+STACK_DUMP_SECONDS = 0.5    # between SIGUSR1 (stack dump) and SIGTERM on a timeout
+TIMEOUT_STATUS = 124
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -53,40 +76,126 @@ class _Rank:
     rank: int
     proc: subprocess.Popen
     threads: list[threading.Thread] = field(default_factory=list)
+    exited_at: float | None = None      # monotonic time the launcher saw it exit
+    ended_by_us: bool = False
 
 
 def _forward(stream, out, prefix: bytes, lock: threading.Lock) -> None:
-    # Binary lines: a rank printing invalid UTF-8 must not kill the forwarder.
-    broken = False
-    for line in iter(stream.readline, b""):
+    """Copy a rank's pipe to ``out`` with ``prefix`` on every line. Whatever one read
+    returns is written under the lock at once, so a traceback the rank wrote in one piece
+    is not interleaved with other ranks' lines. Binary lines: invalid UTF-8 is fine."""
+    fd = stream.fileno()
+    broken, tail = False, b""
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            break
         if broken:
             continue            # keep draining, or the rank would block on a full pipe
-        if not line.endswith(b"\n"):
-            line += b"\n"
-        with lock:
-            try:
-                out.write(prefix + line)
-                out.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                broken = True   # our reader went away (`polycast run ... | head`)
+        lines = (tail + data).split(b"\n")
+        tail = lines.pop()
+        if lines:
+            broken = _write_lines(out, prefix, lines, lock)
+    if tail and not broken:
+        _write_lines(out, prefix, [tail], lock)
     stream.close()
+
+
+def _write_lines(out, prefix: bytes, lines: list[bytes], lock: threading.Lock) -> bool:
+    """Write ``lines`` (without newlines), one write each; True if the reader went away."""
+    with lock:
+        try:
+            for line in lines:
+                out.write(prefix + line + b"\n")
+            out.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            return True         # our reader went away (`polycast run ... | head`)
+    return False
 
 
 def _exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+def _describe_code(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (status {128 - code})"
+    return f"exited with status {code}"
+
+
+def _die_with_parent():
+    """A preexec_fn: the rank gets SIGKILL when the launcher dies (Linux), and does not
+    start at all if the launcher is already gone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)       # PR_SET_PDEATHSIG = 1
+        if os.getppid() != parent:
+            os._exit(1)
+    return preexec
+
+
+def _stoppable(signals=(signal.SIGTERM, signal.SIGHUP)):
+    """Turn SIGTERM/SIGHUP into an exception in the launcher (main thread only), so it ends
+    its ranks before it goes; returns a function restoring the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {}
+
+    def handler(signum, frame):
+        raise _Stopped(signum)
+    for sig in signals:
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):
+            pass
+
+    def restore() -> None:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+    return restore
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
 def launch(nranks: int, command: list[str], *, port: int | None = None,
-           timeout_seconds: float | None = None, extra_env: dict | None = None,
-           prefix: bool = True, stdout=None, stderr=None) -> int:
+           timeout_seconds: float | None = None, straggler_seconds: float | None = None,
+           extra_env: dict | None = None, prefix: bool = True, stdout=None,
+           stderr=None) -> int:
     """Run ``command`` (an argv list; the first item a Python script path or ``-m module``)
-    as ``nranks`` local ranks; return the job's exit status."""
+    as ``nranks`` local ranks; return the job's exit status (see the module docstring).
+
+    ``timeout_seconds``: end the whole job after this long (None: no limit).
+    ``straggler_seconds``: end ranks still running this long after all others exited 0
+    (None: the job's POLYCAST_TIMEOUT; 0: no limit)."""
     if not isinstance(nranks, int) or nranks < 1:
         raise InvalidArgument(f"number of ranks must be a positive integer, got {nranks!r}")
     if not command:
         raise InvalidArgument("nothing to run: give a script (and its arguments) or -m module")
     if timeout_seconds is not None and timeout_seconds <= 0:
-        raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout_seconds}")
+        raise InvalidArgument(f"--timeout must be > 0 seconds, got {timeout_seconds:g}")
+    if straggler_seconds is None:
+        from .env import timeout_from_env
+        straggler_seconds = timeout_from_env({**os.environ, **(extra_env or {})})
+    if straggler_seconds < 0:
+        raise InvalidArgument(f"--straggler-timeout must be >= 0 seconds (0: no limit), got "
+                              f"{straggler_seconds:g}")
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr.buffer
     port = port or free_port()
@@ -94,11 +203,17 @@ def launch(nranks: int, command: list[str], *, port: int | None = None,
     argv = [sys.executable] + list(command)
     lock = threading.Lock()
     ranks: list[_Rank] = []
+    reports = tempfile.mkdtemp(prefix="polycast-run-")
+    extra = {report.ENV: reports, **(extra_env or {})}
+    preexec = _die_with_parent()
+    restore = _stoppable()
+    status = 1
     try:
         for r in range(nranks):
-            proc = subprocess.Popen(argv, env=rank_env(r, nranks, port, job_id, extra=extra_env),
+            proc = subprocess.Popen(argv, env=rank_env(r, nranks, port, job_id, extra=extra),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    preexec_fn=preexec)
             item = _Rank(r, proc)
             pre = f"[rank {r}] ".encode() if prefix else b""
             for stream, sink in ((proc.stdout, out), (proc.stderr, err)):
@@ -107,60 +222,191 @@ def launch(nranks: int, command: list[str], *, port: int | None = None,
                 t.start()
                 item.threads.append(t)
             ranks.append(item)
-        status = _supervise(ranks, timeout_seconds, err, lock)
-    except KeyboardInterrupt:
-        _end_all(ranks)
-        status = 130
+        status = _Supervisor(ranks, reports, err, lock).run(timeout_seconds,
+                                                             straggler_seconds)
+    except (KeyboardInterrupt, _Stopped) as exc:
+        signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
+        _say(err, lock, f"{signal.Signals(signum).name}: ending all ranks")
+        status = 128 + int(signum)
     finally:
+        restore()
         _end_all(ranks)
         for item in ranks:
             for t in item.threads:
                 t.join(timeout=GRACE_SECONDS)
+        shutil.rmtree(reports, ignore_errors=True)
     return status
 
 
-def _supervise(ranks: list[_Rank], timeout_seconds: float | None, err, lock) -> int:
-    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
-    live = {item.rank: item for item in ranks}
-    while live:
-        for r, item in list(live.items()):
-            code = item.proc.poll()
-            if code is None:
-                continue
-            del live[r]
-            if code != 0:
-                with lock:
-                    err.write(f"polycast run: rank {r} exited with status "
-                              f"{_exit_status(code)}; ending the other ranks\n".encode())
-                    err.flush()
-                _end_all(ranks)
-                return _exit_status(code)
-        if deadline is not None and time.monotonic() > deadline:
-            with lock:
-                err.write(f"polycast run: job still running after {timeout_seconds:g} s; "
-                          "ending all ranks\n".encode())
-                err.flush()
-            _end_all(ranks)
-            return 124
-        time.sleep(0.02)
-    return 0
+def _say(err, lock: threading.Lock, text: str) -> None:
+    with lock:
+        try:
+            err.write(f"polycast run: {text}\n".encode())
+            err.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+
+def _ranks_text(rs) -> str:
+    rs = sorted(rs)
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+class _Supervisor:
+    """Watches the ranks and decides how the job ends (see the module docstring)."""
+
+    def __init__(self, ranks: list[_Rank], reports: str, err, lock) -> None:
+        self.ranks, self.reports, self.err, self.lock = ranks, reports, err, lock
+
+    def _poll(self) -> None:
+        now = time.monotonic()
+        for item in self.ranks:
+            if item.exited_at is None and item.proc.poll() is not None:
+                item.exited_at = now
+
+    def _running(self) -> list[_Rank]:
+        return [i for i in self.ranks if i.exited_at is None]
+
+    def _failed(self) -> list[_Rank]:
+        return [i for i in self.ranks if i.exited_at is not None and i.proc.returncode != 0
+                and not i.ended_by_us]
+
+    def run(self, timeout_seconds: float | None, straggler_seconds: float) -> int:
+        start = time.monotonic()
+        all_ok_since = None
+        while True:
+            self._poll()
+            running = self._running()
+            failed = self._failed()
+            if failed:
+                return self._failure(failed)
+            if not running:
+                return 0
+            now = time.monotonic()
+            if timeout_seconds is not None and now - start > timeout_seconds:
+                done = [i.rank for i in self.ranks if i.exited_at is not None]
+                self._end_stuck(running, f"--timeout {timeout_seconds:g} s reached: ending "
+                                f"{_ranks_text(i.rank for i in running)}, still running"
+                                + (f" ({_ranks_text(done)} had finished)" if done else ""))
+                return TIMEOUT_STATUS
+            if len(running) < len(self.ranks):
+                all_ok_since = all_ok_since or now
+                if straggler_seconds and now - all_ok_since > straggler_seconds:
+                    done = [i.rank for i in self.ranks if i.exited_at is not None]
+                    self._end_stuck(running, f"{_ranks_text(done)} finished "
+                                    f"{straggler_seconds:g} s ago but "
+                                    f"{_ranks_text(i.rank for i in running)} "
+                                    f"{'is' if len(running) == 1 else 'are'} still running "
+                                    "(not in a collective with them, so nothing will end "
+                                    "it): ending it (--straggler-timeout; 0 waits forever)")
+                    return TIMEOUT_STATUS
+            time.sleep(0.02)
+
+    def _end_stuck(self, running: list[_Rank], message: str) -> None:
+        _say(self.err, self.lock, message)
+        dumping = [i for i in running
+                   if os.path.exists(report.dump_marker(self.reports, i.rank))]
+        for item in dumping:
+            try:
+                os.kill(item.proc.pid, signal.SIGUSR1)  # the rank only, not its children
+            except ProcessLookupError:
+                pass
+        if dumping:
+            time.sleep(STACK_DUMP_SECONDS)
+        for item in running:
+            item.ended_by_us = True
+        _end_all(self.ranks)
+
+    def _failure(self, failed: list[_Rank]) -> int:
+        """Someone failed. Wait (briefly) for the cause if only consequences exited yet,
+        end the rest, and name the cause."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            causes = self._causes(failed)
+            if causes or not self._running() or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+            self._poll()
+            failed = self._failed()
+        still = self._running()
+        for item in still:
+            item.ended_by_us = True
+        _end_all(self.ranks)
+        failed = self._failed()
+        causes = self._causes(failed)
+        reports = {i.rank: report.read_report(self.reports, i.rank) for i in failed}
+        if causes:
+            first = min(causes, key=lambda i: (self._when(i, reports), i.rank))
+        else:
+            # Only consequences exited: blame the rank they lost (it hung or stopped).
+            lost = {reports[i.rank]["consequence_of"] for i in failed}
+            first = min(failed, key=lambda i: (self._when(i, reports), i.rank))
+            blamed = sorted(r for r in lost if r is not None and 0 <= r < len(self.ranks))
+            states = []
+            for r in blamed:
+                item = self.ranks[r]
+                states.append(f"rank {r} " + ("was still running (ended)" if item in still
+                                              else "had exited with status 0" if
+                                              item.proc.returncode == 0 else "had exited"))
+            _say(self.err, self.lock,
+                 f"{_ranks_text(i.rank for i in failed)} failed because they lost "
+                 f"{_ranks_text(blamed)}: " + "; ".join(states)
+                 + (f"; ended {_ranks_text(i.rank for i in still)}" if still else ""))
+            return _exit_status(first.proc.returncode)
+        rep = reports.get(first.rank)
+        what = _describe_code(first.proc.returncode) + (f" ({rep['error']})" if rep else "")
+        others = [i.rank for i in failed if i is not first]
+        tail = []
+        if others:
+            tail.append(f"then {_ranks_text(others)} failed too")
+        if still:
+            tail.append(f"ended {_ranks_text(i.rank for i in still)}")
+        _say(self.err, self.lock, f"rank {first.rank} failed first: it {what}"
+             + ("; " + ", ".join(tail) if tail else ""))
+        return _exit_status(first.proc.returncode)
+
+    def _causes(self, failed: list[_Rank]) -> list[_Rank]:
+        out = []
+        for item in failed:
+            rep = report.read_report(self.reports, item.rank)
+            if rep is None or rep.get("consequence_of") is None:
+                out.append(item)
+        return out
+
+    @staticmethod
+    def _when(item: _Rank, reports: dict) -> float:
+        rep = reports.get(item.rank)
+        # Reports carry wall time when the exception reached the top; ranks without one
+        # are ordered by when the launcher saw them exit, on the same clock.
+        if rep is not None:
+            return rep["time"]
+        return time.time() - (time.monotonic() - item.exited_at)
+
+
+def _signal_group(item: _Rank, sig: int) -> None:
+    """Signal the rank's process group (the rank and what it started), while the rank has
+    not been reaped (so the group id is still ours)."""
+    if item.proc.poll() is not None:
+        return
+    try:
+        os.killpg(item.proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _end_all(ranks: list[_Rank]) -> None:
     """SIGTERM every still-running rank this launcher started, SIGKILL after the grace."""
-    running = [item.proc for item in ranks if item.proc.poll() is None]
-    for proc in running:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    running = [item for item in ranks if item.proc.poll() is None]
+    for item in running:
+        _signal_group(item, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_SECONDS
-    for proc in running:
+    for item in running:
         try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            item.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=GRACE_SECONDS)
+            _signal_group(item, signal.SIGKILL)
+            item.proc.kill()
+            item.proc.wait(timeout=GRACE_SECONDS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -168,7 +414,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0,
                         help="rendezvous port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--timeout", type=float, default=None,
-                        help="end the whole job after this many seconds (default: no limit)")
+                        help="end the whole job after this many seconds, printing where "
+                             "each rank still running was (status 124; default: no limit)")
+    parser.add_argument("--straggler-timeout", type=float, default=None,
+                        help="end a rank still running this many seconds after every other "
+                             "rank exited 0 (status 124; default: POLYCAST_TIMEOUT, 60 s; "
+                             "0: no limit)")
     parser.add_argument("--transport", choices=("auto", "shm", "tcp"), default=None,
                         help="force the point-to-point transport (sets POLYCAST_TRANSPORT)")
     parser.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
@@ -186,7 +437,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         extra["POLYCAST_TRANSPORT"] = args.transport
     command = (["-m", *args.module] if args.module else []) + list(args.command)
     return launch(args.nranks, command, port=args.port or None,
-                  timeout_seconds=args.timeout, extra_env=extra, prefix=not args.no_prefix)
+                  timeout_seconds=args.timeout, straggler_seconds=args.straggler_timeout,
+                  extra_env=extra, prefix=not args.no_prefix)
 
 
 def main(argv: list[str] | None = None) -> int:
