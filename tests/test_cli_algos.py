@@ -25,7 +25,7 @@ def test_algos_table_lists_every_collective(capsys):
 def test_algos_bad_input_is_one_line_and_status_2(capsys):
     assert main(["algos", "--ranks", "8", "--size", "3", "-c", "allgather"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "multiple of 32 bytes" in err and "\n" not in err
+    assert "the smallest size is 32 B" in err and "\n" not in err
     assert main(["algos", "-c", "nope"]) == 2
     assert "valid choices" in capsys.readouterr().err
 

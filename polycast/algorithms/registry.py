@@ -15,6 +15,7 @@ from ..collectives import Collective, check_rank_args
 from ..errors import InvalidArgument, UnknownName, Unsupported
 from ..schedule.builder import Builder, number_messages
 from ..schedule.ir import Layout, Schedule, Step
+from . import estimate
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
         raise Unsupported(f"{coll} algorithm {algorithm!r} {reason} (asked for {nranks}); "
                           f"valid for {nranks} ranks: "
                           f"{', '.join(supported(coll, nranks)) or 'none'}")
+    if nranks > estimate.CHECK_ABOVE_RANKS:    # refuse what would not fit in memory
+        estimate.check(coll, algorithm, nranks, nchunks, channels, **options)
     spec = Spec(coll, nranks, count, root, nchunks, dict(options))
     # Schedules are millions of small immutable objects at 1024 ranks; the cyclic garbage
     # collector would rescan them all repeatedly (15-40 % of build time) and finds nothing.

@@ -6,10 +6,12 @@ import argparse
 import json
 
 from ..algorithms import algorithms, build
-from ..collectives import Collective, count_for_nbytes, parse_dtype
+from ..algorithms.estimate import CHECK_ABOVE_RANKS, TooLarge, estimate, limit_nbytes
+from ..collectives import Collective, parse_dtype
 from ..errors import InvalidArgument, PolycastError
 from ..schedule.traffic import traffic
-from ..units import format_size, parse_size
+from ..units import format_size
+from . import checks
 from .table import print_table
 
 
@@ -33,17 +35,17 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def rows_for(collective: Collective, nranks: int, nbytes: int, itemsize: int, nchunks: int,
-             ranks_per_host: int) -> list[dict]:
-    count = count_for_nbytes(collective, nranks, nbytes, itemsize)
+def _options(algo, nranks: int, ranks_per_host: int) -> dict:
+    if not algo.hierarchical:
+        return {}
+    return {"hosts": nranks // ranks_per_host, "ranks_per_host": ranks_per_host}
+
+
+def rows_for(collective: Collective, nranks: int, count: int, nbytes: int, nchunks: int,
+             ranks_per_host: int, itemsize: int) -> list[dict]:
     out = []
     for algo in algorithms(collective):
-        opts = {}
-        if algo.hierarchical:
-            if nranks % ranks_per_host:
-                raise InvalidArgument(f"--ranks-per-host {ranks_per_host} does not divide "
-                                      f"--ranks {nranks}")
-            opts = {"hosts": nranks // ranks_per_host, "ranks_per_host": ranks_per_host}
+        opts = _options(algo, nranks, ranks_per_host)
         row = {"collective": str(collective), "algorithm": algo.name, "nranks": nranks,
                "nbytes": nbytes, "multicast": algo.multicast}
         try:
@@ -61,16 +63,47 @@ def rows_for(collective: Collective, nranks: int, nbytes: int, itemsize: int, nc
     return out
 
 
+def _refuse_too_large(colls: list[Collective], args: argparse.Namespace) -> None:
+    """One error for every schedule that would not fit in memory, before building any."""
+    limit = limit_nbytes()
+    over = []
+    for c in colls:
+        for algo in algorithms(c):
+            if algo.unsupported_reason(args.ranks) is None and args.ranks > CHECK_ABOVE_RANKS:
+                est = estimate(c, algo.name, args.ranks, args.nchunks,
+                               **_options(algo, args.ranks, args.ranks_per_host))
+                if est is not None and est.nbytes > limit:
+                    over.append(est)
+    if not over:
+        return
+    worst = max(over, key=lambda e: e.nbytes)
+    fits = [str(c) for c in colls if all(e.collective != str(c) for e in over)]
+    raise TooLarge(
+        f"{len(over)} schedules at {args.ranks:,} ranks would not fit the limit of "
+        f"{limit / 2**30:g} GiB (POLYCAST_MAX_SCHEDULE_GIB), the largest {worst.collective} "
+        f"{worst.algorithm} at ~{worst.steps:.2g} steps; cheaper: --ranks "
+        f"{min(e.max_ranks(limit) for e in over)} or less"
+        + (f", or only -c {' -c '.join(fits)}" if fits else ""))
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.ranks < 1:
-        raise InvalidArgument(f"--ranks must be >= 1, got {args.ranks}")
+    checks.positive_int("--ranks", args.ranks)
+    checks.positive_int("--nchunks", args.nchunks)
+    checks.positive_int("--ranks-per-host", args.ranks_per_host)
+    if args.ranks % args.ranks_per_host:
+        raise InvalidArgument(f"--ranks-per-host {args.ranks_per_host} does not divide "
+                              f"--ranks {args.ranks}")
     itemsize = parse_dtype(args.dtype).itemsize
-    nbytes = parse_size(args.size)
     colls = [Collective.parse(c) for c in args.collective] if args.collective else list(Collective)
+    _refuse_too_large(colls, args)
+    notes: list[str] = []
+    sizes = {c: checks.sized(c, args.ranks, args.size, args.dtype, notes) for c in colls}
+    checks.print_notes("algos", notes)
     results = []
     for c in colls:
-        results.extend(rows_for(c, args.ranks, nbytes, itemsize, args.nchunks,
-                                args.ranks_per_host))
+        count, nbytes = sizes[c]
+        results.extend(rows_for(c, args.ranks, count, nbytes, args.nchunks,
+                                args.ranks_per_host, itemsize))
     if args.json:
         print(json.dumps(results))
         return 0
@@ -85,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                          format_bytes(r["max_recv_nbytes"]), r["steps"], r["depth"],
                          format_bytes(r["switch_link_nbytes"]),
                          "multicast" if r["multicast"] else ""])
-        print_table(f"{c}  P={P}  S={format_size(nbytes)}",
+        print_table(f"{c}  P={P}  S={format_size(sizes[c][1])}",
                     ["algorithm", "sent/rank", "recv/rank", "steps", "depth",
                      "1-switch link bytes", "note"], rows,
                     right={"sent/rank", "recv/rank", "steps", "depth", "1-switch link bytes"})

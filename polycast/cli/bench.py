@@ -15,10 +15,10 @@ import json
 import sys
 import threading
 
-from ..algorithms import supported
 from ..collectives import Collective, ReduceOp, parse_dtype
 from ..errors import InvalidArgument, PolycastError
 from ..units import format_size, parse_size
+from . import checks
 from .table import print_table
 
 
@@ -94,19 +94,19 @@ def measure(collective, nranks: int, algos: list[str], sizes: list[int], *, iter
     algorithm and size that failed, with the ranks' last output."""
     from ..runtime.launch import launch
     coll = Collective.parse(collective)
-    if nranks < 1:
-        raise InvalidArgument(f"-n must be a positive number of ranks, got {nranks}")
-    if not sizes or min(sizes) < 1:
-        raise InvalidArgument(f"sizes must be >= 1 byte, got {sizes}")
-    if iters < 1 or warmup < 0:
-        raise InvalidArgument("--iters must be >= 1 and --warmup >= 0")
+    checks.positive_int("-n", nranks)
+    if not sizes:
+        raise InvalidArgument("no sizes to measure")
+    checks.positive_int("--iters", iters)
+    checks.positive_int("--warmup", warmup, minimum=0)
     ReduceOp.parse(op)
     parse_dtype(dtype)
-    valid = supported(coll, nranks)
+    checks.root(coll, root, nranks)
+    if coll is not Collective.BARRIER:
+        checks.sized(coll, nranks, min(sizes), dtype, [])   # rows show the rounded sizes
+    checks.algorithm_names(coll, algos, nranks, allow_auto=True)
     for a in algos:
-        if a != "auto" and a not in valid:
-            raise InvalidArgument(f"{coll} has no algorithm {a!r} for {nranks} ranks; "
-                                  f"valid: auto, {', '.join(valid)}")
+        checks.schedule_fits(coll, a, nranks)
     sink = _Sink(progress or (lambda done, total: None))
     cmd = ["-m", "polycast.runtime.bench_rank", str(coll), "--algo", ",".join(algos),
            "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
@@ -130,11 +130,12 @@ def run(args) -> int:
         lo, hi = parse_size(args.min), parse_size(args.max)
         if lo < 1 or hi < lo:
             raise InvalidArgument(f"need 1 <= --min <= --max, got {args.min} and {args.max}")
-        if args.step_factor < 2:
-            raise InvalidArgument(f"--step-factor must be >= 2, got {args.step_factor}")
+        checks.positive_int("--step-factor", args.step_factor, minimum=2)
         from ..runtime.bench_rank import sizes_between
         sizes = sizes_between(lo, hi, args.step_factor)
-    algos = [a.strip() for a in args.algo.split(",") if a.strip()]
+    algos = checks.names(args.algo, "algorithms")
+    if args.timeout <= 0:
+        raise InvalidArgument(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     total = len(sizes) * len(algos)
     update, stop = _progress_factory(not args.json and total >= 4 and sys.stderr.isatty())
     try:

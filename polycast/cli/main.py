@@ -10,13 +10,14 @@ import sys
 
 from .. import __version__
 from ..errors import PolycastError
+from .checks import Parser
 
 # In the order `polycast --help` lists them.
 COMMANDS = ("demo", "tree", "algos", "sim", "bench", "run")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="polycast",
         description="Collective communication with reliable multicast: real runs, "
                     "verified schedules and datacenter simulation.")

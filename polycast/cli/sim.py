@@ -12,9 +12,11 @@ import argparse
 import json
 import sys
 
+from ..algorithms import get
 from ..collectives import Collective
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, UnknownName
 from ..units import format_size, parse_size
+from . import checks
 from .table import print_table
 
 
@@ -108,31 +110,41 @@ def _options(items: list[str]) -> dict:
     return out
 
 
-def _algos(text: str) -> list[str]:
-    out = [a.strip() for a in text.split(",") if a.strip()]
-    if not out:
-        raise InvalidArgument(f"no algorithms in {text!r}")
-    return out
-
-
 def run_collective(args: argparse.Namespace) -> int:
     from ..algorithms import algorithms
-    from ..sim.simulate import simulate
+    from ..sim.simulate import PLACEMENTS, algorithm_options, simulate
     from ..sim.topology import parse_topology
     coll = Collective.parse(args.collective)
     if args.compare:
-        names = _algos(args.compare)
+        names = checks.names(args.compare, "algorithms")
     elif args.algo:
         names = [args.algo]
     else:
         names = [algorithms(coll)[0].name]
+    checks.positive_int("--nodes", args.nodes)
+    checks.positive_int("--nchunks", args.nchunks)
+    checks.positive_int("--channels", args.channels)
+    checks.probability("--loss", args.loss)
+    checks.root(coll, args.root, args.nodes)
+    if args.placement not in PLACEMENTS:
+        raise UnknownName("placement", args.placement, PLACEMENTS)
+    checks.algorithm_names(coll, names, args.nodes)
+    options = checks.algorithm_options(coll, names, _options(args.opt))
+    checks.output_path(args.trace, "--trace", (".json",))
+    checks.output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
+    notes: list[str] = []
+    _, nbytes = checks.sized(coll, args.nodes, args.size, args.dtype, notes)
     topo = parse_topology(args.topology, args.nodes, link=args.link)
+    for name in names:
+        checks.schedule_fits(coll, name, args.nodes, args.nchunks, args.channels,
+                             **algorithm_options(coll, name, topo, options))
+    checks.print_notes("sim", notes)
     record = bool(args.trace or args.plot)
     results = []
     for name in names:
-        results.append(simulate(coll, name, args.nodes, parse_size(args.size), topo,
+        results.append(simulate(coll, name, args.nodes, nbytes, topo,
                                 dtype=args.dtype, root=args.root, nchunks=args.nchunks,
-                                channels=args.channels, options=_options(args.opt),
+                                channels=args.channels, options=options,
                                 loss=args.loss, seed=args.seed, record=record,
                                 placement=args.placement))
     if args.trace:
@@ -189,6 +201,12 @@ def _seconds(text):
 def run_fsdp(args: argparse.Namespace) -> int:
     from ..sim.fsdp import compare_fsdp, simulate_fsdp
     from ..sim.topology import parse_topology
+    checks.positive_int("--nodes", args.nodes)
+    if args.roots is not None:
+        checks.positive_int("--roots", args.roots)
+    if not args.compare:
+        checks.algorithm_names(Collective.ALLGATHER, [args.ag], args.nodes)
+        checks.algorithm_names(Collective.REDUCE_SCATTER, [args.rs], args.nodes)
     topo = parse_topology(args.topology, args.nodes, link=args.link)
     kw = dict(layers=args.layers,
               layer_bytes=parse_size(args.layer_bytes) if args.layer_bytes else None,
@@ -222,24 +240,47 @@ def run_fsdp(args: argparse.Namespace) -> int:
 
 def run_sweep(args: argparse.Namespace) -> int:
     from ..sim.sweep import grid, run_grid, write_table
+    from ..sim.topology import parse_topology
+    coll = Collective.parse(args.collective)
     try:
         nodes = [int(x) for x in args.nodes.split(",") if x.strip()]
     except ValueError:
         raise InvalidArgument(f"--nodes wants comma-separated integers, got {args.nodes!r}") \
             from None
+    for n in nodes:
+        checks.positive_int("--nodes", n)
+    if args.workers is not None:
+        checks.positive_int("--workers", args.workers)
     sizes = [parse_size(x.strip()) for x in args.sizes.split(",") if x.strip()]
     topologies = [t.strip() for t in args.topologies.split(";") if t.strip()]
-    points = grid(args.collective, _algos(args.algos), nodes, sizes, topologies, args.link)
+    algos = checks.algorithm_names(coll, checks.names(args.algos, "algorithms"))
+    checks.output_path(args.out, "--out", (".csv", ".json"))
+    for t in topologies:        # syntax and names; capacity per node count is per point
+        parse_topology(t, min(nodes or [1]), link=args.link)
+    for n in nodes:
+        for a in algos:
+            if get(coll, a).unsupported_reason(n) is None:
+                checks.schedule_fits(coll, a, n)
+    points = grid(args.collective, algos, nodes, sizes, topologies, args.link)
     rows = run_grid(points, workers=args.workers, ray=args.ray)
     if args.out:
         write_table(rows, args.out)
     if args.json:
         print(json.dumps(rows, indent=1))
-        return 0
+        return _sweep_status(rows)
     cols = ["collective", "algorithm", "nodes", "nbytes", "topology", "time_s", "busbw",
             "link_bytes", "error"]
     print_table(f"sweep: {len(rows)} runs", cols,
                 [[r.get(c, "") for c in cols] for r in rows])
     if args.out:
         print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    return _sweep_status(rows)
+
+
+def _sweep_status(rows: list[dict]) -> int:
+    """1 when some points could not run (their rows carry the error), else 0."""
+    failed = sum(1 for r in rows if r.get("error"))
+    if failed:
+        print(f"polycast sim sweep: {failed} of {len(rows)} points could not run (see their "
+              "error column)", file=sys.stderr)
+    return 1 if failed else 0

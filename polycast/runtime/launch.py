@@ -174,6 +174,26 @@ class _Stopped(Exception):
         super().__init__(signal.Signals(signum).name)
 
 
+def check_arguments(nranks: int, command: list[str], timeout_seconds: float | None,
+                    straggler_seconds: float | None, extra_env: dict | None = None) -> float:
+    """Raise InvalidArgument for a job that cannot start; return the straggler timeout."""
+    if not isinstance(nranks, int) or nranks < 1:
+        raise InvalidArgument(f"number of ranks must be a positive integer, got {nranks!r}")
+    if not command or command[0] == "-m" and len(command) < 2:
+        raise InvalidArgument("nothing to run: give a script (and its arguments) or -m module")
+    if timeout_seconds is not None and timeout_seconds <= 0:
+        raise InvalidArgument(f"--timeout must be > 0 seconds, got {timeout_seconds:g}")
+    if straggler_seconds is None:
+        from .env import timeout_from_env
+        straggler_seconds = timeout_from_env({**os.environ, **(extra_env or {})})
+    if straggler_seconds < 0:
+        raise InvalidArgument(f"--straggler-timeout must be >= 0 seconds (0: no limit), got "
+                              f"{straggler_seconds:g}")
+    if command[0] != "-m" and not os.path.isfile(command[0]):
+        raise InvalidArgument(f"script {command[0]!r} not found")
+    return straggler_seconds
+
+
 def launch(nranks: int, command: list[str], *, port: int | None = None,
            timeout_seconds: float | None = None, straggler_seconds: float | None = None,
            extra_env: dict | None = None, prefix: bool = True, stdout=None,
@@ -184,18 +204,8 @@ def launch(nranks: int, command: list[str], *, port: int | None = None,
     ``timeout_seconds``: end the whole job after this long (None: no limit).
     ``straggler_seconds``: end ranks still running this long after all others exited 0
     (None: the job's POLYCAST_TIMEOUT; 0: no limit)."""
-    if not isinstance(nranks, int) or nranks < 1:
-        raise InvalidArgument(f"number of ranks must be a positive integer, got {nranks!r}")
-    if not command:
-        raise InvalidArgument("nothing to run: give a script (and its arguments) or -m module")
-    if timeout_seconds is not None and timeout_seconds <= 0:
-        raise InvalidArgument(f"--timeout must be > 0 seconds, got {timeout_seconds:g}")
-    if straggler_seconds is None:
-        from .env import timeout_from_env
-        straggler_seconds = timeout_from_env({**os.environ, **(extra_env or {})})
-    if straggler_seconds < 0:
-        raise InvalidArgument(f"--straggler-timeout must be >= 0 seconds (0: no limit), got "
-                              f"{straggler_seconds:g}")
+    straggler_seconds = check_arguments(nranks, command, timeout_seconds, straggler_seconds,
+                                        extra_env)
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr.buffer
     port = port or free_port()
@@ -436,6 +446,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.transport:
         extra["POLYCAST_TRANSPORT"] = args.transport
     command = (["-m", *args.module] if args.module else []) + list(args.command)
+    check_arguments(args.nranks, command, args.timeout, args.straggler_timeout, extra)
     return launch(args.nranks, command, port=args.port or None,
                   timeout_seconds=args.timeout, straggler_seconds=args.straggler_timeout,
                   extra_env=extra, prefix=not args.no_prefix)
