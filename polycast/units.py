@@ -64,6 +64,23 @@ def parse_rate(text: str | float) -> float:
     return value
 
 
+_FREQ_UNITS = {"hz": 1.0, "khz": 1e3, "mhz": 1e6, "ghz": 1e9}
+
+
+def parse_frequency(text: str | float) -> float:
+    """Parse ``"1.8GHz"``, ``"2600MHz"`` into hertz. A unit is required (a bare ``1.8`` could
+    be GHz or Hz)."""
+    m = _NUM.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _FREQ_UNITS:
+        raise InvalidArgument(f"cannot parse frequency {text!r}; use a number with a unit: "
+                              "Hz, kHz, MHz or GHz, e.g. 1.8GHz")
+    value = float(m.group(1)) * _FREQ_UNITS[unit]
+    if value <= 0:
+        raise InvalidArgument(f"frequency must be > 0, got {text!r}")
+    return value
+
+
 def format_size(nbytes: int) -> str:
     """``67108864 -> '64MiB'``; exact binary units when they divide, else bytes."""
     for unit, mult in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
