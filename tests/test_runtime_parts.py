@@ -255,16 +255,17 @@ def test_shm_rings_are_refused_on_cpus_without_total_store_order(monkeypatch):
 
 
 def test_auto_symm_is_not_offered_without_total_store_order(monkeypatch):
-    from polycast.runtime import shm, symm
+    from polycast.runtime import shm
+    from polycast.runtime.symm import routing
 
     class _World:
         single_host = True
 
     class _Comm:
         _driver = type("D", (), {"world": _World()})()
-    assert symm._members_on_one_host(_Comm())
+    assert routing._members_on_one_host(_Comm())
     monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")
-    assert not symm._members_on_one_host(_Comm())
+    assert not routing._members_on_one_host(_Comm())
 
 
 def test_datagram_size_follows_the_interface_mtu(monkeypatch):

@@ -95,15 +95,15 @@ def _rank_main(suite: str) -> int:
     if suite == "alloc-death":
         # The last rank dies right after creating its segment, inside symm_empty: the
         # others raise (bounded) and remove every segment, the dead rank's included.
-        import polycast.runtime.symm as symm
-        real = symm._open_map
+        import polycast.runtime.symm.segments as segments
+        real = segments._open_map
 
         def dying(path, nbytes, create):
             mm = real(path, nbytes, create)
             if create and r == P - 1 and "-a1-" in path:
                 os._exit(17)
             return mm
-        symm._open_map = dying
+        segments._open_map = dying
         comm.symm_empty(8, np.float32)                 # the control block: fine
         t0 = time.monotonic()
         try:
@@ -129,15 +129,15 @@ def _rank_main(suite: str) -> int:
     # Ranks on different hosts (host ids faked on a fresh communicator): symm is refused,
     # naming the requirement, and auto does not pick it.
     import polycast.runtime.symm as symm
-    real_host = symm.host_id
-    symm.host_id = lambda: f"host{r}"
+    real_host = symm.shared.host_id
+    symm.shared.host_id = lambda: f"host{r}"
     multi = comm.Dup()
     try:
         multi.symm_empty(4, np.float32)
         check("hosts/raised", False, "returned")
     except InvalidArgument as exc:
         check("hosts/raised", "one host" in str(exc), str(exc))
-    symm.host_id = real_host
+    symm.shared.host_id = real_host
     try:
         multi.Allgather(np.zeros(2), np.zeros(2 * P), algorithm="symm")
         check("hosts/allgather-raised", False, "returned")
@@ -431,15 +431,15 @@ def _auto_suite(comm, check, leftovers) -> None:
 
     # Ranks on different hosts (host ids faked for a fresh communicator): the first auto
     # call finds out and every call takes the engine.
-    real_host = symm.host_id
-    symm.host_id = lambda: f"host{r}"
+    real_host = symm.shared.host_id
+    symm.shared.host_id = lambda: f"host{r}"
     multi = comm.Dup()
     try:
         got = np.empty(2 * P)
         req = multi.Iallgather(np.full(2, float(r)), got)
         req.Wait()
     finally:
-        symm.host_id = real_host
+        symm.shared.host_id = real_host
     check("hosts/auto-engine", "symm" not in req.desc
           and np.array_equal(got, np.repeat(np.arange(P, dtype=float), 2)), req.desc)
     got = np.empty(1)

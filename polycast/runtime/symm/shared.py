@@ -1,0 +1,171 @@
+"""The symmetric memory of one communicator: its allocations (``symm_empty``), the staging
+segment of the ``auto`` path, and its epoch barrier (:mod:`.barrier`)."""
+
+from __future__ import annotations
+
+import mmap
+import threading
+
+import numpy as np
+
+from ...errors import InvalidArgument, MismatchError
+from ..env import host_id
+from ..shm import shm_unavailable_reason
+from .barrier import CTRL_NBYTES, EpochBarrier
+from .segments import Segment, _close, _map_collectively
+
+# Allreduce up to this size is one-shot (every rank reduces all of it: 2 barriers instead
+# of 3); above, reduce-scatter + allgather moves P/2 times fewer bytes per rank.
+ONE_SHOT_MAX_NBYTES = 64 << 10
+
+
+class SymmState:
+    """The symmetric memory of one communicator: allocations and the barrier block."""
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self.rank, self.size = comm.rank, comm.size
+        self.world_ranks = list(comm.members)
+        self.segments: list[Segment] = []
+        self.lock = threading.Lock()
+        self.usable_reason: str | None = None
+        self.done: dict = {}            # collective -> its completed request
+        self.nsegments = 0              # allocations made (segment indices stay unique)
+        self.nuser = 0                  # symm_empty allocations (their tags: a0, a1, ...)
+        # The staging buffer of the auto path for ordinary arrays (see staged_*); while it
+        # is being (re)allocated, the object collectives that allocation makes take the
+        # engine, so nothing recurses into it.
+        self.stage: Segment | None = None
+        self.small: Segment | None = None
+        self.growing = False
+        self.auto_refused: str | None = None
+        hosts = comm.allgather(host_id())
+        why = None
+        if len(set(hosts)) != 1:
+            why = ("symmetric memory needs every rank of the communicator on one host; ranks "
+                   f"are on {len(set(hosts))} hosts")
+        # The epoch barrier orders data and counters the way the shm rings do: only where
+        # the CPU keeps stores in order (same answer on every rank of one host).
+        why = why or shm_unavailable_reason()
+        if why:
+            self.usable_reason = why
+            self.bar = EpochBarrier(comm, None)
+            return
+        maps = _map_collectively(comm, CTRL_NBYTES, "ctrl")
+        self._ctrl_maps = maps
+        self.bar = EpochBarrier(comm, [np.ndarray((CTRL_NBYTES // 8,), np.uint64, m, 0)
+                                       for m in maps])
+
+    # -- allocation -----------------------------------------------------------------------
+    def alloc(self, shape, dtype) -> np.ndarray:
+        dt = np.dtype(dtype)
+        if dt.hasobject:
+            raise InvalidArgument(f"symmetric arrays hold plain data; dtype {dt} holds "
+                                  "Python objects")
+        try:
+            shape = tuple(int(s) for s in (shape if np.iterable(shape) else (shape,)))
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"shape must be an int or a tuple of ints, got {shape!r}"
+                                  ) from None
+        if any(s < 0 for s in shape):
+            raise InvalidArgument(f"shape must be non-negative, got {shape}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        asks = self.comm.allgather((shape, dt.str))
+        if len(set(asks)) != 1:
+            raise MismatchError("symm_empty is collective and symmetric: every rank must ask "
+                                "for the same shape and dtype; got " +
+                                ", ".join(f"rank {r}: {s} {np.dtype(d)}"
+                                          for r, (s, d) in enumerate(asks)))
+        if self.usable_reason:
+            raise InvalidArgument(self.usable_reason)
+        seg = self._new_segment(nbytes, f"a{self.nuser}")
+        self.nuser += 1
+        return np.ndarray(shape, dt, seg.maps[self.rank], 0)
+
+    def _new_segment(self, nbytes: int, tag: str) -> Segment:
+        maps = _map_collectively(self.comm, nbytes, tag)
+        seg = Segment(self.nsegments, max(nbytes, 1), maps)
+        self.nsegments += 1
+        seg.bases = [np.frombuffer(m, np.uint8, 1).__array_interface__["data"][0]
+                     for m in maps]
+        self.segments.append(seg)
+        return seg
+
+    def grow_stage(self, nbytes: int) -> Segment:
+        """Replace the staging segment by one of ``nbytes`` (collective: every rank calls it
+        with the same size). The old one is unmapped first: bounded by the largest call."""
+        self.growing = True
+        try:
+            old, self.stage = self.stage, None
+            if old is not None:
+                self.segments.remove(old)
+                for m in old.maps:
+                    _close(m)
+            self.stage = self._new_segment(nbytes, f"s{self.nsegments}")
+            if self.small is None:
+                # Two slots for small allreduces (see staged_allreduce), made with the first
+                # staging buffer: a step every rank takes at the same call.
+                self.small = self._new_segment(2 * ONE_SHOT_MAX_NBYTES, f"s{self.nsegments}")
+            return self.stage
+        finally:
+            self.growing = False
+
+    def find(self, arr) -> tuple[Segment, int] | None:
+        """(segment, byte offset) of an array inside one of our allocations, else None."""
+        if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+            return None
+        # Cheap first: our arrays (and views of them) end in an mmap; most arrays do not.
+        base = arr.base
+        while isinstance(base, np.ndarray):
+            base = base.base
+        if not isinstance(base, mmap.mmap):
+            return None
+        lo = arr.__array_interface__["data"][0]
+        hi = lo + arr.nbytes
+        for seg in self.segments:
+            base = seg.bases[self.rank]
+            if base <= lo and hi <= base + seg.nbytes:
+                return seg, lo - base
+        return None
+
+    def free(self) -> None:
+        for seg in self.segments:
+            for m in seg.maps:
+                _close(m)
+        self.segments = []
+        self.stage = self.small = None
+        if self.bar.ctrl is not None:
+            self.bar.ctrl = None
+            for m in self._ctrl_maps:
+                _close(m)
+
+
+def state(comm, create: bool = False) -> SymmState | None:
+    st = comm.__dict__.get("_symm_state")
+    if st is None and create:
+        # Making the state runs object allgathers on this communicator: they must take the
+        # engine, not the auto symm path that would make the state again.
+        comm._symm_creating = True
+        try:
+            st = comm._symm_state = SymmState(comm)
+        finally:
+            comm._symm_creating = False
+    return st
+
+
+def alloc(comm, shape, dtype=np.float32) -> np.ndarray:
+    """See :meth:`polycast.comm.Comm.symm_empty`."""
+    if comm._freed:
+        raise InvalidArgument(f"{comm!r} was freed")
+    return state(comm, create=True).alloc(shape, dtype)
+
+
+def free(comm) -> None:
+    st = comm.__dict__.pop("_symm_state", None)
+    if st is not None:
+        st.free()
+
+
+def is_symmetric(comm, arr) -> bool:
+    st = state(comm)
+    return st is not None and st.find(arr) is not None
