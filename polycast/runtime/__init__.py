@@ -12,6 +12,7 @@ tcp             non-blocking framed TCP link (queued partial writes, recv_into)
 shm             SPSC shared-memory rings, zero-copy receive, doorbells over TCP
 mcast           UDP multicast groups per (job, communicator), own-datagram BPF filter
 driver/         the engines' driver: progress, actions, peer I/O, datagrams, timers, Request
+symm/           symmetric memory on one host: peers read each other's buffers (auto, symm)
 selftest        every collective and algorithm against the reference on real ranks
 bench_rank      the rank side of ``polycast bench``
 =============== ==========================================================================
