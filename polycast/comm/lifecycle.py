@@ -56,15 +56,14 @@ def init(*, rank: int | None = None, size: int | None = None,
             from dataclasses import replace
             job = replace(job, timeout_seconds=float(timeout))
         world = connect(job, transport)
-        secret = os.environ.get("POLYCAST_SECRET")
         mtu = mtu_nbytes or int(os.environ.get("POLYCAST_MTU", 0) or datagram_payload_nbytes(
-            world.job_id, world.single_host, secret.encode() if secret else None))
+            world.job_id, world.single_host, world.key))
         pace = pacing_gbps if pacing_gbps is not None else \
             (float(os.environ["POLYCAST_PACING_GBPS"]) if os.environ.get("POLYCAST_PACING_GBPS")
              else None)
         config = EngineConfig(mtu_nbytes=mtu, pacing_gbps=pace,
                               op_timeout_s=job.timeout_seconds,
-                              secret=secret.encode() if secret else None)
+                              secret=world.key)     # per job, from POLYCAST_SECRET
         driver = Driver(world, config)
         err = driver.add_comm(0, list(range(world.size)))
         _WORLD = Comm(driver, 0, list(range(world.size)), job.timeout_seconds, err)

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument
-from . import report
+from . import auth, report
 
 GRACE_SECONDS = 3.0
 SETTLE_SECONDS = 2.0        # how long a consequence waits for its cause to exit
@@ -432,6 +432,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "0: no limit)")
     parser.add_argument("--transport", choices=("auto", "shm", "tcp"), default=None,
                         help="force the point-to-point transport (sets POLYCAST_TRANSPORT)")
+    parser.add_argument("--secret", action="store_true",
+                        help="give the ranks a fresh random job secret (POLYCAST_SECRET): "
+                             "the store and ranks refuse outsiders and every message and "
+                             "datagram carries a MAC; a POLYCAST_SECRET already set is kept")
     parser.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
     parser.add_argument("-m", dest="module", default=None, nargs=argparse.REMAINDER,
                         metavar="MODULE ARGS",
@@ -445,6 +449,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     extra = {}
     if args.transport:
         extra["POLYCAST_TRANSPORT"] = args.transport
+    if args.secret and not os.environ.get(auth.ENV):
+        extra[auth.ENV] = auth.new_secret()
     command = (["-m", *args.module] if args.module else []) + list(args.command)
     check_arguments(args.nranks, command, args.timeout, args.straggler_timeout, extra)
     return launch(args.nranks, command, port=args.port or None,

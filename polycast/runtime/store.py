@@ -6,12 +6,19 @@ bytes. ``wait`` parks the request on the server until the key is set, so nobody 
 Every client call is bounded by a timeout and raises :class:`CollectiveTimeout` naming the
 key it waited for.
 
-Wire format, both directions: ``!BII`` (op or status, key length, value length), key, value.
+Every connection starts with the challenge-response of :mod:`polycast.runtime.auth` (keyed
+by the job secret, or by a public key without one): a client that fails it is refused and
+counted (:attr:`StoreServer.refused`). Then, both directions: ``!BII`` (op or status, key
+length, value length), key, value, and a 16-byte MAC of the frame under the connection's
+session key and a per-direction counter (a forged, altered or replayed frame ends the
+connection and is counted in :attr:`StoreServer.bad_frames`).
 """
 
 from __future__ import annotations
 
 import errno
+import hmac
+import secrets
 import selectors
 import socket
 import struct
@@ -19,6 +26,7 @@ import threading
 import time
 
 from ..errors import CollectiveTimeout, InvalidArgument, PolycastError
+from . import auth
 
 _HDR = struct.Struct("!BII")
 OP_SET, OP_GET, OP_WAIT, OP_ADD = 1, 2, 3, 4
@@ -30,10 +38,33 @@ class PortInUse(PolycastError):
     """The rendezvous (or another listening) port is already taken."""
 
 
-class StoreServer:
-    """Serves the store on ``(host, port)`` from a daemon thread until :meth:`close`."""
+def store_key(secret: bytes | None) -> bytes:
+    return auth.derive(secret, "store")
 
-    def __init__(self, host: str, port: int) -> None:
+
+def _frame_mac(session: bytes, direction: bytes, counter: int, frame) -> bytes:
+    return auth.mac(session, direction, counter.to_bytes(8, "big"), frame)
+
+
+class _Conn:
+    """Server-side state of one client connection."""
+    __slots__ = ("nonce", "session", "buf", "rx", "tx")
+
+    def __init__(self, nonce: bytes) -> None:
+        self.nonce = nonce
+        self.session: bytes | None = None       # set once the client proved the key
+        self.buf = bytearray()
+        self.rx = self.tx = 0                   # frames received / sent (MAC counters)
+
+
+class StoreServer:
+    """Serves the store on ``(host, port)`` from a daemon thread until :meth:`close`.
+    ``secret``: the job's master key (:func:`polycast.runtime.auth.secret_from_env`)."""
+
+    def __init__(self, host: str, port: int, secret: bytes | None = None) -> None:
+        self._key = store_key(secret)
+        self.refused = 0            # clients that failed the handshake
+        self.bad_frames = 0         # frames with a wrong MAC or malformed (connection ended)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -51,7 +82,7 @@ class StoreServer:
         self.port = self._sock.getsockname()[1]
         self._data: dict[str, bytes] = {}
         self._waiters: dict[str, list[socket.socket]] = {}
-        self._bufs: dict[socket.socket, bytearray] = {}
+        self._conns: dict[socket.socket, _Conn] = {}
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._sock, selectors.EVENT_READ)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -93,12 +124,18 @@ class StoreServer:
             conn.setblocking(True)      # replies are small: a blocking sendall is brief
             conn.settimeout(5.0)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._bufs[conn] = bytearray()
+            state = _Conn(secrets.token_bytes(auth.NONCE_NBYTES))
+            try:
+                conn.sendall(state.nonce)       # the challenge
+            except OSError:
+                conn.close()
+                continue
+            self._conns[conn] = state
             self._sel.register(conn, selectors.EVENT_READ)
 
     def _drop(self, conn: socket.socket) -> None:
         self._sel.unregister(conn)
-        self._bufs.pop(conn, None)
+        self._conns.pop(conn, None)
         for lst in self._waiters.values():
             while conn in lst:
                 lst.remove(conn)
@@ -112,25 +149,78 @@ class StoreServer:
         if not data:
             self._drop(conn)
             return
-        buf = self._bufs[conn]
+        state = self._conns[conn]
+        buf = state.buf
         buf += data
+        if state.session is None and not self._authenticate(conn, state):
+            return
         while len(buf) >= _HDR.size:
             op, klen, vlen = _HDR.unpack_from(buf)
             if vlen > MAX_VALUE_NBYTES or klen > 4096:
+                self.bad_frames += 1
                 self._drop(conn)
                 return
             end = _HDR.size + klen + vlen
-            if len(buf) < end:
+            if len(buf) < end + auth.MAC_NBYTES:
                 return
-            key = bytes(buf[_HDR.size:_HDR.size + klen]).decode()
+            want = _frame_mac(state.session, b"c", state.rx, memoryview(buf)[:end])
+            if not hmac.compare_digest(want, bytes(buf[end:end + auth.MAC_NBYTES])):
+                self.bad_frames += 1
+                self._drop(conn)
+                return
+            state.rx += 1
+            try:
+                key = bytes(buf[_HDR.size:_HDR.size + klen]).decode()
+            except UnicodeDecodeError:
+                self.bad_frames += 1
+                self._drop(conn)
+                return
             value = bytes(buf[_HDR.size + klen:end])
-            del buf[:end]
-            self._handle(conn, op, key, value)
+            del buf[:end + auth.MAC_NBYTES]
+            try:
+                self._handle(conn, op, key, value)
+            except ValueError:          # e.g. ADD of a value that is not a number
+                self.bad_frames += 1
+                self._drop(conn)
+                return
+            if conn not in self._conns:
+                return
+
+    def _authenticate(self, conn: socket.socket, state: _Conn) -> bool:
+        """The client's answer to the challenge: its nonce and proof. False until it is
+        complete and right (a wrong one ends the connection)."""
+        n = auth.NONCE_NBYTES + auth.MAC_NBYTES
+        if len(state.buf) < n:
+            return False
+        theirs = bytes(state.buf[:auth.NONCE_NBYTES])
+        proof = bytes(state.buf[auth.NONCE_NBYTES:n])
+        del state.buf[:n]
+        if not hmac.compare_digest(proof, auth.mac(self._key, b"client", b"store",
+                                                        state.nonce, theirs)):
+            self.refused += 1
+            try:
+                conn.sendall(b"\0" * auth.MAC_NBYTES)
+            except OSError:
+                pass
+            self._drop(conn)
+            return False
+        try:
+            conn.sendall(auth.mac(self._key, b"server", b"store", theirs, state.nonce))
+        except OSError:
+            self._drop(conn)
+            return False
+        state.session = auth.derive(self._key, "session", b"store", state.nonce, theirs)
+        return True
 
     def _reply(self, conn: socket.socket, status: int, key: str, value: bytes) -> None:
+        state = self._conns.get(conn)
+        if state is None:
+            return
         k = key.encode()
+        frame = _HDR.pack(status, len(k), len(value)) + k + value
         try:
-            conn.sendall(_HDR.pack(status, len(k), len(value)) + k + value)
+            conn.sendall(frame + _frame_mac(state.session, b"s", state.tx, frame))
+            state.tx += 1
         except OSError:
             pass
 
@@ -163,7 +253,8 @@ class StoreServer:
 class StoreClient:
     """Blocking client; connects (retrying until ``timeout_seconds``) on construction."""
 
-    def __init__(self, host: str, port: int, timeout_seconds: float = 60.0) -> None:
+    def __init__(self, host: str, port: int, timeout_seconds: float = 60.0,
+                 secret: bytes | None = None) -> None:
         if timeout_seconds <= 0:
             raise InvalidArgument(f"timeout_seconds must be > 0, got {timeout_seconds}")
         self.host, self.port, self.timeout_seconds = host, port, timeout_seconds
@@ -183,6 +274,16 @@ class StoreClient:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.25)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.settimeout(max(0.05, min(10.0, deadline - time.monotonic())))
+        try:
+            self._session = auth.connect_handshake(self._sock, store_key(secret), b"store")
+        except (auth.AuthenticationFailed, OSError) as exc:
+            self._sock.close()
+            raise auth.AuthenticationFailed(
+                f"rendezvous: the store at {host}:{port} refused this rank or could not "
+                f"prove it belongs to this job: {auth.ENV} must be set to the same value on "
+                f"every rank, or on none ({exc})") from None
+        self._rx = self._tx = 0
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -200,10 +301,24 @@ class StoreClient:
         with self._lock:
             self._sock.settimeout(timeout)
             try:
-                self._sock.sendall(_HDR.pack(op, len(k), len(value)) + k + value)
+                frame = _HDR.pack(op, len(k), len(value)) + k + value
+                self._sock.sendall(frame + _frame_mac(self._session, b"c", self._tx, frame))
+                self._tx += 1
                 hdr = self._recv_exact(_HDR.size)
                 status, klen, vlen = _HDR.unpack(hdr)
+                if vlen > MAX_VALUE_NBYTES or klen > 4096:
+                    self._sock.close()
+                    raise PolycastError(f"rendezvous: the store at {self.host}:{self.port} "
+                                        f"sent a malformed reply ({klen}, {vlen} bytes)")
                 body = self._recv_exact(klen + vlen)
+                proof = self._recv_exact(auth.MAC_NBYTES)
+                if not hmac.compare_digest(
+                        proof, _frame_mac(self._session, b"s", self._rx, hdr + body)):
+                    self._sock.close()
+                    raise auth.AuthenticationFailed(
+                        f"rendezvous: a reply from the store at {self.host}:{self.port} "
+                        "failed its MAC (altered or not from the store)")
+                self._rx += 1
             except (socket.timeout, TimeoutError):
                 # The reply may still come: this connection is out of step now.
                 self._sock.close()

@@ -21,12 +21,13 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import CollectiveTimeout, InvalidArgument, PolycastError
+from . import auth
 from .env import JobEnv, host_id
 from .shm import DEFAULT_RING_NBYTES, Ring, ring_path, shm_available, shm_unavailable_reason
 from .store import PortInUse, StoreClient, StoreServer
 from .tcp import TcpLink
 
-_HELLO = struct.Struct("!4sI16s")
+_HELLO = struct.Struct("!4sI")
 _MAGIC = b"PCst"
 TRANSPORTS = ("auto", "shm", "tcp")
 
@@ -53,6 +54,8 @@ class World:
     timeout_seconds: float
     peers: dict[int, Peer] = field(default_factory=dict)
     local_rank: int = 0
+    # The key of every message and datagram (runtime/auth.py), None without POLYCAST_SECRET.
+    key: bytes | None = field(default=None, repr=False)
 
 
 def _transport_choice(transport: str | None) -> str:
@@ -80,10 +83,6 @@ def _barrier(store: StoreClient, name: str, size: int, timeout: float) -> None:
         store.wait(f"barrier/{name}/done", timeout)
 
 
-def _job_token(job_id: str) -> bytes:
-    return job_id.encode()[:16].ljust(16, b"\0")
-
-
 def connect(env: JobEnv, transport: str | None = None,
             ring_nbytes: int | None = None) -> World:
     """Rendezvous and connect every pair of ranks; bounded by ``env.timeout_seconds``."""
@@ -92,16 +91,22 @@ def connect(env: JobEnv, transport: str | None = None,
     deadline = time.monotonic() + timeout
     ring_nbytes = ring_nbytes or int(os.environ.get("POLYCAST_SHM_RING_NBYTES",
                                                     DEFAULT_RING_NBYTES))
+    secret = auth.secret_from_env()
     server = None
     if env.rank == 0:
         bind = env.master_addr if env.master_addr.startswith("127.") else "0.0.0.0"
-        server = StoreServer(bind, env.master_port)
+        server = StoreServer(bind, env.master_port, secret)
     listener = None
     try:
-        store = StoreClient(env.master_addr, env.master_port, timeout)
+        store = StoreClient(env.master_addr, env.master_port, timeout, secret)
         if env.rank == 0:
-            store.set("job_id", env.job_id or secrets.token_hex(6))
+            # Unique per start, even when the launcher reuses ids (torchrun's default run id
+            # is "none"): two jobs never share a multicast group or shared-memory names,
+            # and keys of an earlier run with the same secret never verify in this one.
+            store.set("job_id", (env.job_id + "-" if env.job_id else "")
+                      + secrets.token_hex(6))
         job_id = store.wait("job_id", timeout).decode()
+        key = auth.job_key(secret, job_id)
         loopback = env.single_host and env.master_addr.startswith("127.")
         my_ip = "127.0.0.1" if loopback else _local_ip_towards(env.master_addr)
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -115,8 +120,9 @@ def connect(env: JobEnv, transport: str | None = None,
             info[r] = json.loads(store.wait(f"rank/{r}", max(0.1, deadline - time.monotonic())))
         world = World(env.rank, env.size, job_id,
                       len({i["host"] for i in info.values()}) == 1, timeout,
-                      local_rank=env.local_rank)
-        socks = _connect_pairs(env.rank, env.size, info, listener, job_id, deadline)
+                      local_rank=env.local_rank, key=key)
+        socks = _connect_pairs(env.rank, env.size, info, listener,
+                               auth.derive(key, "pairs", job_id), deadline)
         use_shm = choice != "tcp" and shm_available()
         if choice == "shm" and not shm_available():
             raise PolycastError("POLYCAST_TRANSPORT=shm is not possible: "
@@ -162,37 +168,50 @@ def connect(env: JobEnv, transport: str | None = None,
             server.close()
 
 
-def _connect_pairs(rank: int, size: int, info: dict, listener: socket.socket, job_id: str,
+def _connect_pairs(rank: int, size: int, info: dict, listener: socket.socket, key: bytes,
                    deadline: float) -> dict[int, socket.socket]:
-    token = _job_token(job_id)
+    """One TCP connection per pair: rank r connects to every lower rank and accepts every
+    higher one. Each starts with the challenge-response of runtime/auth.py under ``key``
+    (the job's, derived from the secret; public values without one), then a hello naming
+    the connecting rank, so a stray or hostile connection is refused and counted."""
     socks: dict[int, socket.socket] = {}
     for r in range(rank):
         left = deadline - time.monotonic()
         if left <= 0:
             raise CollectiveTimeout(f"rank {rank}: could not connect to rank {r} in time")
         s = socket.create_connection((info[r]["addr"], info[r]["port"]), timeout=left)
-        s.sendall(_HELLO.pack(_MAGIC, rank, token))
+        try:
+            auth.connect_handshake(s, key, _HELLO.pack(_MAGIC, r))
+        except (auth.AuthenticationFailed, OSError) as exc:
+            s.close()
+            raise auth.AuthenticationFailed(
+                f"rank {rank}: rank {r} refused the connection or could not prove it is "
+                f"part of this job ({auth.ENV} must be the same on every rank): "
+                f"{exc}") from None
+        s.sendall(_HELLO.pack(_MAGIC, rank))
         socks[r] = s
+    refused = 0
     while len(socks) < size - 1:
         left = deadline - time.monotonic()
         if left <= 0:
             missing = sorted(set(range(size)) - set(socks) - {rank})
-            raise CollectiveTimeout(f"rank {rank}: ranks {missing} did not connect in time")
+            raise CollectiveTimeout(f"rank {rank}: ranks {missing} did not connect in time"
+                                    + (f" ({refused} connection(s) refused: wrong or no "
+                                       f"{auth.ENV})" if refused else ""))
         listener.settimeout(left)
         s, _ = listener.accept()
-        s.settimeout(max(0.1, deadline - time.monotonic()))
-        data = b""
-        while len(data) < _HELLO.size:
-            chunk = s.recv(_HELLO.size - len(data))
-            if not chunk:
-                break
-            data += chunk
-        if len(data) < _HELLO.size:
-            s.close()
+        s.settimeout(max(0.1, min(5.0, deadline - time.monotonic())))
+        try:
+            auth.accept_handshake(s, key, _HELLO.pack(_MAGIC, rank))
+            data = auth.recv_exact(s, _HELLO.size)
+        except (auth.AuthenticationFailed, OSError):
+            refused += 1
+            s.close()       # a stray connection (another job, a port scanner, a forger)
             continue
-        magic, peer, tok = _HELLO.unpack(data)
-        if magic != _MAGIC or tok != token or not rank < peer < size or peer in socks:
-            s.close()           # a stray connection (another job, a port scanner)
+        magic, peer = _HELLO.unpack(data)
+        if magic != _MAGIC or not rank < peer < size or peer in socks:
+            refused += 1
+            s.close()
             continue
         socks[peer] = s
     return socks

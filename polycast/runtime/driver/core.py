@@ -183,8 +183,13 @@ class Driver:
             header = wire.parse_header(header_bytes, self.secret)
             if self.secret:
                 wire.verify_mac(header, payload if payload is not None else b"", self.secret)
-        except PolycastError:
-            return          # counted by nobody: a corrupt frame on a reliable link is a bug
+        except PolycastError as exc:
+            # A forged or corrupt frame (wrong or missing MAC: runtime/auth.py): dropped and
+            # counted with the world communicator's drops.
+            cs = self._comms.get(0)
+            if cs is not None:
+                cs.engine.stats.drop(getattr(exc, "reason", "malformed"))
+            return
         cs = self._comms.get(header.comm)
         if cs is None:
             held = self._orphans.setdefault(header.comm, [])
