@@ -54,6 +54,12 @@ def add_parser(sub) -> None:
         c.add_argument("--loss", type=float, default=0.0,
                        help="probability that a datagram is lost at a receiver (seeded)")
         c.add_argument("--seed", type=int, default=0)
+        c.add_argument("--nic", default=None, metavar="bf3-dpa|host-python|PARAMS",
+                       help="receivers process multicast chunks at this NIC's rate behind a "
+                            "bounded queue and drop the excess (the protocol recovers): a "
+                            "preset, a preset with changes (bf3-dpa:cores=8) or "
+                            "clock=1.8GHz,cores=16,threads=16,cycles=590,chunk=4KiB,queue=1024;"
+                            " see polycast nic")
         c.add_argument("--placement", default="linear",
                        help="linear (rank r in slot r) or random (seeded shuffle)")
         c.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
@@ -132,6 +138,10 @@ def run_collective(args: argparse.Namespace) -> int:
     options = checks.algorithm_options(coll, names, _options(args.opt))
     checks.output_path(args.trace, "--trace", (".json",))
     checks.output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
+    nic = None
+    if args.nic is not None:
+        from ..models.nic import parse_nic
+        nic = parse_nic(args.nic)
     notes: list[str] = []
     _, nbytes = checks.sized(coll, args.nodes, args.size, args.dtype, notes)
     topo = parse_topology(args.topology, args.nodes, link=args.link)
@@ -146,7 +156,7 @@ def run_collective(args: argparse.Namespace) -> int:
                                 dtype=args.dtype, root=args.root, nchunks=args.nchunks,
                                 channels=args.channels, options=options,
                                 loss=args.loss, seed=args.seed, record=record,
-                                placement=args.placement))
+                                placement=args.placement, nic=nic))
     if args.trace:
         from ..sim.trace import write_chrome_trace
         write_chrome_trace(args.trace, results)
@@ -168,6 +178,11 @@ def run_collective(args: argparse.Namespace) -> int:
                      r.busbw, _gib(r.link_bytes)]
                     + [_gib(r.link_bytes_by_layer.get(l, 0)) for l in layers]
                     + [r.events, round(r.wall_s, 2)])
+        if r.nic:
+            print(f"{r.algorithm}: NIC {r.nic} ({r.nic_gbps:.1f} Gbit/s): "
+                  f"{r.nic_dropped_datagrams} datagram receptions dropped "
+                  f"({r.nic_dropped_nbytes} B), {r.recovered_nbytes} B recovered, peak "
+                  f"queue {r.nic_peak_queue_nbytes} B")
         if r.loss:
             print(f"{r.algorithm}: loss {r.loss:g}: {r.lost_datagrams} datagram receptions "
                   f"lost ({r.lost_nbytes} B), {r.recovered_nbytes} B recovered")

@@ -25,6 +25,11 @@ actions in simulated time:
   handed its message over; each link carries the block once. The destination's engine
   still gets one message per sender (all at once), as the switch delivers the reduction.
 
+With ``SimConfig.nic`` (a :class:`~polycast.models.nic.NicModel`), every receiver processes
+multicast datagrams at the NIC's rate behind a bounded receive queue that drops what
+overflows (:mod:`polycast.sim.nic`), and point-to-point messages to it go no faster than
+that rate. Default off: without it, receivers keep up with any link.
+
 Events at one timestamp are processed as a batch and the network rates recomputed once.
 Every run is bounded by an event count and a simulated-time limit.
 """
@@ -60,6 +65,7 @@ class SimConfig:
     record: bool = False               # keep per-message timelines and flow records
     placement: tuple[int, ...] | None = None   # rank -> topology rank slot (None: identity)
     engine: dict = field(default_factory=dict)   # EngineConfig overrides
+    nic: object | None = None          # NicModel: receivers' chunk rate + queue (None: off)
 
 
 @dataclass
@@ -146,6 +152,12 @@ class Simulation:
         if pl is not None and sorted(pl) != list(range(self.P)):
             raise SimulationError(f"placement must be a permutation of 0..{self.P - 1}")
         self._node = list(pl) if pl is not None else list(range(self.P))
+        self.nic = None                          # the receivers' queues (SimConfig.nic)
+        self._rx_cap = math.inf                  # point-to-point bytes/s into a receiver
+        if self.cfg.nic is not None:
+            from .nic import ReceiveQueues
+            self.nic = ReceiveQueues(self.cfg.nic, self.P)
+            self._rx_cap = self.nic.rate
 
     # -- public ----------------------------------------------------------------------
     def post(self, schedule, itemsize: int, at: float = 0.0) -> int:
@@ -176,6 +188,8 @@ class Simulation:
                 raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
                                       f"with {self._pending} (rank, request) pairs incomplete")
             self.now = t
+            if self.nic is not None:
+                self.nic.advance(t)
             bound = same_time_bound(t)
             for f in net.pop_drained(bound):
                 self._drained(f)
@@ -308,7 +322,8 @@ class Simulation:
                     return
                 links, lat = self.topo.route(self._node[src], self._node[act.peer])
                 if nbytes:
-                    self.net.add_flow(links, nbytes, now, ("send", key, act, lat))
+                    self.net.add_flow(links, nbytes, now, ("send", key, act, lat),
+                                      cap=self._rx_cap)
                     self._busy.add(key)
                     return
                 self._send_drained(key, act, lat, now, now)
@@ -333,7 +348,9 @@ class Simulation:
                 if len(acts) > 1 and span > 0:
                     cap = (nbytes - acts[-1].header.payload_nbytes) / span
                 links, _ = self.topo.mcast_tree(self._node[src])
-                self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None), cap=cap)
+                f = self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None), cap=cap)
+                if self.nic is not None:
+                    self.nic.add(f, src)
                 self._busy.add(key)
                 return
             self._mcast_drained(src, acts, now, now)
@@ -345,7 +362,7 @@ class Simulation:
         if what == "send":
             self._send_drained(key, act, extra, f.start, t)
         elif what == "mcast":                  # act: the coalesced datagrams
-            self._mcast_drained(key[0], act, f.start, t)
+            self._mcast_drained(key[0], act, f.start, t, f.fid)
         else:                                  # "innet": extra = list of (key, act)
             self._innet_drained(act, extra, f.start, t)
             return
@@ -372,11 +389,15 @@ class Simulation:
             self._tree_groups[root] = g
         return g
 
-    def _mcast_drained(self, root: int, acts, start: float, t: float) -> None:
+    def _mcast_drained(self, root: int, acts, start: float, t: float,
+                       fid: int | None = None) -> None:
         hdrs = [a.header for a in acts]
         sizes = np.array([h.payload_nbytes for h in hdrs], dtype=np.int64)
         data = np.array([h.kind is MsgKind.MCAST_DATA for h in hdrs])
         loss = self.cfg.loss
+        nic_keep = nic_delay = None
+        if self.nic is not None:
+            nic_keep, nic_delay = self.nic.take(fid, root, sizes)
         for lat, ranks in self._groups(root):
             keep = None
             if loss > 0:
@@ -390,6 +411,9 @@ class Simulation:
                     self.lost_nbytes += int((per_dgram * sizes).sum())
                 else:
                     keep = None
+            if nic_delay is not None:
+                self._nic_push(t + lat, ranks, hdrs, keep, nic_keep, nic_delay)
+                continue
             self._push(t + lat, _DGRAM, ranks.tolist(), hdrs, keep)
         if self.cfg.record:
             n = int(sizes.sum())
@@ -399,6 +423,18 @@ class Simulation:
                     for r in ranks.tolist():
                         self.timelines[r].intervals.append(
                             Interval("mrecv", start, t + lat, root, n))
+
+    def _nic_push(self, t: float, ranks, hdrs, keep, nic_keep, nic_delay) -> None:
+        """Deliver to ``ranks`` what both the loss model (``keep``) and the NIC's queue
+        (``nic_keep``) let through, when each rank's NIC has processed it."""
+        if nic_keep is not None:
+            nk = nic_keep[:, ranks]
+            keep = nk if keep is None else keep & nk
+        delays = nic_delay[ranks]
+        for d in np.unique(delays):
+            sel = delays == d
+            k = None if keep is None else keep[:, sel]
+            self._push(t + float(d), _DGRAM, ranks[sel].tolist(), hdrs, k)
 
     # in-network reduction ---------------------------------------------------------------
     def _combine_send(self, src: int, act, nbytes: int) -> bool:
@@ -417,7 +453,8 @@ class Simulation:
                 links, lat = self.topo.mcast_tree(self._node[dst])
                 rev = links ^ 1                       # the reverse (aggregation) tree
                 self.net.add_flow(rev, nbytes, self.now,
-                                  ("innet", None, dst, (waiting, float(lat.max()))))
+                                  ("innet", None, dst, (waiting, float(lat.max()))),
+                                  cap=self._rx_cap)
             return True
         return False
 

@@ -39,6 +39,11 @@ class SimResult:
     wall_s: float
     engine_stats: dict = field(default_factory=dict)
     rank_times_s: list[float] = field(default_factory=list)   # completion per rank
+    nic: str | None = None           # receivers' NIC model (sim --nic), None: keeps up
+    nic_gbps: float | None = None    # ... its sustainable multicast receive rate
+    nic_dropped_datagrams: int = 0   # datagram receptions its receive queues dropped
+    nic_dropped_nbytes: int = 0      # ... their payload bytes, summed over receivers
+    nic_peak_queue_nbytes: int = 0   # the largest backlog of one receiver
     timelines: list[RankTimeline] = field(default_factory=list, repr=False)
     simulation: Simulation | None = field(default=None, repr=False, compare=False)
 
@@ -101,7 +106,7 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
              root: int = 0, nchunks: int = 1, channels: int = 1, options: dict | None = None,
              loss: float = 0.0, seed: int = 0, record: bool = False,
              engine: dict | None = None, max_events: int = 50_000_000,
-             placement: str = "linear") -> SimResult:
+             placement: str = "linear", nic=None) -> SimResult:
     """Simulate one call of ``collective`` with ``algorithm`` on ``nodes`` ranks.
 
     ``size`` is nccl-tests' S (total bytes: for allgather the gathered buffer). ``topology``
@@ -109,11 +114,17 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     the host link rate (default 400Gbps). ``placement``: ``linear`` puts rank r in slot r
     (ring neighbours share switches), ``random`` shuffles ranks over the slots (seeded by
     ``seed``), as a scheduler may. ``loss`` drops each datagram at each receiver with
-    that probability (seeded). ``record`` keeps per-message timelines (traces, plots)."""
+    that probability (seeded). ``record`` keeps per-message timelines (traces, plots).
+    ``nic`` (a :class:`~polycast.models.nic.NicModel` or a ``--nic`` string such as
+    ``bf3-dpa``) makes every receiver process multicast chunks at that NIC's rate behind
+    its bounded receive queue, dropping what overflows (:mod:`polycast.sim.nic`)."""
     coll = Collective.parse(collective)
     if not 0 <= loss < 1:
         raise InvalidArgument(f"loss must be a probability in [0, 1), got {loss!r}")
     nbytes = parse_size(size)
+    if isinstance(nic, str):
+        from ..models.nic import parse_nic
+        nic = parse_nic(nic)
     itemsize = parse_dtype(dtype).itemsize
     topo = resolve_topology(topology, nodes, link)
     count = count_for(coll, nodes, nbytes, itemsize)
@@ -124,7 +135,7 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     eng = {"line_rate_gbps": link_gbps, "pacing_gbps": pacing_gbps_for([sched], link_gbps)}
     eng.update(engine or {})
     cfg = SimConfig(loss=loss, seed=seed, record=record, engine=eng, max_events=max_events,
-                    placement=make_placement(placement, nodes, seed))
+                    placement=make_placement(placement, nodes, seed), nic=nic)
     wall = time.perf_counter()
     sim = Simulation(topo, cfg)
     req = sim.post(sched, itemsize)
@@ -148,6 +159,10 @@ def make_result(sim: Simulation, reqs: list[int], coll: Collective, algorithm: s
         if mask.any():
             by_layer[name] = int(round(lb[mask].sum()))
     stats = sim.engine_stats()
+    q = sim.nic
+    nic = {} if q is None else dict(
+        nic=q.model.name, nic_gbps=q.rate * 8 / 1e9, nic_dropped_datagrams=q.dropped_datagrams,
+        nic_dropped_nbytes=q.dropped_nbytes, nic_peak_queue_nbytes=int(q.peak_nbytes))
     return SimResult(
         collective=str(coll), algorithm=algorithm, nodes=P, nbytes=nbytes, time_s=t,
         algbw=algbw, busbw=algbw * coll.busbw_factor(P), link_bytes=int(round(lb.sum())),
@@ -156,4 +171,4 @@ def make_result(sim: Simulation, reqs: list[int], coll: Collective, algorithm: s
         datagrams=sim.datagrams, lost_datagrams=sim.lost_datagrams,
         lost_nbytes=sim.lost_nbytes, recovered_nbytes=int(stats.get("recovered_bytes", 0)),
         events=sim.events, flows=sim.net.flows_started, wall_s=wall_s, engine_stats=stats,
-        rank_times_s=rank_times, timelines=sim.timelines, simulation=sim)
+        rank_times_s=rank_times, timelines=sim.timelines, simulation=sim, **nic)
