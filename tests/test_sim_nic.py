@@ -126,3 +126,19 @@ def test_cli_sim_nic_json_and_bad_input(capsys):
         assert main(["sim", "allgather", "--nodes", "4", "--nic", bad]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("polycast sim:")
+
+
+def test_sweep_bench_shows_where_a_nic_stops_keeping_up(tmp_path):
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+    try:
+        import nic_sweep
+    finally:
+        sys.path.pop(0)
+    rows = nic_sweep.sweep(4, 4 * MIB, [10, 3200], [SLOW + ",queue=64"], "switch")
+    by = {(r["link_gbps"], r["nic"] != "none (keeps up)"): r for r in rows}
+    assert by[(10, True)]["dropped_nbytes"] == 0 and by[(10, True)]["time_vs_ideal"] == 1
+    slow = by[(3200, True)]
+    assert not slow["model_keeps_up"] and slow["recovered_share"] > 0.5
+    assert slow["recovered_nbytes"] == slow["dropped_nbytes"] and slow["time_vs_ideal"] > 10

@@ -156,7 +156,7 @@ class Simulation:
         self._rx_cap = math.inf                  # point-to-point bytes/s into a receiver
         if self.cfg.nic is not None:
             from .nic import ReceiveQueues
-            self.nic = ReceiveQueues(self.cfg.nic, self.P)
+            self.nic = ReceiveQueues(self.cfg.nic, self.P, self.cfg.seed)
             self._rx_cap = self.nic.rate
 
     # -- public ----------------------------------------------------------------------

@@ -20,10 +20,12 @@ What is modelled
   error diffusion (a running sum of dropped bytes; a datagram goes once the sum reaches
   half of it), so the bytes lost match the queue's drops to within one datagram, at the
   places they happened.
+* **Datagrams without a flow** (end-of-stream markers) take one chunk's room each. A full
+  queue still takes arrivals at ``rate``, shared by what arrives: a marker reaching a full
+  queue gets in with probability ``rate / arrivals`` (seeded), always when nothing else
+  arrives then — the same odds a data byte has.
 * **Queueing delay.** A stream's datagrams reach the engine when the NIC has worked through
-  the queue in front of them: ``backlog / rate`` after they arrived. Datagrams without a
-  flow (end-of-stream markers) take one chunk's room each, and are dropped when that room
-  is not there.
+  the queue in front of them: ``backlog / rate`` after they arrived.
 * **Point-to-point data** (the reliable channel: recovery pulls, ring steps) is flow
   controlled, never dropped: each message to a receiver is capped at the NIC's rate.
 
@@ -54,7 +56,7 @@ class _Arrival:
 class ReceiveQueues:
     """One bounded receive queue per rank, drained at the NIC model's rate."""
 
-    def __init__(self, model, nranks: int) -> None:
+    def __init__(self, model, nranks: int, seed: int = 0) -> None:
         self.model = model
         self.chunk_nbytes = model.chunk_nbytes
         self.rate = float(model.bytes_per_s(model.chunk_nbytes))       # bytes/s
@@ -67,6 +69,7 @@ class ReceiveQueues:
         self.dropped_nbytes = 0                  # payload bytes dropped, over receivers
         self.dropped_datagrams = 0               # datagram receptions dropped
         self.peak_nbytes = 0.0                   # largest backlog seen
+        self._rng = np.random.default_rng([seed, 0x41C])
 
     # -- the driver's hooks ------------------------------------------------------------
     def add(self, flow, root: int) -> None:
@@ -87,12 +90,7 @@ class ReceiveQueues:
                 self.q = q
                 self._busy = bool(q.any())
             return
-        lam = np.zeros(self.P)                   # arriving bytes/s per receiver
-        for a in arrivals.values():
-            r = a.flow.rate
-            if r > 0:
-                lam += r
-                lam[a.root] -= r
+        lam = self._arrival_rates()
         net = lam - self.rate
         q = self.q + net * dt
         full = q > self.capacity
@@ -111,6 +109,16 @@ class ReceiveQueues:
         if peak > self.peak_nbytes:
             self.peak_nbytes = peak
 
+    def _arrival_rates(self) -> np.ndarray:
+        """Multicast bytes/s arriving at each receiver now."""
+        lam = np.zeros(self.P)
+        for a in self._arrivals.values():
+            r = a.flow.rate
+            if r > 0:
+                lam += r
+                lam[a.root] -= r
+        return lam
+
     def _mark(self, t: float, over_t: np.ndarray, share: np.ndarray) -> None:
         for a in self._arrivals.values():
             f = a.flow
@@ -125,7 +133,8 @@ class ReceiveQueues:
             if segs:
                 plo, phi, psh = segs[-1]
                 # steady overflow: one segment, not one per event
-                if np.array_equal(psh, sh) and np.allclose(lo, phi, rtol=1e-12, atol=1e-6):
+                if (np.array_equal(psh, sh)
+                        and float(np.abs(lo - phi).max()) <= 1e-6 + 1e-12 * hi):
                     segs[-1] = (plo, hi, sh)
                     continue
             segs.append((lo, hi, sh))
@@ -152,14 +161,21 @@ class ReceiveQueues:
         return keep, self.q / self.rate
 
     def _admit(self, root: int, n: int):
-        """End-of-stream markers: each needs a chunk of room in the queue, else is dropped."""
+        """End-of-stream markers: each takes a chunk of room in the queue; a full queue
+        takes it with the odds of any arrival."""
         c = self.chunk_nbytes
         keep = np.ones((n, self.P), dtype=bool)
         q = self.q
+        lam = self._arrival_rates()
         for j in range(n):
             ok = q + c <= self.capacity
+            full = ~ok & (lam > self.rate)
+            ok |= ~full
+            if full.any():           # a full queue takes arrivals at `rate`, shared
+                ok[full] = self._rng.random(int(full.sum())) < self.rate / lam[full]
             ok[root] = False                     # a root does not receive its own
             q[ok] += c
+            np.minimum(q, self.capacity, out=q)
             ok[root] = True
             keep[j] = ok
         self._busy = bool(q.any())
