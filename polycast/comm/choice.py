@@ -39,8 +39,8 @@ host (see :mod:`polycast.runtime.symm`):
   POLYCAST_<COLLECTIVE>_ALGO) other than ``auto`` always runs that engine schedule; a
   communicator whose ranks are on several hosts, or whose symmetric memory failed (an
   allocation refused, a peer lost), uses the table above.
-* These calls complete before they return: the ``I``-variants return an already completed
-  request.
+* The ``I``-variants return at once with a pending request; the collective runs on the
+  communicator's symm worker thread meanwhile (:mod:`polycast.runtime.symm.queue`).
 
 Otherwise ``auto`` picks the engine's schedule by these rules.
 

@@ -17,10 +17,16 @@ class BufferCollectives:
     """Mixed into :class:`polycast.Comm`; uses its ``_post``, ``rank`` and ``size``."""
 
     # -- buffer collectives (non-blocking) ------------------------------------------------
+    # The symm path runs a blocking call on the caller's thread and a non-blocking one on
+    # the communicator's worker (runtime/symm/queue.py): each collective it takes has one
+    # body, told which.
     def Ibcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> Request:
+        return self._bcast(buf, root, algorithm, False)
+
+    def _bcast(self, buf, root, algorithm, blocking: bool) -> Request:
         if (isinstance(root, int) and 0 <= root < self.size
                 and _symm.auto_staged(self, Collective.BROADCAST, algorithm, buf)):
-            req = _symm.staged_bcast(self, buf, root)
+            req = _symm.staged_bcast(self, buf, root, blocking)
             if req is not None:
                 return req
         buf = as_array(buf, "buf")
@@ -44,12 +50,16 @@ class BufferCollectives:
 
     def Iallreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None
                    ) -> Request:
+        return self._allreduce(sendbuf, recvbuf, op, algorithm, False)
+
+    def _allreduce(self, sendbuf, recvbuf, op, algorithm, blocking: bool) -> Request:
         path = _symm.route(self, Collective.ALLREDUCE, algorithm, sendbuf, recvbuf,
                            sendbuf is IN_PLACE)
         if path is _symm.SYMM:
-            return _symm.allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
+            return _symm.allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE, blocking)
         if path is _symm.STAGED:
-            req = _symm.staged_allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
+            req = _symm.staged_allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE,
+                                         blocking)
             if req is not None:
                 return req
         recvbuf = as_array(recvbuf, "recvbuf")
@@ -62,12 +72,16 @@ class BufferCollectives:
                           algorithm)
 
     def Iallgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
+        return self._allgather(sendbuf, recvbuf, algorithm, False)
+
+    def _allgather(self, sendbuf, recvbuf, algorithm, blocking: bool) -> Request:
         path = _symm.route(self, Collective.ALLGATHER, algorithm, sendbuf, recvbuf,
                            sendbuf is IN_PLACE)
         if path is _symm.SYMM:
-            return _symm.allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE)
+            return _symm.allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE, blocking)
         if path is _symm.STAGED:
-            req = _symm.staged_allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE)
+            req = _symm.staged_allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE,
+                                         blocking)
             if req is not None:
                 return req
         recvbuf = as_array(recvbuf, "recvbuf")
@@ -87,13 +101,18 @@ class BufferCollectives:
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
                               algorithm: str | None = None) -> Request:
+        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, False)
+
+    def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, blocking: bool
+                              ) -> Request:
         path = _symm.route(self, Collective.REDUCE_SCATTER, algorithm, sendbuf, recvbuf,
                            sendbuf is IN_PLACE)
         if path is _symm.SYMM:
-            return _symm.reduce_scatter(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE)
+            return _symm.reduce_scatter(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE,
+                                        blocking)
         if path is _symm.STAGED:
             req = _symm.staged_reduce_scatter(self, sendbuf, recvbuf, op,
-                                              sendbuf is IN_PLACE)
+                                              sendbuf is IN_PLACE, blocking)
             if req is not None:
                 return req
         recvbuf = as_array(recvbuf, "recvbuf")
@@ -162,20 +181,21 @@ class BufferCollectives:
         return self._post(Collective.BARRIER, None, None, 0, 0, algorithm=algorithm)
 
     # -- blocking forms -------------------------------------------------------------------
-    def Bcast(self, buf, root: int = 0, **kw) -> None:
-        self.Ibcast(buf, root, **kw).Wait()
+    def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
+        self._bcast(buf, root, algorithm, True).Wait()
 
     def Reduce(self, sendbuf, recvbuf, op="sum", root: int = 0, **kw) -> None:
         self.Ireduce(sendbuf, recvbuf, op, root, **kw).Wait()
 
-    def Allreduce(self, sendbuf, recvbuf, op="sum", **kw) -> None:
-        self.Iallreduce(sendbuf, recvbuf, op, **kw).Wait()
+    def Allreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None) -> None:
+        self._allreduce(sendbuf, recvbuf, op, algorithm, True).Wait()
 
-    def Allgather(self, sendbuf, recvbuf, **kw) -> None:
-        self.Iallgather(sendbuf, recvbuf, **kw).Wait()
+    def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
+        self._allgather(sendbuf, recvbuf, algorithm, True).Wait()
 
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op="sum", **kw) -> None:
-        self.Ireduce_scatter_block(sendbuf, recvbuf, op, **kw).Wait()
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
+                             algorithm: str | None = None) -> None:
+        self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, True).Wait()
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0, **kw) -> None:
         self.Iscatter(sendbuf, recvbuf, root, **kw).Wait()

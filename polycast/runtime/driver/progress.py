@@ -81,6 +81,9 @@ class Progress:
         except (BlockingIOError, InterruptedError):
             pass            # already plenty of wake-ups pending
 
+    def has_commands(self) -> bool:
+        return bool(self._cmds)
+
     def call_sync(self, fn, *args, timeout: float = 30.0):
         box: list = []
         done = threading.Event()

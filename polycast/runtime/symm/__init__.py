@@ -77,8 +77,11 @@ instead). It cannot
 run in the simulator (there is no shared memory across a modelled network) and does not
 need to: its traffic is that of the ``direct`` allgather and reduce-scatter schedules
 (every rank exchanges with every peer, once), which the simulator and verifier cover.
-Symm calls on one communicator are serialised by a lock and complete before they return
-(the ``I``-variants return an already completed request).
+Symm calls on one communicator run one at a time in posting order (:mod:`.queue`): a
+blocking call on the caller's thread, an ``I``-variant on the communicator's worker
+thread, so it returns at once with a pending request and overlaps with the caller's
+computation. (The first call that needs the staging segment made or grown still waits for
+the peers: that allocation is collective.)
 
 =========== ===================================================================================
 module      what it holds
@@ -90,6 +93,7 @@ routing     which path a call takes (SYMM, STAGED or the engine)
 common      argument checks shared by the collectives, block bounds, ufuncs
 direct      allgather / reduce-scatter / allreduce on the user's symmetric arrays
 staged      the ``auto`` path for ordinary arrays (allgather, reduce-scatter, allreduce, bcast)
+queue       running the collectives as jobs in posting order: caller's thread or the worker
 =========== ===================================================================================
 """
 

@@ -43,6 +43,9 @@ class EpochBarrier:
         # After a barrier timed out or lost a peer, the ranks' epochs no longer agree: a
         # late rank could pass a barrier on a stale epoch and read a buffer in use.
         self.broken: str | None = None
+        # How long a wait yields the core before it naps (0 on a worker thread: see
+        # :mod:`.queue`).
+        self.yield_seconds = YIELD_SECONDS
 
     def barrier(self, sig: int, what: str) -> list[int]:
         """Publish ``sig`` and wait for every peer's epoch; returns every rank's sig."""
@@ -90,7 +93,7 @@ class EpochBarrier:
                     f"rank {self.rank}: {what}: ranks {pending} {missing} within "
                     f"{self.comm.timeout_seconds:g} s (did every rank call it, with "
                     "symmetric buffers?)")
-            if now - start < YIELD_SECONDS:
+            if now - start < self.yield_seconds:
                 os.sched_yield()
             else:
                 time.sleep(nap)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...collectives import ReduceOp
 from ...errors import InvalidArgument, PolycastError
+from ..driver import Request
 from .barrier import BAD_SIG
 from .shared import state
 
@@ -59,21 +60,29 @@ def _telling_peers(comm, coll: str):
     except InvalidArgument:
         st = state(comm)
         if st is not None and st.bar.ctrl is not None and not st.bar.broken and not comm._freed:
-            with st.lock:
-                try:
-                    st.bar.barrier(BAD_SIG, f"symm {coll}")
-                except PolycastError:
-                    pass
+            try:
+                st.queue.run_now(lambda: st.bar.barrier(BAD_SIG, f"symm {coll}"))
+            except PolycastError:
+                pass
         raise
 
 
+def _post(comm, st, coll: str, job, blocking: bool) -> Request:
+    """Run a collective's ``job`` in posting order (:mod:`.queue`): on this thread when the
+    call blocks, else on the communicator's worker; returns the request."""
+    if blocking:
+        st.queue.run_now(job)
+        return _done_request(comm, coll)
+    req = Request(0, comm.id, lambda: f"rank {comm.rank}: symm {coll}", comm.timeout_seconds)
+    return st.queue.submit(job, req)
+
+
 def _done_request(comm, coll: str):
-    """The request an ``I``-variant returns: already complete (one per communicator and
+    """The request a blocking call returns: already complete (one per communicator and
     collective, made once: a fresh one cost 4 of a small call's ~30 us)."""
     st = state(comm)
     req = st.done.get(coll)
     if req is None:
-        from ..driver import Request
         req = st.done[coll] = Request(0, comm.id, f"rank {comm.rank}: symm {coll} "
                                                   "(complete on return)", comm.timeout_seconds)
         req._finish()

@@ -16,14 +16,15 @@ from ...collectives import ReduceOp
 from ...errors import InvalidArgument
 from ...memory import apply_avg
 from .barrier import call_sig
-from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _done_request, _flat,
+from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
                      _reduce_scatter_args, _require, _telling_peers)
 from .shared import ONE_SHOT_MAX_NBYTES, state
 
 
-def allgather(comm, sendbuf, recvbuf, in_place: bool):
+def allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = True, before=None):
     """Rank r's block p of ``recvbuf`` = peer p's ``sendbuf`` (or, in place, peer p's block
-    p of its symmetric ``recvbuf``)."""
+    p of its symmetric ``recvbuf``). ``before``: run first in the job (the staged path's
+    copy in)."""
     P, r = comm.size, comm.rank
     with _telling_peers(comm, "allgather"):
         recv = _flat(recvbuf, "recvbuf")
@@ -33,11 +34,12 @@ def allgather(comm, sendbuf, recvbuf, in_place: bool):
         n = recv.size // P
         src = recv[r * n:(r + 1) * n] if in_place else _flat(sendbuf, "sendbuf")
         st = state(comm)
+        plain = None
         if (not in_place and st is not None and st.find(src) is None
                 and st.find(recv) is not None and src.size == n and src.dtype == recv.dtype):
-            # A plain sendbuf, a symmetric recvbuf: our block goes in first, then in place.
-            recv[r * n:(r + 1) * n] = src
-            src, in_place = recv[r * n:(r + 1) * n], True
+            # A plain sendbuf, a symmetric recvbuf: our block goes in first (in the job:
+            # a job queued before this one may still be read from it), then in place.
+            plain, src, in_place = src, recv[r * n:(r + 1) * n], True
         if src.size != n:
             raise InvalidArgument(f"Allgather: sendbuf has {src.size} elements, recvbuf "
                                   f"needs {P} x {src.size} = {P * src.size}, got {recv.size}")
@@ -49,21 +51,28 @@ def allgather(comm, sendbuf, recvbuf, in_place: bool):
                                   "recvbuf (IN_PLACE)" if in_place else "sendbuf")
     what = _describe("allgather", n, recv.dtype)
     step = n * recv.dtype.itemsize if in_place else 0
-    with st.lock:
-        st.bar.check_sigs(st.bar.barrier(call_sig("allgather", n, recv.dtype.str, seg.index, off,
-                                      in_place), what), what)
+    sig = call_sig("allgather", n, recv.dtype.str, seg.index, off, in_place)
+
+    def job():
+        if before is not None:
+            before()
+        if plain is not None:
+            recv[r * n:(r + 1) * n] = plain
+        st.bar.check_sigs(st.bar.barrier(sig, what), what)
         if not in_place:
             recv[r * n:(r + 1) * n] = src
         for i in range(1, P):
             p = (r + i) % P
             recv[p * n:(p + 1) * n] = seg.view(p, off + p * step, n, recv.dtype)
         st.bar.barrier(0, what)
-    return _done_request(comm, "allgather")
+    return _post(comm, st, "allgather", job, blocking)
 
 
-def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
+def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
+                   blocking: bool = True, before=None):
     """Rank r's ``recvbuf`` = op over every peer's block r of its symmetric ``sendbuf``
-    (in place: of its symmetric ``recvbuf``, the result landing in its first block)."""
+    (in place: of its symmetric ``recvbuf``, the result landing in its first block).
+    ``before``: run first in the job (the staged path's copy in)."""
     P, r = comm.size, comm.rank
     with _telling_peers(comm, "reduce_scatter"):
         recv, src, n, ropt = _reduce_scatter_args(sendbuf, recvbuf, op, in_place, P)
@@ -73,11 +82,14 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
     ufunc = UFUNCS[ropt]
     what = _describe("reduce_scatter", n, dt, ropt.value)
     mine = off + r * n * dt.itemsize
-    # In place, peers read our block 0 until the closing barrier: reduce aside first.
-    acc = np.empty(n, dt) if in_place else recv
-    with st.lock:
-        st.bar.check_sigs(st.bar.barrier(call_sig("reduce_scatter", n, dt.str, ropt.value, seg.index,
-                                      off, in_place), what), what)
+    sig = call_sig("reduce_scatter", n, dt.str, ropt.value, seg.index, off, in_place)
+
+    def job():
+        if before is not None:
+            before()
+        # In place, peers read our block 0 until the closing barrier: reduce aside first.
+        acc = np.empty(n, dt) if in_place else recv
+        st.bar.check_sigs(st.bar.barrier(sig, what), what)
         # The first step reads our block and the next peer's at once (no copy pass).
         first = seg.view(r, mine, n, dt)
         if P == 1:
@@ -87,12 +99,12 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
         if ropt is ReduceOp.AVG:
             apply_avg(acc, P)
         st.bar.barrier(0, what)
-    if in_place:
-        recv[:n] = acc
-    return _done_request(comm, "reduce_scatter")
+        if in_place:
+            recv[:n] = acc
+    return _post(comm, st, "reduce_scatter", job, blocking)
 
 
-def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
+def allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool = True):
     """Reduce-scatter into the owner's block of the symmetric ``recvbuf``, then allgather
     the blocks from their owners (one-shot up to ONE_SHOT_MAX_NBYTES). A non-symmetric
     ``sendbuf`` is first copied into ``recvbuf`` (then it runs in place)."""
@@ -102,11 +114,11 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
         st = state(comm)
         rloc = st.find(recv) if st is not None else None
         sloc = rloc if in_place else (st.find(src) if st is not None else None)
+        plain = None
         if not in_place and rloc is not None and sloc is None:
-            # A plain sendbuf: one local copy into the symmetric recvbuf, then in place.
-            # (Nobody reads our recvbuf now: the last symm call ended with a barrier.)
-            recv[...] = src
-            src, in_place, sloc = recv, True, rloc
+            # A plain sendbuf: one local copy into the symmetric recvbuf (in the job, when
+            # the calls before it ended with their barrier), then in place.
+            plain, src, in_place, sloc = src, recv, True, rloc
         st, (sseg, soff) = _require(comm, "allreduce", src,
                                     "recvbuf (IN_PLACE)" if in_place else "sendbuf", sloc)
         if rloc is None:
@@ -117,13 +129,17 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
     dt, isz, count = recv.dtype, recv.dtype.itemsize, recv.size
     ufunc = UFUNCS[ropt]
     what = _describe("allreduce", count, dt, ropt.value)
-    with st.lock:
-        st.bar.check_sigs(st.bar.barrier(call_sig("allreduce", count, dt.str, ropt.value, sseg.index,
-                                      soff, rseg.index, roff, in_place), what), what)
+    sig = call_sig("allreduce", count, dt.str, ropt.value, sseg.index, soff, rseg.index, roff,
+                   in_place)
+
+    def job():
+        if plain is not None:
+            recv[...] = plain
+        st.bar.check_sigs(st.bar.barrier(sig, what), what)
         if P == 1:
             recv[...] = src
             st.bar.barrier(0, what)
-            return _done_request(comm, "allreduce")
+            return
         if recv.nbytes <= ONE_SHOT_MAX_NBYTES:
             # Small: every rank reduces the whole buffer from every peer (one barrier less;
             # rank order, so every rank gets the reference's bits), aside first since
@@ -136,7 +152,7 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
                 apply_avg(acc, P)
             st.bar.barrier(0, what)
             recv[...] = acc
-            return _done_request(comm, "allreduce")
+            return
         blocks = _blocks(count, P)
         a, b = blocks[r]
         acc = recv[a:b]       # our block of recv: only we read it in this phase
@@ -152,4 +168,4 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
             a, b = blocks[p]
             recv[a:b] = rseg.view(p, roff + a * isz, b - a, dt)
         st.bar.barrier(0, what)
-    return _done_request(comm, "allreduce")
+    return _post(comm, st, "allreduce", job, blocking)

@@ -4,7 +4,6 @@ segment of the ``auto`` path, and its epoch barrier (:mod:`.barrier`)."""
 from __future__ import annotations
 
 import mmap
-import threading
 
 import numpy as np
 
@@ -12,6 +11,7 @@ from ...errors import InvalidArgument, MismatchError
 from ..env import host_id
 from ..shm import shm_unavailable_reason
 from .barrier import CTRL_NBYTES, EpochBarrier
+from .queue import JobQueue
 from .segments import Segment, _close, _map_collectively
 
 # Allreduce up to this size is one-shot (every rank reduces all of it: 2 barriers instead
@@ -27,7 +27,8 @@ class SymmState:
         self.rank, self.size = comm.rank, comm.size
         self.world_ranks = list(comm.members)
         self.segments: list[Segment] = []
-        self.lock = threading.Lock()
+        # The symm collectives run as jobs in posting order (blocking or not): .queue
+        self.queue = JobQueue(self)
         self.usable_reason: str | None = None
         self.done: dict = {}            # collective -> its completed request
         self.nsegments = 0              # allocations made (segment indices stay unique)
@@ -129,6 +130,7 @@ class SymmState:
         return None
 
     def free(self) -> None:
+        self.queue.close()
         for seg in self.segments:
             for m in seg.maps:
                 _close(m)

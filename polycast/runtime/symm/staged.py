@@ -15,7 +15,7 @@ from ...collectives import ReduceOp
 from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
 from ...memory import apply_avg
 from .barrier import PROGRESS, call_sig
-from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _done_request, _flat,
+from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
                      _reduce_scatter_args, _telling_peers)
 from .direct import allgather, reduce_scatter
 from .shared import ONE_SHOT_MAX_NBYTES, Segment, SymmState, state
@@ -35,22 +35,25 @@ def _stage(comm, st: SymmState, nbytes: int, desc: tuple, what: str) -> Segment 
     if seg is not None and nbytes <= seg.nbytes:
         return seg
     need = max(STAGE_MIN_NBYTES, 1 << max(0, nbytes - 1).bit_length())
-    with st.lock:
+
+    def grow():
+        # After the calls queued before this one (they use the segment being replaced).
         st.bar.check_sigs(st.bar.barrier(call_sig("grow", need, *desc), what), what)
-    try:
-        return st.grow_stage(need)
-    except (PeerLost, CollectiveTimeout) as exc:
-        st.bar.broken = f"{type(exc).__name__}: {exc}"
-        raise
-    except PolycastError as exc:            # every rank raised it (the reports are shared)
-        st.auto_refused = f"staging buffer of {need} bytes: {exc}"
-        return None
+        try:
+            return st.grow_stage(need)
+        except (PeerLost, CollectiveTimeout) as exc:
+            st.bar.broken = f"{type(exc).__name__}: {exc}"
+            raise
+        except PolycastError as exc:        # every rank raised it (the reports are shared)
+            st.auto_refused = f"staging buffer of {need} bytes: {exc}"
+            return None
+    return st.queue.run_now(grow)
 
 
-def staged_allgather(comm, sendbuf, recvbuf, in_place: bool):
+def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = True):
     """``auto`` allgather of ordinary arrays: this rank's block is copied into the staging
     segment, whence every peer reads it straight into its own recvbuf (no copy out).
-    Returns a completed request, or None when the call must take the engine."""
+    Returns the request, or None when the call must take the engine."""
     P, r = comm.size, comm.rank
     st = state(comm)
     with _telling_peers(comm, "allgather"):
@@ -72,11 +75,14 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool):
     if seg is None:
         return None
     stage = seg.view(r, 0, n, dt)
-    stage[...] = src
-    return allgather(comm, stage, recv, False)
+
+    def copy_in():
+        stage[...] = src
+    return allgather(comm, stage, recv, False, blocking, copy_in)
 
 
-def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
+def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
+                          blocking: bool = True):
     """``auto`` reduce-scatter of ordinary arrays: the input is copied into the staging
     segment; each rank reduces its block from every peer's copy into its recvbuf."""
     P, r = comm.size, comm.rank
@@ -90,11 +96,13 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool):
     if seg is None:
         return None
     stage = seg.view(r, 0, P * n, dt)
-    stage[...] = src
-    return reduce_scatter(comm, stage, out, ropt, False)
+
+    def copy_in():
+        stage[...] = src
+    return reduce_scatter(comm, stage, out, ropt, False, blocking, copy_in)
 
 
-def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
+def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool = True):
     """``auto`` allreduce of ordinary arrays: the input is copied into the staging segment.
     Up to ONE_SHOT_MAX_NBYTES every rank reduces the whole of every peer's copy, in rank
     order, straight into its recvbuf (one barrier: the input sits in one of two slots that
@@ -114,11 +122,13 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
     ufunc = UFUNCS[ropt]
     sig = call_sig("allreduce-staged", count, dt.str, ropt.value, seg.index)
     if count * isz <= ONE_SHOT_MAX_NBYTES:
-        # One barrier, no closing one: the input goes to slot (epoch & 1) of the small
-        # segment. A peer still reading this slot would be in the call two barriers back,
-        # but we passed the barrier after it, which that peer reached only once done.
         small = st.small
-        with st.lock:
+
+        def job():
+            # One barrier, no closing one: the input goes to slot (epoch & 1) of the small
+            # segment. A peer still reading this slot would be in the call two barriers
+            # back, but we passed the barrier after it, which that peer reached only once
+            # done.
             off = ((st.bar.epoch + 1) & 1) * ONE_SHOT_MAX_NBYTES
             small.view(r, off, count, dt)[...] = src
             st.bar.check_sigs(st.bar.barrier(sig, what), what)
@@ -128,10 +138,11 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
                 ufunc(recv, small.view(p, off, count, dt), out=recv)
             if ropt is ReduceOp.AVG:
                 apply_avg(recv, P)
-        return _done_request(comm, "allreduce")
-    mine = seg.view(r, 0, count, dt)
-    mine[...] = src
-    with st.lock:
+        return _post(comm, st, "allreduce", job, blocking)
+
+    def job():
+        mine = seg.view(r, 0, count, dt)
+        mine[...] = src
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
         blocks = _blocks(count, P)
         a, b = blocks[r]
@@ -146,10 +157,10 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool):
             a, b = blocks[p]
             recv[a:b] = seg.view(p, a * isz, b - a, dt)
         st.bar.barrier(0, what)
-    return _done_request(comm, "allreduce")
+    return _post(comm, st, "allreduce", job, blocking)
 
 
-def staged_bcast(comm, buf, root: int):
+def staged_bcast(comm, buf, root: int, blocking: bool = True):
     """``auto`` broadcast of an ordinary array: the root copies it into its staging
     segment; after a barrier every other rank copies it out (a second barrier keeps the
     root from overwriting it for the next call while a peer still reads). Above
@@ -167,10 +178,12 @@ def staged_bcast(comm, buf, root: int):
         return None
     nbytes = n * dt.itemsize
     pipelined = nbytes > 2 * BCAST_CHUNK_NBYTES
-    if r == root and not pipelined:
-        seg.view(r, 0, n, dt)[...] = b
-    with st.lock:
-        st.bar.check_sigs(st.bar.barrier(call_sig("bcast", n, dt.str, root, seg.index), what), what)
+    sig = call_sig("bcast", n, dt.str, root, seg.index)
+
+    def job():
+        if r == root and not pipelined:
+            seg.view(r, 0, n, dt)[...] = b
+        st.bar.check_sigs(st.bar.barrier(sig, what), what)
         if pipelined:
             # Progress values are (opening epoch << 24) + chunks done: larger than any
             # left from an earlier call, the same target on every rank.
@@ -185,7 +198,7 @@ def staged_bcast(comm, buf, root: int):
                         own[PROGRESS] = base + i + 1      # after the data: TSO
                     else:
                         st.bar.wait_for([root], PROGRESS, base + i + 1, what,
-                                    "did not publish the data")
+                                        "did not publish the data")
                         b[lo:hi] = seg.view(root, lo * dt.itemsize, hi - lo, dt)
             except (PeerLost, CollectiveTimeout) as exc:
                 st.bar.broken = f"{type(exc).__name__}: {exc}"
@@ -193,7 +206,5 @@ def staged_bcast(comm, buf, root: int):
         elif r != root:
             b[...] = seg.view(root, 0, n, dt)
         st.bar.barrier(0, what)
-    return _done_request(comm, "bcast")
-
-
+    return _post(comm, st, "bcast", job, blocking)
 # -- the collectives ------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""Running a communicator's symm collectives in posting order, without blocking the poster.
+
+A symm collective is a *job*: the part after the arguments were checked (copying the
+input in, the barriers, the reads and reductions). Jobs of one communicator run one at a
+time, in the order they were posted, on whichever thread gets to them first:
+
+* a blocking call (``Allreduce``) runs its job on the calling thread — at once when
+  nothing is queued before it (no request, no hand-off: the small-message path), else
+  after helping the jobs ahead of it through;
+* a non-blocking call (``Iallreduce``) returns a pending :class:`Request` at once and
+  wakes the communicator's worker thread, which runs the job while the caller computes;
+  ``Wait`` runs queued jobs itself (caller-driven progress, as the driver's) or waits for
+  the one the worker is running.
+
+The worker's barrier waits sleep rather than spin (``EpochBarrier.yield_seconds`` = 0): a
+spinning worker would take a core, and the GIL, from the computation it overlaps with.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from ...errors import PolycastError
+from ..driver import Request
+
+WORKER_IDLE_SECONDS = 0.5     # the worker's nap between looks when nothing is queued
+
+
+class JobQueue:
+    """The symm jobs of one communicator (``SymmState.queue``)."""
+
+    def __init__(self, st) -> None:
+        self._st = st
+        self._jobs: collections.deque = collections.deque()     # (fn, request)
+        self._run_lock = threading.Lock()        # held while a job runs: one at a time
+        self._cv = threading.Condition()          # jobs posted / a job ended / closing
+        self._worker: threading.Thread | None = None
+        self._closed = False
+
+    # -- posting -------------------------------------------------------------------------
+    def run_now(self, fn):
+        """Run ``fn`` on this thread after every job posted before it; returns its
+        result (the blocking path; also the synchronous steps: staging growth, the
+        barrier of a rank with bad arguments)."""
+        if not self._jobs and self._run_lock.acquire(blocking=False):
+            try:
+                return fn()
+            finally:
+                self._run_lock.release()
+        box = []
+        req = Request(0, self._st.comm.id, "symm call behind queued ones",
+                      self._st.comm.timeout_seconds)
+        self.submit(lambda: box.append(fn()), req, wake=False)
+        req.Wait()
+        return box[0]
+
+    def submit(self, fn, request: Request, wake: bool = True) -> Request:
+        """Queue ``fn`` (finishing ``request`` when it returns or raises); ``wake``: have
+        the worker start it now rather than when someone waits."""
+        if self._closed:
+            request._finish(PolycastError(f"{request.desc}: the communicator was freed"))
+            return request
+        request.driver = self
+        with self._cv:
+            self._jobs.append((fn, request))
+            if wake:
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._work, daemon=True,
+                                                    name=f"polycast-symm-{self._st.comm.id}")
+                    self._worker.start()
+                self._cv.notify_all()
+        return request
+
+    # -- running ---------------------------------------------------------------------------
+    def _run_one(self, on_worker: bool) -> bool:
+        """Run the oldest job (call with the run lock held); False when none was queued."""
+        try:
+            fn, req = self._jobs.popleft()
+        except IndexError:
+            return False
+        bar = self._st.bar
+        saved = bar.yield_seconds
+        if on_worker:
+            bar.yield_seconds = 0.0
+        try:
+            fn()
+        except BaseException as exc:        # handed to the request's waiter
+            req._finish(exc)
+        else:
+            req._finish()
+        finally:
+            bar.yield_seconds = saved
+        with self._cv:
+            self._cv.notify_all()
+        return True
+
+    def drive(self, request: Request, deadline: float) -> None:
+        """``Request.Wait``: run queued jobs on this thread until ``request`` is done (or
+        wait for the job the worker runs), at most until ``deadline``."""
+        while not request._done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._run_lock.acquire(blocking=False):
+                try:
+                    ran = self._run_one(on_worker=False)
+                finally:
+                    self._run_lock.release()
+                if ran:
+                    continue
+            with self._cv:
+                if not request._done:
+                    self._cv.wait(min(left, 0.05))
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._jobs and not self._closed:
+                    self._cv.wait(WORKER_IDLE_SECONDS)
+                if self._closed and not self._jobs:
+                    return
+            with self._run_lock:
+                self._run_one(on_worker=True)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Fail what is still queued and end the worker (the communicator is freed)."""
+        with self._cv:
+            self._closed = True
+            jobs, self._jobs = list(self._jobs), collections.deque()
+            self._cv.notify_all()
+        for _, req in jobs:
+            req._finish(PolycastError(f"{req.desc}: the communicator was freed first"))
+        w = self._worker
+        if w is not None and w is not threading.current_thread():
+            w.join(timeout)
