@@ -202,10 +202,14 @@ def test_cli_preset_table_and_plot(capsys, tmp_path):
     (["--preset", "bf3-dpa", "--cycles-per-chunk", "0"], "--cycles-per-chunk"),
     (["--preset", "dpu9000"], "bf3-dpa, host-python"),
     (["--cores", "2"], "missing --clock"),
+    (["--preset", "bf3-dpa", "--plot", "rate.txt"], ".png"),
+    (["--preset", "bf3-dpa", "--plot", "/nonexistent-dir/rate.png"], "does not exist"),
 ])
 def test_cli_bad_input_one_line_exit_2(argv, what, capsys, tmp_path):
     png = tmp_path / "never.png"
-    assert main(["nic", *argv, "--plot", str(png)]) == 2
+    if "--plot" not in argv:
+        argv = [*argv, "--plot", str(png)]
+    assert main(["nic", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and what in err and err.startswith("polycast nic:")
     assert not png.exists()                        # refused before any work

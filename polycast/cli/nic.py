@@ -16,6 +16,8 @@ from ..errors import InvalidArgument
 
 #: Link rates marked on the plot, bit/s.
 MARKED_LINKS = (100e9, 200e9, 400e9, 800e9, 1.6e12)
+#: The SC24 paper's thread count for 1.6 Tbit/s of 4 KiB chunks on the BlueField-3 DPA.
+PAPER_DPA_THREADS = 128
 
 
 def add_parser(sub) -> None:
@@ -91,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--link {link!r} needs a unit, e.g. 400Gbps or 1.6Tbps")
     link_bps = parse_rate(link)
     model = model_from_args(args)
-    if args.plot and not args.plot.strip():
-        raise InvalidArgument("--plot wants a file name")
+    from . import checks
+    checks.output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
     sizing = model.size_for(link_bps)
     if args.plot:
         plot_rate_vs_threads(model, args.plot, link_bps)
@@ -161,12 +163,16 @@ def plot_rate_vs_threads(model, path: str, link_bps: float) -> None:
         ax.annotate(f"{s.threads_needed} threads for {link_bps / 1e9:g} Gbit/s",
                     (s.threads_needed, s.gbps), fontsize=8, textcoords="offset points",
                     xytext=(4, -12))
+    if model.name.startswith("bf3-dpa") and tmax >= PAPER_DPA_THREADS:
+        ax.axvline(PAPER_DPA_THREADS, color="grey", linestyle="-.", linewidth=0.8)
+        ax.annotate("paper: at most 128 threads for 1.6 Tbit/s", (PAPER_DPA_THREADS, gbps[0]),
+                    fontsize=8, textcoords="offset points", xytext=(-4, 30), ha="right")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(f"threads (spread over {model.cores} cores of {model.threads_per_core})")
     ax.set_ylabel("sustainable payload rate (Gbit/s)")
     ax.set_title(f"NIC model {model.name}: receive rate vs threads")
-    ax.legend(loc="lower right")
+    ax.legend(loc="center right")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
