@@ -1,20 +1,21 @@
-"""An emulated LAN of H "hosts" made of network namespaces, for multi-host runtime tests.
+"""An emulated LAN of H "hosts" for multi-host runtime tests, made by :mod:`polycast.lab`
+(the one implementation of namespaces, bridges, shaped veths and their cleanup).
 
-Layout (nothing is added to the root namespace, not even transiently: every veth is
-created inside its namespaces with ``ip -n``)::
+A one-leaf lab (no spine)::
 
-    <tag>-h0 (eth0 10.77.0.1/24) --veth-- p0 \\
-    <tag>-h1 (eth0 10.77.0.2/24) --veth-- p1  }- br0 (in <tag>-sw, multicast snooping off)
+    <tag>-h0 (eth0 10.77.0.1/24) --veth-- h0 \\
+    <tag>-h1 (eth0 10.77.0.2/24) --veth-- h1  }- br0 (in <tag>-leaf0, multicast snooping off)
     ...                                      /
 
-Each host namespace has ``lo`` up and a route for 224.0.0.0/4 on eth0, so UDP multicast
-with TTL 1 crosses the bridge. With ``rate_mbit`` every host link is shaped by ``tbf`` in
-both directions (the host's eth0 egress and the switch port's egress).
+``lan(..., leaves=2, uplink=...)`` makes a leaf-spine one. Each host namespace has ``lo``
+up and (unless ``mcast_route=False``) a route for 224.0.0.0/4 on eth0, so UDP multicast
+with TTL 1 crosses the bridges. With ``rate_mbit`` every link is shaped by ``tbf`` in both
+directions.
 
 The tag holds the pid and a counter, so parallel runs never collide; :meth:`Lan.close`
-kills what was started in the namespaces (by pid) and deletes the namespaces, which
-deletes their veths and the bridge. Use :func:`lan` (a context manager) so that happens on
-failure too.
+kills what was started in the namespaces (by pid) and removes the lab (``lab down``:
+exactly the namespaces its state file records). Use :func:`lan` (a context manager) so
+that happens on failure too; labs of test runs killed outright are reaped by the next.
 """
 
 from __future__ import annotations
@@ -23,127 +24,59 @@ import contextlib
 import itertools
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
 
-SUBNET = "10.77.0"
+from polycast.lab import LabPlan, netns as labnet
+
 _counter = itertools.count()
+TAG_PREFIX = "pct"
 
 
 class NetnsUnavailable(Exception):
     """Network namespaces cannot be made here (not root, no ``ip``, no kernel support)."""
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)} failed: {p.stderr.strip()}")
-    return p
-
-
-def unavailable_reason() -> str | None:
+def unavailable_reason(shaped: bool = False) -> str | None:
     """Why an emulated LAN cannot be made here, or None when it can."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "iproute2 `ip` is not installed"
-    name = f"pcprobe{os.getpid()}-{next(_counter)}"
-    p = _ip("netns", "add", name, check=False)
+    reason = labnet.unavailable_reason(shaped=shaped)
+    if reason:
+        return reason
+    name = f"pcprobe{os.getpid()}x{next(_counter)}"
+    p = labnet.ip("netns", "add", name, check=False)
     if p.returncode != 0:
         return f"`ip netns add` failed: {p.stderr.strip()}"
-    _ip("netns", "del", name, check=False)
+    labnet.ip("netns", "del", name, check=False)
     return None
 
 
-_OURS = re.compile(r"^pc(?:probe)?(\d+)-\d+(?:-(?:sw|h\d+))?$")
-
-
-def reap_stale() -> list[str]:
-    """Delete namespaces this module made in runs that died without cleaning up (killed
-    with SIGKILL): names ``pc<pid>-...`` whose pid is gone. Returns the names deleted."""
-    p = _ip("netns", "list", check=False)
-    gone = []
-    for line in p.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        m = _OURS.match(name)
-        if not m:
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-            continue                    # its run is alive (maybe in parallel): leave it
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        _ip("netns", "del", name, check=False)
-        gone.append(name)
-    return gone
-
-
-def tc_available() -> bool:
-    return shutil.which("tc") is not None
-
-
-@dataclass
 class Lan:
-    tag: str
-    nhosts: int
-    rate_mbit: float | None = None
-    mcast_route: bool = True          # add 224.0.0.0/4 dev eth0 in every host
-    namespaces: list[str] = field(default_factory=list)    # made so far, for cleanup
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    """A lab that is up, and the processes a test started in it."""
+
+    def __init__(self, plan: LabPlan) -> None:
+        self.plan = plan
+        self.procs: list[subprocess.Popen] = []
+        self._up = False
 
     @property
-    def switch(self) -> str:
-        return f"{self.tag}-sw"
+    def tag(self) -> str:
+        return self.plan.name
+
+    @property
+    def nhosts(self) -> int:
+        return self.plan.hosts
 
     def host(self, k: int) -> str:
-        return f"{self.tag}-h{k}"
+        return self.plan.host_ns(k)
 
     @staticmethod
     def addr(k: int) -> str:
-        return f"{SUBNET}.{k + 1}"
+        return LabPlan.addr(k)
 
     def build(self) -> None:
-        sw = self.switch
-        _ip("netns", "add", sw)
-        self.namespaces.append(sw)
-        _ip("-n", sw, "link", "add", "br0", "type", "bridge")
-        # Snooping off: the bridge floods multicast to every port, no IGMP querier needed.
-        _ip("-n", sw, "link", "set", "br0", "type", "bridge", "mcast_snooping", "0")
-        _ip("-n", sw, "link", "set", "br0", "up")
-        _ip("-n", sw, "link", "set", "lo", "up")
-        for k in range(self.nhosts):
-            ns = self.host(k)
-            _ip("netns", "add", ns)
-            self.namespaces.append(ns)
-            _ip("-n", sw, "link", "add", f"p{k}", "type", "veth", "peer", "name", "eth0",
-                "netns", ns)
-            _ip("-n", sw, "link", "set", f"p{k}", "master", "br0")
-            _ip("-n", sw, "link", "set", f"p{k}", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "addr", "add", f"{self.addr(k)}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            if self.mcast_route:
-                _ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0")
-            if self.rate_mbit:
-                self._shape(ns, "eth0")
-                self._shape(sw, f"p{k}")
-
-    def _shape(self, ns: str, dev: str) -> None:
-        # burst must cover a tick's worth of bytes at the rate (and a 64 KiB GSO segment);
-        # latency bounds the queue (drops beyond it, as a real switch buffer would).
-        rate = f"{self.rate_mbit:g}mbit"
-        burst = max(128 << 10, int(self.rate_mbit * 1e6 / 8 / 250))
-        p = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
-                            "rate", rate, "burst", str(burst), "latency", "50ms"],
-                           capture_output=True, text=True, timeout=20)
-        if p.returncode != 0:
-            raise RuntimeError(f"tc tbf on {ns}/{dev} failed: {p.stderr.strip()}")
+        labnet.up(self.plan)
+        self._up = True
 
     def exec_argv(self, k: int) -> list[str]:
         """Prefix that runs a command on host ``k``."""
@@ -158,7 +91,7 @@ class Lan:
 
     def link_stats(self, k: int) -> dict[str, int]:
         """Counters of host ``k``'s eth0: tx/rx bytes and packets, rx multicast packets."""
-        out = _ip("-n", self.host(k), "-s", "-j", "link", "show", "dev", "eth0").stdout
+        out = labnet.ip("-n", self.host(k), "-s", "-j", "link", "show", "dev", "eth0").stdout
         st = json.loads(out)[0]["stats64"]
         return {"tx_bytes": st["tx"]["bytes"], "tx_packets": st["tx"]["packets"],
                 "rx_bytes": st["rx"]["bytes"], "rx_packets": st["rx"]["packets"],
@@ -171,23 +104,27 @@ class Lan:
                     os.killpg(p.pid, signal.SIGKILL)    # our own session, by its pid
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=10)
-        # Deleting a namespace deletes its veths (and their peers) and the bridge.
-        for ns in reversed(self.namespaces):
-            _ip("netns", "del", ns, check=False)
-        self.namespaces.clear()
+        if self._up:
+            self._up = False
+            labnet.down(self.plan.name)
 
 
 @contextlib.contextmanager
-def lan(nhosts: int, rate_mbit: float | None = None, mcast_route: bool = True):
+def lan(nhosts: int, rate_mbit: float | None = None, mcast_route: bool = True,
+        leaves: int = 1, uplink: str | None = None, mtu: int = 1500):
     """An emulated LAN of ``nhosts`` hosts, removed on exit (also on failure). Raises
     :class:`NetnsUnavailable` when namespaces cannot be made here."""
-    reason = unavailable_reason()
+    reason = unavailable_reason(shaped=bool(rate_mbit))
     if reason:
         raise NetnsUnavailable(reason)
-    if rate_mbit and not tc_available():
-        raise NetnsUnavailable("`tc` is not installed (needed to shape links)")
-    reap_stale()
-    net = Lan(f"pc{os.getpid()}-{next(_counter)}", nhosts, rate_mbit, mcast_route)
+    labnet.reap_stale(TAG_PREFIX)
+    plan = LabPlan.parse(name=f"{TAG_PREFIX}{os.getpid()}x{next(_counter)}", hosts=nhosts,
+                         leaves=leaves, link=f"{rate_mbit}Mbps" if rate_mbit else None,
+                         uplink=uplink, mtu=mtu)
+    if not mcast_route:
+        from dataclasses import replace
+        plan = replace(plan, mcast_route=False)
+    net = Lan(plan)
     try:
         net.build()
         yield net

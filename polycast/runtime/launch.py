@@ -175,8 +175,10 @@ class _Stopped(Exception):
 
 
 def check_arguments(nranks: int, command: list[str], timeout_seconds: float | None,
-                    straggler_seconds: float | None, extra_env: dict | None = None) -> float:
-    """Raise InvalidArgument for a job that cannot start; return the straggler timeout."""
+                    straggler_seconds: float | None, extra_env: dict | None = None,
+                    script: bool = True) -> float:
+    """Raise InvalidArgument for a job that cannot start; return the straggler timeout.
+    ``script``: ``command`` is a Python script path (or ``-m module``) that must exist."""
     if not isinstance(nranks, int) or nranks < 1:
         raise InvalidArgument(f"number of ranks must be a positive integer, got {nranks!r}")
     if not command or command[0] == "-m" and len(command) < 2:
@@ -189,7 +191,7 @@ def check_arguments(nranks: int, command: list[str], timeout_seconds: float | No
     if straggler_seconds < 0:
         raise InvalidArgument(f"--straggler-timeout must be >= 0 seconds (0: no limit), got "
                               f"{straggler_seconds:g}")
-    if command[0] != "-m" and not os.path.isfile(command[0]):
+    if script and command[0] != "-m" and not os.path.isfile(command[0]):
         raise InvalidArgument(f"script {command[0]!r} not found")
     return straggler_seconds
 
@@ -197,15 +199,17 @@ def check_arguments(nranks: int, command: list[str], timeout_seconds: float | No
 def launch(nranks: int, command: list[str], *, port: int | None = None,
            timeout_seconds: float | None = None, straggler_seconds: float | None = None,
            extra_env: dict | None = None, prefix: bool = True, stdout=None,
-           stderr=None) -> int:
+           stderr=None, argv_for=None) -> int:
     """Run ``command`` (an argv list; the first item a Python script path or ``-m module``)
     as ``nranks`` local ranks; return the job's exit status (see the module docstring).
 
+    ``argv_for(rank)``, when given, is the whole argv of that rank instead (``polycast lab
+    run`` runs each rank's command in its host's namespace, ``ip netns exec HOST ...``).
     ``timeout_seconds``: end the whole job after this long (None: no limit).
     ``straggler_seconds``: end ranks still running this long after all others exited 0
     (None: the job's POLYCAST_TIMEOUT; 0: no limit)."""
     straggler_seconds = check_arguments(nranks, command, timeout_seconds, straggler_seconds,
-                                        extra_env)
+                                        extra_env, script=argv_for is None)
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr.buffer
     port = port or free_port()
@@ -220,7 +224,7 @@ def launch(nranks: int, command: list[str], *, port: int | None = None,
     status = 1
     try:
         for r in range(nranks):
-            proc = subprocess.Popen(argv, env=rank_env(r, nranks, port, job_id, extra=extra),
+            proc = subprocess.Popen(argv_for(r) if argv_for else argv, env=rank_env(r, nranks, port, job_id, extra=extra),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True,
                                     preexec_fn=preexec)
