@@ -1,7 +1,7 @@
 """Checks the runtime end to end on real processes: every collective and every registered
 algorithm against :mod:`polycast.reference`, exact results.
 
-    polycast run -n 4 -m polycast.runtime.selftest [--suite all|algos|api|mismatch|death]
+    polycast run -n 4 -m polycast.runtime.selftest [--suite all|algos|api|mismatch|death|mcast]
 
 Each rank prints ``FAIL ...`` lines for failed checks and ends with
 ``SELFTEST <suite> OK <n> checks`` (exit 0) or ``SELFTEST <suite> FAILED <k> of <n>`` (exit 1).
@@ -13,6 +13,7 @@ naming it within the timeout.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -313,8 +314,33 @@ def suite_death(ck: Checker) -> None:
         print(f"PEERLOST-INDIRECT {type(exc).__name__}: {exc}", flush=True)
 
 
+def suite_mcast(ck: Checker) -> None:
+    """Every multicast algorithm of every collective, exact results, sizes from one element
+    to many datagrams, first and last root; multicast must work here (no skipping). Ends
+    with one ``MCAST_STATS {json}`` line: this rank's engine counters over the suite (so a
+    caller injecting loss can check the recovery ran)."""
+    comm = ck.comm
+    P = comm.size
+    ck.check("mcast/available", comm.mcast_error is None, str(comm.mcast_error))
+    before = vars(comm.stats()).copy()
+    for coll in Collective:
+        for algo in supported(coll, P):
+            if not get(coll, algo).multicast:
+                continue
+            roots = sorted({0, P - 1}) if coll.rooted else [0]
+            for count in (1, 1000, 250_000):
+                for root in roots:
+                    one(ck, coll, algo, count, root)
+            if coll.has_op:
+                one(ck, coll, algo, 33, 0, op="max", dtype="int32")
+    after = vars(comm.stats())
+    print("MCAST_STATS " + json.dumps({k: after[k] - v for k, v in before.items()
+                                       if isinstance(v, int) and isinstance(after.get(k), int)}),
+          flush=True)
+
+
 SUITES = {"algos": [suite_algos], "api": [suite_api], "all": [suite_algos, suite_api],
-          "mismatch": [suite_mismatch], "death": [suite_death]}
+          "mismatch": [suite_mismatch], "death": [suite_death], "mcast": [suite_mcast]}
 
 
 def main(argv: list[str] | None = None) -> int:

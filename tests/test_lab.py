@@ -1,0 +1,237 @@
+"""polycast lab: the plan (pure), bad input (one line, exit 2, before any work), and — as
+root — a real leaf-spine lab brought up, every multicast collective run on it (paced, and
+with loss from overflowing switch buffers), torn down, with nothing left behind; a crashed
+``up`` cleaned by ``down``; a failed ``up`` leaving nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from polycast.cli.main import main as cli_main
+from polycast.errors import InvalidArgument
+from polycast.lab import LabError, LabPlan, netns, runner
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+def test_plan_leaf_spine_shape_and_links():
+    p = LabPlan.parse(name="x", hosts=8, leaves=2, link="1Gbps", uplink="4:1")
+    assert p.hosts_per_leaf == 4 and p.uplink_rate_bps == 1e9 and p.oversub == 4.0
+    assert LabPlan.parse(name="x", hosts=8, leaves=2, link="1Gbps").oversub == 1.0
+    assert p.namespaces()[:3] == ["x-spine", "x-leaf0", "x-leaf1"]
+    assert [p.leaf_of(k) for k in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    links = p.links()
+    assert len(links) == 2 * 8 + 2 * 2
+    assert len({l.name for l in links}) == len(links)
+    by = {l.name: l for l in links}
+    assert by["h5->leaf1"].shape_ns == "x-h5" and by["h5->leaf1"].count_dir == "rx"
+    assert by["spine->leaf0"].shape_ns == "x-spine" and by["spine->leaf0"].rate_bps == 1e9
+    flat = LabPlan.parse(name="y", hosts=3, leaves=1, link=None)
+    assert flat.namespaces() == ["y-leaf0", "y-h0", "y-h1", "y-h2"]
+    assert {l.layer for l in flat.links()} == {"host-leaf"}
+
+
+def test_plan_sim_topology_is_the_same_network():
+    p = LabPlan.parse(name="x", hosts=8, leaves=2, link="100Mbps", uplink="4:1")
+    topo = p.sim_topology(latency_s=1e-5)
+    assert topo.nranks == 8 and topo.host_link_bw == 100e6 / 8
+    links, lat = topo.route(0, 7)
+    assert [topo.link_layer[l] for l in links] == ["host-leaf", "leaf-spine", "leaf-spine",
+                                                    "host-leaf"]
+    assert [topo.link_bw[l] for l in links] == [12.5e6] * 4         # 4:1: uplink = one link
+    assert lat == pytest.approx(4e-5)
+    tree, _ = topo.mcast_tree(0)     # up to the leaf, 3 local hosts, up, down, 4 hosts
+    assert sorted(topo.link_layer[l] for l in tree).count("leaf-spine") == 2
+    assert len(tree) == 1 + 3 + 2 + 4
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"link": "fast"}, "--link"),
+    ({"uplink": "4:0"}, "oversubscription"),
+    ({"uplink": "slow"}, "--uplink"),
+    ({"hosts": 5, "leaves": 4}, "do not fill"),
+    ({"hosts": 0}, "--hosts"),
+    ({"leaves": 1, "uplink": "1Gbps"}, "--leaves >= 2"),
+    ({"mtu": 100}, "--mtu"),
+    ({"mtu": "big"}, "--mtu"),
+    ({"name": "Bad-Name"}, "lab name"),
+    ({"buffer": "forever"}, "time"),
+])
+def test_plan_bad_input(kw, msg):
+    with pytest.raises(InvalidArgument, match=msg):
+        LabPlan.parse(**{"name": "x", **kw})
+
+
+def test_placements():
+    p = LabPlan.parse(name="x", hosts=8, leaves=2, link="1Gbps")
+    assert runner.placement(p, "linear") == list(range(8))
+    assert runner.placement(p, "interleave") == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert sorted(runner.placement(p, "random:3")) == list(range(8))
+    assert runner.placement(p, "7,6,5,4,3,2,1,0") == [7, 6, 5, 4, 3, 2, 1, 0]
+    assert runner.placement(p, None, 3) == [0, 1, 2]
+    for bad in ("0,0,1,2,3,4,5,6", "spread", "random:x", "0,1"):
+        with pytest.raises(InvalidArgument):
+            runner.placement(p, bad)
+
+
+# -- bad input through the CLI: one line, exit 2, nothing made -------------------------------
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    d = str(tmp_path / "state")
+    monkeypatch.setattr(netns, "STATE_DIR", d)
+    return d
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["lab", "up", "--link", "fast"], "--link"),
+    (["lab", "up", "--hosts", "6", "--leaves", "4"], "do not fill"),
+    (["lab", "up", "--uplink", "x:1"], "oversubscription"),
+    (["lab", "run", "--name", "nosuchlab", "--", "python", "-c", "1"], "no lab named"),
+    (["lab", "down", "--name", "nosuchlab"], "no lab named"),
+    (["lab", "run", "--name", "nosuchlab"], "nothing to run"),
+])
+def test_cli_bad_input_one_line_exit_2(argv, msg, state_dir, capsys):
+    if os.geteuid() != 0 and argv[1] == "down":
+        msg = "needs root"
+    before = set(netns.existing_namespaces()) if os.geteuid() == 0 else set()
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("polycast lab: error:") and msg in err[0], err
+    assert not os.path.exists(state_dir) or not netns.labs_up(state_dir)
+    if os.geteuid() == 0:
+        assert set(netns.existing_namespaces()) <= before
+
+
+def test_cli_not_root_and_tools_missing(state_dir, capsys, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cli_main(["lab", "up", "--hosts", "2", "--leaves", "1"]) == 2
+    assert "needs root" in capsys.readouterr().err
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    real_which = netns.shutil.which
+    monkeypatch.setattr(netns.shutil, "which", lambda x: None if x == "tc" else real_which(x))
+    assert cli_main(["lab", "up", "--hosts", "2", "--leaves", "1"]) == 2
+    assert "`tc` is not installed" in capsys.readouterr().err
+    monkeypatch.setattr(netns.shutil, "which", lambda x: None)
+    assert cli_main(["lab", "down"]) == 2
+    assert "`ip` is not installed" in capsys.readouterr().err
+    assert not netns.labs_up(state_dir)
+
+
+# -- real labs (root) ---------------------------------------------------------------------------
+
+_REASON = netns.unavailable_reason()
+root = pytest.mark.skipif(_REASON is not None or os.environ.get("POLYCAST_NO_NETNS") == "1",
+                          reason=f"lab unavailable: {_REASON}")
+
+
+def _name(tag: str) -> str:
+    return f"pct{os.getpid()}{tag}"
+
+
+def _ours(name: str) -> list[str]:
+    return [ns for ns in netns.existing_namespaces() if ns.startswith(name + "-")]
+
+
+def _run_selftest(name: str, **extra) -> list[dict]:
+    """The mcast selftest on every host of lab ``name``; per-rank engine stats."""
+    env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "polycast.cli.main", "lab", "run", "--name", name,
+                        "--timeout", "60", "--", sys.executable, "-m", "polycast.runtime.selftest",
+                        "--suite", "mcast"], env={**env, **extra}, capture_output=True,
+                       text=True, timeout=90)
+    out = p.stdout
+    assert p.returncode == 0, out[-3000:] + p.stderr[-2000:]
+    oks = [ln for ln in out.splitlines() if "SELFTEST mcast OK" in ln]
+    assert len(oks) == 4 and all("mcast=yes" in ln and "transports=tcp" in ln for ln in oks), out
+    return [json.loads(ln.split("MCAST_STATS ", 1)[1]) for ln in out.splitlines()
+            if "MCAST_STATS " in ln]
+
+
+@root
+@pytest.mark.root
+@pytest.mark.slow
+def test_lab_up_every_mcast_collective_paced_and_lossy_then_down():
+    """4 hosts on 2 leaves (uplinks 4:1). Paced, every multicast algorithm is exact and
+    crosses the spine; unpaced, the shaped queues overflow (real drops, counted by tbf) and
+    the recovery still gives exact results. ``down`` leaves nothing."""
+    from polycast.lab import counters
+    name = _name("a")
+    assert cli_main(["lab", "up", "--name", name, "--hosts", "4", "--leaves", "2",
+                     "--link", "100Mbps", "--uplink", "4:1"]) == 0
+    try:
+        plan = netns.current(name)
+        assert len(_ours(name)) == 7
+        # A second `up` of the same lab is a clear error and changes nothing.
+        with pytest.raises(LabError, match="already up"):
+            netns.up(plan)
+        before = counters.read(plan)
+        stats = _run_selftest(name)
+        moved = counters.by_layer(plan, counters.diff(counters.read(plan), before))
+        assert moved["leaf-spine"] > 4 * 1_000_000 and moved["host-leaf"] > moved["leaf-spine"]
+        drops0 = sum(counters.qdisc_drops(plan).values())
+        # Unpaced: the leaves' 25 Mbit/s uplinks and the hosts' queues overflow.
+        lossy = _run_selftest(name, POLYCAST_PACING_GBPS="")
+        drops = sum(counters.qdisc_drops(plan).values()) - drops0
+        assert drops > 0
+        assert sum(s["recovered_bytes"] for s in lossy) > 0
+        assert sum(s["failed"] for s in stats + lossy) == 0
+    finally:
+        assert cli_main(["lab", "down", "--name", name]) == 0
+    assert _ours(name) == [] and netns.read_state(name) is None
+
+
+@root
+@pytest.mark.root
+def test_names_taken_and_failed_build_leave_nothing(monkeypatch):
+    name = _name("b")
+    foreign = f"{name}-h1"                 # someone else's namespace with one of our names
+    netns.ip("netns", "add", foreign)
+    try:
+        with pytest.raises(LabError, match="already taken"):
+            netns.up(LabPlan.parse(name=name, hosts=2, leaves=1, link="100Mbps"))
+        assert _ours(name) == [foreign] and netns.read_state(name) is None   # untouched
+    finally:
+        netns.ip("netns", "del", foreign)
+    # A build failing half-way (here: tc refuses) removes what it made and its state.
+    real = netns.shape
+
+    def failing(ns, dev, *a, **k):
+        if dev == "h1":
+            raise LabError("tc: simulated failure")
+        return real(ns, dev, *a, **k)
+    monkeypatch.setattr(netns, "shape", failing)
+    with pytest.raises(LabError, match="nothing left behind"):
+        netns.up(LabPlan.parse(name=name, hosts=2, leaves=1, link="100Mbps"))
+    assert _ours(name) == [] and netns.read_state(name) is None
+
+
+@root
+@pytest.mark.root
+def test_down_after_a_crash_mid_build():
+    """The process building a lab is SIGKILLed half-way: the state file recorded what was
+    made, and `lab down` removes exactly that."""
+    name = _name("c")
+    code = ("import os, signal\n"
+            "from polycast.lab import netns, LabPlan\n"
+            "real = netns.shape\n"
+            "def shape(ns, dev, *a, **k):\n"
+            "    if dev == 'h1': os.kill(os.getpid(), signal.SIGKILL)\n"
+            "    return real(ns, dev, *a, **k)\n"
+            "netns.shape = shape\n"
+            f"netns.up(LabPlan.parse(name={name!r}, hosts=3, leaves=1, link='100Mbps'))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == -9, p.stderr
+    state = netns.read_state(name)
+    assert state["status"] == "building" and len(_ours(name)) == 4
+    assert sorted(_ours(name)) == sorted(state["namespaces"])
+    assert cli_main(["lab", "down", "--name", name]) == 0
+    assert _ours(name) == [] and netns.read_state(name) is None
