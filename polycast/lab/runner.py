@@ -81,11 +81,11 @@ class _MarkServer(threading.Thread):
         super().__init__(daemon=True)
         self.plan, self.dir = plan, directory
         self.snaps: list[tuple[str, counters.Snapshot, float]] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.error: Exception | None = None
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 reqs = sorted(f for f in os.listdir(self.dir) if f.endswith(".req"))
                 for f in reqs:
@@ -100,10 +100,10 @@ class _MarkServer(threading.Thread):
             except Exception as e:        # reported by run(); the rank's wait is bounded
                 self.error = e
                 return
-            self._stop.wait(0.002)
+            self._halt.wait(0.002)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
 
 

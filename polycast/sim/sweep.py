@@ -75,14 +75,46 @@ def run_grid(points: list[Point], workers: int | None = None, ray: str | None = 
         return list(ex.map(run_point, points))
 
 
+RAY_TIMEOUT_S = 3600.0
+
+
+def _check_reachable(address: str) -> None:
+    """Fail at once, in one line, when nothing listens at ``address`` (Ray itself retries
+    for minutes)."""
+    import socket
+    host, _, port = address.rpartition(":")
+    if host.startswith("ray://"):
+        host = host[len("ray://"):]
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5):
+            pass
+    except (OSError, ValueError) as e:
+        raise InvalidArgument(f"--ray {address}: cannot connect to a Ray cluster there "
+                              f"({e}); give HOST:PORT of a Ray head, or auto") from None
+
+
 def _run_ray(points: list[Point], address: str) -> list[dict]:
+    """One Ray task per point on the cluster at ``address`` (``auto``: the one this machine
+    runs; ``local``: start a private one for this sweep). A driver this call connected is
+    disconnected again at the end, so the caller's process holds no Ray state."""
     try:
         import ray
     except ImportError:
         raise InvalidArgument("--ray needs Ray: pip install 'polycast[ray]'") from None
-    ray.init(address=None if address == "local" else address, ignore_reinit_error=True)
-    remote = ray.remote(run_point)
-    return ray.get([remote.remote(asdict(p)) for p in points])
+    connected = not ray.is_initialized()
+    if connected and address not in ("auto", "local"):
+        _check_reachable(address)
+    if connected:
+        try:
+            ray.init(address=None if address == "local" else address, log_to_driver=False)
+        except ConnectionError as e:
+            raise InvalidArgument(f"--ray {address}: cannot connect to a Ray cluster: {e}") from None
+    try:
+        remote = ray.remote(run_point)
+        return ray.get([remote.remote(asdict(p)) for p in points], timeout=RAY_TIMEOUT_S)
+    finally:
+        if connected:
+            ray.shutdown()
 
 
 def write_table(rows: list[dict], path: str) -> None:
