@@ -124,7 +124,11 @@ def test_multicast_crosses_the_bridge(lan_factory, iface):
     for r in res:
         calls = {c["call"]: c for c in r["calls"]}
         chunk = calls["allgather:mcast"]["nbytes"] // 3
-        assert calls["allgather:mcast"]["eth0_tx_bytes"] < 1.5 * chunk
+        ag = calls["allgather:mcast"]
+        # Sent as multicast once; on the wire, that plus what went by unicast (recovery of
+        # datagrams a receiver starved of CPU dropped, control messages).
+        assert ag["stats"]["datagram_bytes_out"] < 1.5 * chunk
+        assert ag["eth0_tx_bytes"] < 1.5 * chunk + ag["stats"]["message_bytes_out"]
         assert calls["allgather:ring"]["eth0_tx_bytes"] >= 2 * chunk
 
 
