@@ -66,6 +66,13 @@ class SimConfig:
     placement: tuple[int, ...] | None = None   # rank -> topology rank slot (None: identity)
     engine: dict = field(default_factory=dict)   # EngineConfig overrides
     nic: object | None = None          # NicModel: receivers' chunk rate + queue (None: off)
+    # The hosts (off by default: ideal hosts that keep up with any link, zero software time).
+    # host_gbps: a rank's send path and its receive path each move at most this many
+    # Gbit/s, shared by its flows (network.py's host ports). host_latency_s: software time
+    # per message and per datagram batch, from its last byte on the wire to the engine
+    # seeing it (driver wake-up, syscalls, copies), added to the path latency.
+    host_gbps: float | None = None
+    host_latency_s: float = 0.0
 
 
 @dataclass
@@ -127,7 +134,14 @@ class Simulation:
         self.P = topology.nranks
         ecfg = default_engine_config(**self.cfg.engine)
         self.engines = [Engine(r, self.P, config=ecfg) for r in range(self.P)]
-        self.net = Network(topology, record=self.cfg.record)
+        cfg = self.cfg
+        if cfg.host_gbps is not None and not cfg.host_gbps > 0:
+            raise SimulationError(f"host_gbps must be > 0 (or None), got {cfg.host_gbps!r}")
+        if not cfg.host_latency_s >= 0:
+            raise SimulationError(f"host_latency_s must be >= 0, got {cfg.host_latency_s!r}")
+        self.net = Network(topology, record=cfg.record,
+                           host_bw=None if cfg.host_gbps is None else cfg.host_gbps * 1e9 / 8)
+        self._host_links: dict = {}              # (src, dst|-1) -> links incl. host ports
         self.rng = np.random.default_rng(self.cfg.seed)
         self.now = 0.0
         self.events = 0
@@ -320,7 +334,7 @@ class Simulation:
                 if nbytes and self._innet and self._combine_send(src, act, nbytes):
                     self._busy.add(key)
                     return
-                links, lat = self.topo.route(self._node[src], self._node[act.peer])
+                links, lat = self._route(src, act.peer)
                 if nbytes:
                     self.net.add_flow(links, nbytes, now, ("send", key, act, lat),
                                       cap=self._rx_cap)
@@ -347,7 +361,7 @@ class Simulation:
                 span = acts[-1].not_before - act.not_before
                 if len(acts) > 1 and span > 0:
                     cap = (nbytes - acts[-1].header.payload_nbytes) / span
-                links, _ = self.topo.mcast_tree(self._node[src])
+                links = self._tree(src)
                 f = self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None), cap=cap)
                 if self.nic is not None:
                     self.nic.add(f, src)
@@ -355,6 +369,33 @@ class Simulation:
                 return
             self._mcast_drained(src, acts, now, now)
         self._busy.discard(key)
+
+    def _route(self, src: int, dst: int):
+        """(links, latency) of a message src -> dst: the network route, plus the hosts'
+        ports and software latency when the host model is on."""
+        links, lat = self.topo.route(self._node[src], self._node[dst])
+        if self.net.host_bw is None and not self.cfg.host_latency_s:
+            return links, lat
+        key = (src, dst)
+        hit = self._host_links.get(key)
+        if hit is None:
+            if self.net.host_bw is not None:
+                links = np.concatenate([links, [self.net.send_port(src),
+                                                self.net.recv_port(dst)]])
+            hit = self._host_links[key] = (links, lat + self.cfg.host_latency_s)
+        return hit
+
+    def _tree(self, root: int):
+        links, _ = self.topo.mcast_tree(self._node[root])
+        if self.net.host_bw is None:
+            return links
+        key = (root, -1)
+        hit = self._host_links.get(key)
+        if hit is None:
+            ports = [self.net.send_port(root)] + [self.net.recv_port(r) for r in range(self.P)
+                                                  if r != root]
+            hit = self._host_links[key] = np.concatenate([links, ports])
+        return hit
 
     def _drained(self, f) -> None:
         what, key, act, extra = f.data
@@ -384,7 +425,7 @@ class Simulation:
         if g is None:
             _, lat = self.topo.mcast_tree(self._node[root])
             ranks = np.array([r for r in range(self.P) if r != root], dtype=np.int64)
-            lats = lat[np.array(self._node, dtype=np.int64)[ranks]]
+            lats = lat[np.array(self._node, dtype=np.int64)[ranks]] + self.cfg.host_latency_s
             g = [(float(x), ranks[lats == x]) for x in np.unique(lats)]
             self._tree_groups[root] = g
         return g

@@ -18,12 +18,20 @@ What is modelled
 * Rates are recomputed once per batch of events at one timestamp (``settle``), and only for
   the connected component of flows (flows linked by shared links) that the batch touched.
 * Bytes are counted per directed link (``link_bytes``), at the flow's start.
+* **Host processing** (optional, :class:`Network` ``host_bw``): a rank's send and its
+  receive path each move at most ``host_bw`` bytes/s, shared by all of the rank's flows in
+  that direction — a host stack, a CPU-bound process or a NIC DMA engine slower than the
+  link. Modelled as two private links per rank (send port, receive port) that every flow
+  of the rank crosses (a multicast flow crosses its root's send port and every receiver's
+  receive port, so it goes at the slowest receiver's pace); they are not network links and
+  carry no ``link_bytes``. Off by default (``None``: hosts keep up with any link).
 
 What is not modelled
 --------------------
 No packets, no queues or buffers, no switch buffer overflow, no congestion-control
 dynamics (TCP/DCQCN ramp-up, incast collapse), no PFC/credit back-pressure or head-of-line
-blocking, no header/framing overhead, no NIC message-rate limits, no routing adaptivity
+blocking, no header/framing overhead, no NIC message-rate limits (beyond the optional host
+rate above), no routing adaptivity
 (ECMP is static), no link failures. Rates are the ideal of a perfectly fair, perfectly
 efficient transport; loss is injected by the driver on datagram delivery, not by the
 network.
@@ -75,13 +83,20 @@ class FlowRecord:
 class Network:
     """Active flows on a topology's links, their max-min fair rates and drain times."""
 
-    def __init__(self, topology, record: bool = False) -> None:
+    def __init__(self, topology, record: bool = False, host_bw: float | None = None) -> None:
         self.topology = topology
+        self.nlinks = topology.nlinks                    # network links (host ports follow)
         self.capacity = topology.bandwidth               # bytes/s per directed link
-        self.nlinks = len(self.capacity)
+        self.host_bw = host_bw
+        if host_bw is not None:
+            if not host_bw > 0:
+                raise ValueError(f"host_bw must be > 0 bytes/s, got {host_bw!r}")
+            # Link ids nlinks + r (send port of r) and nlinks + P + r (receive port).
+            self.capacity = np.concatenate([self.capacity,
+                                            np.full(2 * topology.nranks, float(host_bw))])
         self.link_bytes = np.zeros(self.nlinks, dtype=np.float64)
         self.flows: dict[int, Flow] = {}
-        self._link_flows: list[set[int]] = [set() for _ in range(self.nlinks)]
+        self._link_flows: list[set[int]] = [set() for _ in range(len(self.capacity))]
         self._heap: list[tuple[float, int, int]] = []    # (finish, fid, version)
         self._dirty_links: set[int] = set()
         self._next_fid = 0
@@ -91,10 +106,18 @@ class Network:
         self.records: list[FlowRecord] = []
 
     # -- flows -----------------------------------------------------------------------
+    def send_port(self, rank: int) -> int:
+        """The id of ``rank``'s host send port (only with ``host_bw``)."""
+        return self.nlinks + rank
+
+    def recv_port(self, rank: int) -> int:
+        return self.nlinks + self.topology.nranks + rank
+
     def add_flow(self, links: np.ndarray, nbytes: int, now: float, data: object,
                  cap: float = _INF) -> Flow:
-        """Start a flow of ``nbytes`` > 0 over ``links``, never faster than ``cap`` bytes/s
-        (a paced sender); its rate is set at ``settle``."""
+        """Start a flow of ``nbytes`` > 0 over ``links`` (network links, then any host
+        ports), never faster than ``cap`` bytes/s (a paced sender); its rate is set at
+        ``settle``."""
         if nbytes <= 0:
             raise ValueError("flows carry at least one byte; the driver handles empty messages")
         fid = self._next_fid
@@ -105,7 +128,10 @@ class Network:
         for l in links.tolist():
             link_flows[l].add(fid)
         self._dirty_links.update(links.tolist())
-        self.link_bytes[links] += nbytes
+        if self.host_bw is None:
+            self.link_bytes[links] += nbytes
+        else:
+            self.link_bytes[links[links < self.nlinks]] += nbytes
         self.flows_started += 1
         return f
 
@@ -142,7 +168,8 @@ class Network:
         return out
 
     def _record(self, f: Flow) -> None:
-        counts = np.bincount(self.topology.layer_index[f.links], minlength=4)
+        net = f.links[f.links < self.nlinks]
+        counts = np.bincount(self.topology.layer_index[net], minlength=4)
         self.records.append(FlowRecord(f.start, f.finish, f.nbytes, tuple(counts.tolist())))
 
     # -- rates -----------------------------------------------------------------------

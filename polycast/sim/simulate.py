@@ -106,7 +106,8 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
              root: int = 0, nchunks: int = 1, channels: int = 1, options: dict | None = None,
              loss: float = 0.0, seed: int = 0, record: bool = False,
              engine: dict | None = None, max_events: int = 50_000_000,
-             placement: str = "linear", nic=None) -> SimResult:
+             placement: str = "linear", nic=None, host_gbps: float | None = None,
+             host_latency_s: float = 0.0) -> SimResult:
     """Simulate one call of ``collective`` with ``algorithm`` on ``nodes`` ranks.
 
     ``size`` is nccl-tests' S (total bytes: for allgather the gathered buffer). ``topology``
@@ -117,7 +118,8 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     that probability (seeded). ``record`` keeps per-message timelines (traces, plots).
     ``nic`` (a :class:`~polycast.models.nic.NicModel` or a ``--nic`` string such as
     ``bf3-dpa``) makes every receiver process multicast chunks at that NIC's rate behind
-    its bounded receive queue, dropping what overflows (:mod:`polycast.sim.nic`)."""
+    its bounded receive queue, dropping what overflows (:mod:`polycast.sim.nic`).
+    ``host_gbps`` / ``host_latency_s``: the host model (:class:`SimConfig`; off by default)."""
     coll = Collective.parse(collective)
     if not 0 <= loss < 1:
         raise InvalidArgument(f"loss must be a probability in [0, 1), got {loss!r}")
@@ -135,7 +137,8 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     eng = {"line_rate_gbps": link_gbps, "pacing_gbps": pacing_gbps_for([sched], link_gbps)}
     eng.update(engine or {})
     cfg = SimConfig(loss=loss, seed=seed, record=record, engine=eng, max_events=max_events,
-                    placement=make_placement(placement, nodes, seed), nic=nic)
+                    placement=make_placement(placement, nodes, seed), nic=nic,
+                    host_gbps=host_gbps, host_latency_s=host_latency_s)
     wall = time.perf_counter()
     sim = Simulation(topo, cfg)
     req = sim.post(sched, itemsize)
