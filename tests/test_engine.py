@@ -138,6 +138,21 @@ def test_early_buffer_overflow_fails_clearly_on_every_rank():
     assert w.engines[1].stats.early_nbytes == 0
 
 
+def test_early_messages_left_behind_by_a_failed_post_are_released():
+    # An ABORT held before the post fails the call as soon as it is replayed; what was
+    # held behind it must give its bytes back, or the budget shrinks for good.
+    s = send_recv(count=8)
+    e1 = Engine(1, 2)
+    sig = 0
+    e1.on_message(0, Header(MsgKind.ABORT, 0, 0, 0, 3, 0, 4, sig), b"oops", 0.0)
+    for tag in (0, 1):
+        e1.on_message(0, Header(MsgKind.DATA, 0, 0, 0, tag, 0, 32, sig), bytes(32), 0.0)
+    assert e1.stats.early_nbytes > 64
+    out = e1.post(0, s, 4, 0.0)
+    assert any(isinstance(a, Fail) for a in out) and not e1.busy
+    assert e1.stats.early_nbytes == 0
+
+
 def test_stale_and_duplicate_and_foreign_messages_dropped():
     s = send_recv(count=4)
     w = World(2)

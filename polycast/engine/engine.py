@@ -176,7 +176,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
             for is_msg, src, h, payload in early:
                 self._early.release_entry(h)
                 if self._reqs.get(r.req) is not r:
-                    break
+                    continue                    # failed meanwhile: drop (and release) the rest
                 if is_msg:
                     self._message(src, h, payload, now, out)
                 else:
