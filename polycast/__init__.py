@@ -6,7 +6,7 @@ datacenter-network simulator.
 """
 
 from .collectives import Collective, ReduceOp
-from .errors import (CollectiveTimeout, InvalidArgument, MismatchError, PeerLost,
+from .errors import (CollectiveTimeout, InvalidArgument, MismatchError, OffloadLost, PeerLost,
                      PolycastError, ProtocolError, ScheduleError, UnknownName, Unsupported)
 
 __version__ = "0.1.0"
@@ -18,7 +18,7 @@ _report.install()
 __all__ = [
     "Collective", "ReduceOp", "PolycastError", "InvalidArgument", "UnknownName",
     "Unsupported", "ScheduleError", "ProtocolError", "MismatchError", "PeerLost",
-    "CollectiveTimeout", "__version__",
+    "CollectiveTimeout", "OffloadLost", "__version__",
 ]
 
 # The runtime's user API (mpi4py style): comm = polycast.init(); comm.Allreduce(...)

@@ -53,3 +53,8 @@ class PeerLost(PolycastError):
 
 class CollectiveTimeout(PolycastError, TimeoutError):
     """A bounded wait ran out."""
+
+
+class OffloadLost(PolycastError):
+    """The offload process that carries this rank's communication (``progress="offload"``)
+    died, or could not be started or reached."""

@@ -111,6 +111,15 @@ class CommCore:
         drv.post(self.id, req, sched, dt.itemsize, dtype_name(dt), opname)
         return req
 
+    # -- registered memory ------------------------------------------------------------------
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """A new array to use as a buffer of this rank's calls. With progress="offload" it
+        lies in the rank's registered memory, which the offload process uses in place (no
+        staging copies, see :mod:`polycast.runtime.offload`); in-process it is a plain
+        ``np.empty``. Not collective."""
+        alloc = getattr(self._driver, "empty", None)
+        return alloc(shape, dtype) if alloc is not None else np.empty(shape, dtype)
+
     # -- symmetric memory (one host) ------------------------------------------------------
     def takes_symm(self, coll: Collective, dtype, algorithm: str | None = None) -> bool:
         """Whether an ``auto`` call of ``coll`` on ordinary arrays of ``dtype`` runs through
@@ -125,7 +134,11 @@ class CommCore:
         Reduce_scatter_block and Allreduce then take ``algorithm="symm"`` (and pick it under
         ``auto``) with it as the source buffer: each rank reads its peers' arrays directly
         (no copy into the staging buffer that ``auto`` uses for ordinary arrays).
-        Freed with the communicator. See :mod:`polycast.runtime.symm`."""
+        Freed with the communicator. See :mod:`polycast.runtime.symm`. With
+        progress="offload" the offload process carries every call, so this is registered
+        memory (:meth:`empty`) and the "symm" algorithm is not available."""
+        if getattr(self._driver, "empty", None) is not None:
+            return self.empty(shape, dtype)
         return _symm.alloc(self, shape, dtype)
 
     # -- communicators ----------------------------------------------------------------------

@@ -18,17 +18,21 @@ _WORLD_LOCK = threading.Lock()
 def init(*, rank: int | None = None, size: int | None = None,
          master_addr: str | None = None, master_port: int | None = None,
          timeout: float | None = None, transport: str | None = None, env=None,
-         mtu_nbytes: int | None = None, pacing_gbps: float | None = None) -> Comm:
+         mtu_nbytes: int | None = None, pacing_gbps: float | None = None,
+         progress: str | None = None) -> Comm:
     """Join the job and return the world communicator (calling it again returns the same
     one). The job is described by the environment (see :mod:`polycast.runtime.env`: polycast
     run, torchrun, mpiexec, srun), or explicitly by ``rank``, ``size``, ``master_addr`` and
     ``master_port`` (all four; every rank on one host is assumed when the address is a
     loopback one). ``transport``: "auto", "shm" or "tcp" (else POLYCAST_TRANSPORT);
-    ``timeout``: seconds every wait is bounded by (else POLYCAST_TIMEOUT, default 60)."""
+    ``timeout``: seconds every wait is bounded by (else POLYCAST_TIMEOUT, default 60);
+    ``progress``: "thread" (in-process, the default) or "offload" (one process per host
+    carries every local rank's communication: :mod:`polycast.runtime.offload`; else
+    POLYCAST_PROGRESS)."""
     global _WORLD
-    from ..engine.engine import EngineConfig
-    from ..runtime.env import detect, timeout_from_env
-    from ..runtime.mcast import datagram_payload_nbytes
+    from ..runtime.config import engine_config
+    from ..runtime.env import detect
+    from ..runtime.offload import progress_mode
     from ..runtime.world import connect
     with _WORLD_LOCK:
         if _WORLD is not None and not _WORLD._freed:
@@ -55,18 +59,17 @@ def init(*, rank: int | None = None, size: int | None = None,
                 raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout}")
             from dataclasses import replace
             job = replace(job, timeout_seconds=float(timeout))
-        world = connect(job, transport)
-        mtu = mtu_nbytes or int(os.environ.get("POLYCAST_MTU", 0) or datagram_payload_nbytes(
-            world.job_id, world.single_host, world.key))
-        pace = pacing_gbps if pacing_gbps is not None else \
-            (float(os.environ["POLYCAST_PACING_GBPS"]) if os.environ.get("POLYCAST_PACING_GBPS")
-             else None)
-        config = EngineConfig(mtu_nbytes=mtu, pacing_gbps=pace,
-                              op_timeout_s=job.timeout_seconds,
-                              secret=world.key)     # per job, from POLYCAST_SECRET
-        driver = Driver(world, config)
-        err = driver.add_comm(0, list(range(world.size)))
-        _WORLD = Comm(driver, 0, list(range(world.size)), job.timeout_seconds, err)
+        if progress_mode(progress) == "offload":
+            from ..runtime.offload.client import attach
+            driver = attach(job, transport, mtu_nbytes=mtu_nbytes, pacing_gbps=pacing_gbps)
+            err = driver.world_mcast_error
+        else:
+            world = connect(job, transport)
+            config = engine_config(world, job.timeout_seconds, mtu_nbytes=mtu_nbytes,
+                                   pacing_gbps=pacing_gbps)
+            driver = Driver(world, config)
+            err = driver.add_comm(0, list(range(world.size)))
+        _WORLD = Comm(driver, 0, list(range(job.size)), job.timeout_seconds, err)
         atexit.register(finalize)
         return _WORLD
 
