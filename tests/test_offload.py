@@ -1,0 +1,132 @@
+"""Offloaded progress (polycast.init(progress="offload")): every collective and algorithm
+on 2-4 real ranks, and the failure paths: mismatch, a rank killed, a timeout, the offload
+process killed, unregistered buffers where registration is required. After every run the
+offload process is gone and /dev/shm holds nothing of it."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_runtime_helpers import selftest, spawn_ranks  # noqa: E402
+
+from polycast.errors import InvalidArgument  # noqa: E402
+from polycast.runtime.offload import progress_mode  # noqa: E402
+from polycast.runtime.offload.arena import arena_nbytes  # noqa: E402
+from polycast.runtime.offload.client import offload_workers  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="offload mode needs Linux (abstract Unix sockets)")
+
+OFFLOAD = {"POLYCAST_PROGRESS": "offload"}
+
+
+def _leftovers() -> list[str]:
+    return glob.glob("/dev/shm/polycast-off-*")
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split(")")[-1].split()[0] == "Z":
+                    return True             # a zombie: exited, waiting for its reaper
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _server_pids(results) -> set[int]:
+    return {int(m) for r in results for m in re.findall(r"RESULT server_pid (\d+)", r.out)}
+
+
+def _ok(results, suite: str) -> None:
+    for r in results:
+        assert r.returncode == 0, f"rank {r.rank}:\n{r.out}\n{r.err[-3000:]}"
+        assert f"SELFTEST {suite} OK" in r.out, r.out + r.err[-3000:]
+
+
+@pytest.mark.parametrize("nranks,workers", [(2, "1"), (3, "2"), (4, "0")])
+def test_every_collective_and_algorithm(nranks, workers):
+    """The runtime selftest (every collective, every algorithm, the API) in offload mode:
+    exact results, as in-process."""
+    res = selftest(nranks, "all", env={**OFFLOAD, "POLYCAST_OFFLOAD_WORKERS": workers},
+                   timeout=180)
+    _ok(res, "all")
+    assert "algos=" in res[0].out and int(res[0].out.split("algos=")[1].split()[0]) > 30
+    assert not _leftovers()
+
+
+def test_mismatch_is_the_engines_error_on_every_rank():
+    res = selftest(3, "mismatch", env={**OFFLOAD, "POLYCAST_TIMEOUT": "20"}, timeout=90)
+    _ok(res, "mismatch")
+
+
+def test_a_rank_killed_is_peer_lost_on_the_others():
+    res = selftest(3, "death", env={**OFFLOAD, "POLYCAST_TIMEOUT": "20"}, timeout=90)
+    dead = [r for r in res if r.returncode != 0]
+    assert len(dead) == 1, [(r.rank, r.returncode) for r in res]
+    for r in res:
+        if r.returncode == 0:
+            assert "SELFTEST death OK" in r.out, r.out + r.err[-2000:]
+    assert not _leftovers()
+
+
+def _scenario(nranks: int, name: str, env: dict):
+    res = spawn_ranks(nranks, ["tests/offload_rank.py", name],
+                      env={**OFFLOAD, **env}, timeout=90)
+    pids = _server_pids(res)
+    assert len(pids) == 1, [r.out for r in res]
+    assert _gone(pids.pop()), "the offload process outlived its ranks"
+    assert not _leftovers()
+    return res
+
+
+def test_offload_process_killed_is_a_clear_error_on_every_rank():
+    res = _scenario(2, "kill-offload", {"POLYCAST_TIMEOUT": "30"})
+    for r in res:
+        assert r.returncode == 0, r.err[-2000:]
+        m = re.search(r"RESULT OffloadLost after ([0-9.]+)s: (.*)", r.out)
+        assert m, r.out + r.err[-2000:]
+        assert float(m.group(1)) < 5.0          # at once, not at the 30 s timeout
+        assert "offload process" in m.group(2) and "is gone" in m.group(2)
+        assert "RESULT later OffloadLost" in r.out
+
+
+def test_timeout_is_the_engines_error():
+    res = _scenario(2, "timeout", {"POLYCAST_TIMEOUT": "3"})
+    out0 = res[0].out
+    assert "RESULT CollectiveTimeout" in out0, out0 + res[0].err[-2000:]
+    assert "not done after 3 s" in out0 and "waiting on" in out0
+
+
+def test_unregistered_buffer_refused_when_staging_is_off():
+    res = _scenario(2, "unregistered", {"POLYCAST_OFFLOAD_STAGING": "0"})
+    for r in res:
+        assert r.returncode == 0, r.err[-2000:]
+        assert "RESULT registered ok=True" in r.out
+        assert "RESULT InvalidArgument: send buffer is not registered memory" in r.out
+        assert "RESULT after ok=True" in r.out
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(InvalidArgument, match="valid choices: thread, offload"):
+        progress_mode("nic")
+    with pytest.raises(InvalidArgument, match="POLYCAST_PROGRESS"):
+        progress_mode(env={"POLYCAST_PROGRESS": "bogus"})
+    assert progress_mode(env={}) == "thread"
+    with pytest.raises(InvalidArgument, match="POLYCAST_OFFLOAD_WORKERS='-1'"):
+        offload_workers({"POLYCAST_OFFLOAD_WORKERS": "-1"})
+    with pytest.raises(InvalidArgument, match="POLYCAST_OFFLOAD_WORKERS='x'"):
+        offload_workers({"POLYCAST_OFFLOAD_WORKERS": "x"})
+    with pytest.raises(InvalidArgument, match="at least 1 MiB"):
+        arena_nbytes({"POLYCAST_OFFLOAD_ARENA": "1000"})
+    assert arena_nbytes({}) == 1 << 30
