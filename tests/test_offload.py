@@ -54,12 +54,15 @@ def _ok(results, suite: str) -> None:
         assert f"SELFTEST {suite} OK" in r.out, r.out + r.err[-3000:]
 
 
-@pytest.mark.parametrize("nranks,workers", [(2, "1"), (3, "2"), (4, "0")])
-def test_every_collective_and_algorithm(nranks, workers):
+@pytest.mark.parametrize("nranks,workers,secret", [(2, "1", ""), (3, "2", "s3cr3t-for-offload"),
+                                                   (4, "0", "")])
+def test_every_collective_and_algorithm(nranks, workers, secret):
     """The runtime selftest (every collective, every algorithm, the API) in offload mode:
-    exact results, as in-process."""
-    res = selftest(nranks, "all", env={**OFFLOAD, "POLYCAST_OFFLOAD_WORKERS": workers},
-                   timeout=180)
+    exact results, as in-process (with a job secret: every message and datagram MACed)."""
+    env = {**OFFLOAD, "POLYCAST_OFFLOAD_WORKERS": workers}
+    if secret:
+        env["POLYCAST_SECRET"] = secret
+    res = selftest(nranks, "all", env=env, timeout=180)
     _ok(res, "all")
     assert "algos=" in res[0].out and int(res[0].out.split("algos=")[1].split()[0]) > 30
     assert not _leftovers()
