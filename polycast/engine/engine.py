@@ -242,7 +242,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         ent = self._tokens.pop(token, None)
         if ent is None:
             return []
-        r, idx = ent
+        r, idx = ent[0], ent[1]
         out: list[Action] = []
         if r is None or self._reqs.get(r.req) is not r:
             return out
@@ -442,7 +442,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
               data: bytes = b"") -> None:
         token = self._next_token
         self._next_token += 1
-        self._tokens[token] = (r, idx)
+        self._tokens[token] = (r, idx, peer, h)     # peer and header: for diagnostics
         r.outstanding += 1
         r.tokens.add(token)
         st = self.stats

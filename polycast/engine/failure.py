@@ -45,7 +45,7 @@ class Failure:
                             len(data), r.sig)
             token = self._next_token
             self._next_token += 1
-            self._tokens[token] = (None, -1)
+            self._tokens[token] = (None, -1, p, h)
             st = self.stats
             st.aborts_out += 1
             st.control_messages_out += 1
@@ -136,5 +136,12 @@ class Failure:
             if not r.fin_received:
                 parts.append(f"FIN from rank {(self.rank - 1) % self.nranks}")
         if r.outstanding and not parts:
-            parts.append(f"{r.outstanding} sends not reported done")
+            sends = []
+            for token in sorted(r.tokens)[:4]:
+                ent = self._tokens.get(token)
+                if ent is not None:
+                    h = ent[3]
+                    sends.append(f"{h.kind} to rank {ent[2]}, {h.payload_nbytes} bytes")
+            parts.append(f"{r.outstanding} sends not reported done by the driver"
+                         + (f" ({'; '.join(sends)})" if sends else ""))
         return ", ".join(parts) or "nothing (internal error)"

@@ -152,6 +152,12 @@ class Ring:
         self._out.append([hdr_len, header, [memoryview(v).cast("B") for v in views if len(v)],
                           nbytes, token, 0])
 
+    def discard_queued(self) -> list:
+        """Forget every frame not yet (fully) written (the reader is gone); their tokens."""
+        tokens = [entry[4] for entry in self._out if entry[4] is not None]
+        self._out.clear()
+        return tokens
+
     def flush(self) -> tuple[list, bool]:
         """Copy queued frames into the ring while they fit. Returns (tokens of messages
         fully written, whether the reader asked for a doorbell)."""

@@ -62,6 +62,12 @@ class TcpLink:
         bufs.extend(v for v in views if len(v))
         self._out.append([collections.deque(memoryview(b).cast("B") for b in bufs), token])
 
+    def discard_queued(self) -> list:
+        """Forget every frame not yet written (the peer is gone); return their tokens."""
+        tokens = [token for _, token in self._out if token is not None]
+        self._out.clear()
+        return tokens
+
     def flush(self) -> list:
         """Write as much as the socket takes now; return the tokens of frames fully sent."""
         done = []

@@ -106,6 +106,8 @@ class PeerIO:
             try:
                 done.extend(peer.tcp.flush())
             except LinkClosed as exc:
+                if done:                # written to the ring before the socket broke
+                    self._on_sent(done)
                 self.mark_lost(r, str(exc))
                 return
         want = peer.tcp.want_write
@@ -182,6 +184,7 @@ class PeerIO:
                 # posts): tell the engine nothing. A call that still waits for it (ranks
                 # calling different numbers of collectives) ends at the engine's timeout.
                 self.gone[r] = "rank finalized"
+                self._discard_queued(r)
                 return
             self.mark_lost(r, f"connection lost: {exc}")
             return
@@ -202,6 +205,19 @@ class PeerIO:
             return
         self.lost[r] = reason
         self._on_lost(r, reason)
+        self._discard_queued(r)
+
+    def _discard_queued(self, r: int) -> None:
+        """Frames still queued to a peer that is gone will never leave: report them sent
+        (their memory may be reused), or a request waiting on their completion would wait
+        forever. Nothing is lost: a finalized peer needed none of them (an unneeded
+        recovery answer, say), and a lost one fails the requests that need it."""
+        peer = self.world.peers[r]
+        tokens = peer.tcp.discard_queued()
+        if peer.ring_out is not None:
+            tokens = peer.ring_out.discard_queued() + tokens
+        if tokens:
+            self._on_sent(tokens)
 
     def close(self) -> None:
         for peer in self.world.peers.values():
