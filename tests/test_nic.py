@@ -31,30 +31,32 @@ def _model(**kw):
 def test_dpa_preset_reproduces_the_paper():
     m = nic_preset("bf3-dpa")
     assert (m.cores, m.threads_per_core, m.clock_hz) == (16, 16, 1.8e9)
-    # one thread's receive path: 11.9 GiB/s of 4 KiB chunks
-    assert m.thread_chunks_per_s(4096) * 4096 / GIB == pytest.approx(11.9, rel=1e-9)
+    # a core's receive path: 11.9 GiB/s of 4 KiB chunks; one thread 11.9 Gibit/s
+    assert m.core_chunks_per_s(4096) * 4096 / GIB == pytest.approx(11.9, rel=1e-9)
+    assert m.thread_chunks_per_s(4096) * 4096 * 8 / GIB == pytest.approx(11.9, rel=1e-9)
     s = m.size_for(1.6e12, 4096)
     # 1.6 Tbit/s of 4 KiB chunks = 48.8 M chunks/s
     assert s.link_chunks_per_s == pytest.approx(48.83e6, rel=1e-3)
     assert s.keeps_up and s.chunks_per_s >= s.link_chunks_per_s
-    assert s.threads_needed <= 128                      # "at most 128 threads"
-    assert s.cores_needed == 16 == s.threads_needed     # one thread per core suffices
+    assert s.threads_to_saturate_core == 8
+    assert 120 < s.threads_needed <= 128                # the paper: at most 128 threads
+    assert s.cores_needed == 16
     # "about 590 cycles per chunk per core at 1.8 GHz": the link's budget, which the
-    # thread's 577 cycles fit
+    # core's 577 cycles of work fit
     assert s.cycle_budget_per_core == pytest.approx(590, abs=0.5)
     assert s.work_cycles == pytest.approx(577.0, abs=0.1)
     assert s.work_cycles < s.cycle_budget_per_core
 
 
-def test_dpa_with_latency_hidden_by_eight_threads_needs_the_papers_128():
-    """The other reading of the paper's numbers: one thread at 11.9 Gibit/s, a core's issue
-    limit still 11.9 GiB/s; eight hardware threads per core hide each other's stalls."""
+def test_dpa_literal_reading_one_thread_fills_a_core():
+    """The issue's words read literally (one *thread* at 11.9 GiB/s, no stall): the same
+    NIC capacity, but one thread per core suffices."""
     base = nic_preset("bf3-dpa")
-    m = base.with_overrides(stall_cycles_per_chunk=7 * base.cycles_per_chunk)
+    m = base.with_overrides(stall_cycles_per_chunk=0.0)
     s = m.size_for(1.6e12, 4096)
-    assert m.thread_chunks_per_s(4096) * 4096 * 8 / GIB == pytest.approx(11.9, rel=1e-9)
-    assert s.threads_to_saturate_core == 8
-    assert s.keeps_up and 120 < s.threads_needed <= 128
+    assert m.thread_chunks_per_s(4096) * 4096 / GIB == pytest.approx(11.9, rel=1e-9)
+    assert s.threads_to_saturate_core == 1
+    assert s.keeps_up and s.cores_needed == 16 == s.threads_needed
     assert s.chunks_per_s == pytest.approx(base.chunks_per_s(4096), rel=1e-12)
 
 
@@ -183,7 +185,7 @@ def test_cli_preset_table_and_plot(capsys, tmp_path):
     png = tmp_path / "rate.png"
     assert main(["nic", "--preset", "bf3-dpa", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "keeps up with the link: yes" in out and "16 cores, 16 threads" in out
+    assert "keeps up with the link: yes" in out and "16 cores, 126 threads" in out
     assert png.stat().st_size > 10_000
     assert main(["nic", "--preset", "host-python", "--link", "100Gbps", "--cores", "4",
                  "--json"]) == 0
@@ -221,4 +223,4 @@ def test_cli_runs_as_a_command():
                         "bf3-dpa", "--json"], capture_output=True, text=True, env=env,
                        timeout=60)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["threads_needed"] == 16
+    assert json.loads(r.stdout)["threads_needed"] == 126
