@@ -11,6 +11,7 @@ drop counters (a full switch buffer).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 
 from .netns import LabError, ip, tc
@@ -19,9 +20,18 @@ from .plan import LabPlan
 
 @dataclass
 class Snapshot:
-    """bytes and packets per directed link name (``h0->leaf0``, ``leaf0->spine``...)."""
+    """bytes and packets per directed link name (``h0->leaf0``, ``leaf0->spine``...), and
+    (when read with ``drops=True``) packets dropped by each link's full tbf queue."""
     nbytes: dict[str, int] = field(default_factory=dict)
     packets: dict[str, int] = field(default_factory=dict)
+    drops: dict[str, int] = field(default_factory=dict)
+    cpu_busy: int = 0                # the machine's busy and total CPU time (jiffies, all
+    cpu_total: int = 0               # cores) when read: a lab's hosts share its cores
+
+    def busy_cores(self, before: "Snapshot") -> float:
+        """Cores the whole machine kept busy between ``before`` and this snapshot."""
+        dt = self.cpu_total - before.cpu_total
+        return (self.cpu_busy - before.cpu_busy) / dt * (os.cpu_count() or 1) if dt > 0 else 0.0
 
 
 def _dev_stats(ns: str) -> dict[str, dict]:
@@ -32,9 +42,20 @@ def _dev_stats(ns: str) -> dict[str, dict]:
         raise LabError(f"cannot read link counters in {ns}: {e}") from None
 
 
-def read(plan: LabPlan) -> Snapshot:
+def _cpu() -> tuple[int, int]:
+    try:
+        with open("/proc/stat") as fh:
+            vals = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)          # idle + iowait
+    return sum(vals) - idle, sum(vals)
+
+
+def read(plan: LabPlan, drops: bool = False) -> Snapshot:
+    busy, total = _cpu()
     stats = {plan.leaf_ns(i): _dev_stats(plan.leaf_ns(i)) for i in range(plan.leaves)}
-    snap = Snapshot()
+    snap = Snapshot(cpu_busy=busy, cpu_total=total)
     for link in plan.links():
         st = stats[link.count_ns].get(link.count_dev)
         if st is None:
@@ -42,12 +63,16 @@ def read(plan: LabPlan) -> Snapshot:
                            "intact? (`polycast lab down` and up again)")
         snap.nbytes[link.name] = int(st[link.count_dir]["bytes"])
         snap.packets[link.name] = int(st[link.count_dir]["packets"])
+    if drops:
+        snap.drops = qdisc_drops(plan)
     return snap
 
 
 def diff(after: Snapshot, before: Snapshot) -> Snapshot:
     return Snapshot({k: v - before.nbytes.get(k, 0) for k, v in after.nbytes.items()},
-                    {k: v - before.packets.get(k, 0) for k, v in after.packets.items()})
+                    {k: v - before.packets.get(k, 0) for k, v in after.packets.items()},
+                    {k: v - before.drops.get(k, 0) for k, v in after.drops.items()},
+                    after.cpu_busy - before.cpu_busy, after.cpu_total - before.cpu_total)
 
 
 def by_layer(plan: LabPlan, snap: Snapshot) -> dict[str, int]:

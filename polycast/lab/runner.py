@@ -92,7 +92,7 @@ class _MarkServer(threading.Thread):
                     path = os.path.join(self.dir, f)
                     with open(path) as fh:
                         label = fh.read()
-                    snap = counters.read(self.plan)
+                    snap = counters.read(self.plan, drops=self.plan.link_bps is not None)
                     self.snaps.append((label, snap, time.monotonic()))
                     os.unlink(path)
                     with open(path[:-4] + ".ack", "w"):
