@@ -77,3 +77,20 @@ def test_host_model_bad_values():
         simulate("allgather", "ring", 4, MIB, _switch(4), host_gbps=0.0)
     with pytest.raises(SimulationError, match="host_latency_s"):
         simulate("allgather", "ring", 4, MIB, _switch(4), host_latency_s=-1.0)
+
+
+def test_cli_host_model_flags(capsys):
+    from polycast.cli.main import main
+    assert main(["sim", "allgather", "--nodes", "4", "--size", "1MiB", "--topology", "switch",
+                 "--host-latency", "soon"]) == 2
+    assert "cannot parse time" in capsys.readouterr().err
+    assert main(["sim", "allgather", "--nodes", "4", "--size", "1MiB", "--topology", "switch",
+                 "--host-gbps", "-1"]) == 2
+    assert "--host-gbps" in capsys.readouterr().err
+    assert main(["sim", "allgather", "--nodes", "4", "--size", "1MiB", "--topology", "switch",
+                 "--algo", "ring", "--host-gbps", "1", "--host-latency", "1ms", "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    row = out[0] if isinstance(out, list) else out
+    # 3 ring steps of 256 KiB at 1 Gbit/s (the host), each plus 1 ms of host latency.
+    assert row["time_s"] == pytest.approx(3 * (1e-3 + (1 << 18) * 8 / 1e9), rel=0.02)

@@ -62,6 +62,11 @@ def add_parser(sub) -> None:
                             " see polycast nic")
         c.add_argument("--placement", default="linear",
                        help="linear (rank r in slot r) or random (seeded shuffle)")
+        c.add_argument("--host-gbps", type=float, default=None,
+                       help="host model: each rank sends and receives at most this many "
+                            "Gbit/s, shared by its flows (default: hosts keep up with links)")
+        c.add_argument("--host-latency", default="0",
+                       help="host model: software time per message, e.g. 20us (default 0)")
         c.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
         c.add_argument("--plot", metavar="FILE", help="write a figure (png/pdf/svg)")
         c.set_defaults(func=run_collective, collective=coll.value)
@@ -138,6 +143,11 @@ def run_collective(args: argparse.Namespace) -> int:
     options = checks.algorithm_options(coll, names, _options(args.opt))
     checks.output_path(args.trace, "--trace", (".json",))
     checks.output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
+    from ..sim.topology import parse_seconds
+    host_latency_s = parse_seconds(args.host_latency)
+    if args.host_gbps is not None and not args.host_gbps > 0:
+        from ..errors import InvalidArgument
+        raise InvalidArgument(f"--host-gbps must be > 0, got {args.host_gbps:g}")
     nic = None
     if args.nic is not None:
         from ..models.nic import parse_nic
@@ -156,7 +166,8 @@ def run_collective(args: argparse.Namespace) -> int:
                                 dtype=args.dtype, root=args.root, nchunks=args.nchunks,
                                 channels=args.channels, options=options,
                                 loss=args.loss, seed=args.seed, record=record,
-                                placement=args.placement, nic=nic))
+                                placement=args.placement, nic=nic,
+                                host_gbps=args.host_gbps, host_latency_s=host_latency_s))
     if args.trace:
         from ..sim.trace import write_chrome_trace
         write_chrome_trace(args.trace, results)
