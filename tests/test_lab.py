@@ -185,8 +185,12 @@ def test_lab_up_every_mcast_collective_paced_and_lossy_then_down():
         assert drops > 0, "no queue overflowed: the lossy run tested nothing"
         assert sum(s["recovered_bytes"] for s in lossy) > 0
         assert sum(s["failed"] for s in stats + lossy) == 0
+        # A rank a crashed `lab run` left behind in a host: `down` ends it.
+        orphan = subprocess.Popen(["ip", "netns", "exec", plan.host_ns(1), "sleep", "120"],
+                                  start_new_session=True)
     finally:
         assert cli_main(["lab", "down", "--name", name]) == 0
+    assert orphan.wait(timeout=10) == -9
     assert _ours(name) == [] and netns.read_state(name) is None
 
 

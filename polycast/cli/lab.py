@@ -70,6 +70,7 @@ def _up(args) -> int:
     plan = LabPlan.parse(name=args.name, hosts=args.hosts, leaves=args.leaves, link=args.link,
                          uplink=args.uplink, mtu=args.mtu, buffer=args.buffer)
     netns.up(plan)
+    _cpu_note(plan)
     if args.json:
         print(json.dumps({"plan": plan.to_json(), "namespaces": plan.namespaces()}))
     else:
@@ -78,6 +79,26 @@ def _up(args) -> int:
               f"{plan.host_ns(plan.hosts - 1)}, hosts {plan.addr(0)}..{plan.addr(plan.hosts - 1)}); "
               f"`polycast lab run -- python script.py`, `polycast lab down`")
     return 0
+
+
+# Measured with bench/lab.py: 8 ranks moving 8 x 100 Mbit/s each way kept about one core
+# busy (Python ranks, kernel bridges and tbf included).
+HOST_TRAFFIC_BPS_PER_CORE = 0.8e9
+
+
+def _cpu_note(plan) -> None:
+    """Say so when the lab's links are faster than this machine's cores can feed."""
+    import os
+    if plan.link_bps is None:
+        return
+    need = plan.hosts * plan.link_bps / HOST_TRAFFIC_BPS_PER_CORE
+    cores = os.cpu_count() or 1
+    if need > 0.75 * cores:
+        print(f"note: {plan.hosts} hosts x {plan.link_bps / 1e9:g} Gbit/s would need about "
+              f"{need:.1f} cores of the {cores} here (about "
+              f"{HOST_TRAFFIC_BPS_PER_CORE / 1e9:g} Gbit/s of host traffic per core, "
+              "bench/lab.py); runs will be CPU-bound, not link-bound: lower --link",
+              file=sys.stderr)
 
 
 def _run(args) -> int:
