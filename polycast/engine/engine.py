@@ -93,6 +93,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         self._sig_cache: dict[tuple, tuple] = {}    # -> (schedule, sig)
         self._plans: dict[tuple, tuple] = {}        # (id(schedule), rank) -> (schedule, plan)
         self._grant_wait: deque = deque()           # (request, (src, tag)): RTS refused a grant
+        self._recent: dict[int, tuple] = {}         # seq -> (sig, description thunk): over
 
     # -- public state ---------------------------------------------------------------------
     @property
@@ -308,11 +309,14 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
             return
         r = self._by_seq.get(h.seq)
         if r is None:
+            if h.kind is _ABORT and h.seq in self._recent:
+                self._stale_abort(src, h, out)
+                return
             self._early.hold(True, src, h, payload, h.payload_nbytes, self._next_seq)
             return
         kind = h.kind
         if kind is _ABORT:
-            self._on_abort(r, src, h, payload, out)
+            self._on_abort(r, src, h, payload, now, out)
             return
         if h.sig != r.sig:
             self._mismatch(r, f"rank {src}'s {kind} message carries call signature "
@@ -464,6 +468,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         out.append(_complete(r.req))
 
     def _cleanup(self, r: Request, out: list) -> None:
+        self._remember_request(r)
         del self._reqs[r.req]
         self._by_seq.pop(r.seq, None)
         for tid in [r.op_timer, r.rec_timer, r.mis_timer, *r.pace_timers]:

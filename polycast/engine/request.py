@@ -58,10 +58,12 @@ class Request:
         until then."""
         d = self._desc
         if isinstance(d, tuple):
-            dtype, op = d
-            sc = self.sched
-            d = self._desc = (
-                f"{sc.collective} {sc.algorithm} (request {self.req}, seq {self.seq}, "
-                f"P={sc.nranks}, count={sc.count}, root={sc.root}"
-                + (f", {dtype}" if dtype else "") + (f", op={op}" if op else "") + ")")
+            d = self._desc = describe(self.sched, self.req, self.seq, *d)
         return d
+
+
+def describe(sched, req: int, seq: int, dtype: str, op: str) -> str:
+    """A posted call, as errors name it."""
+    return (f"{sched.collective} {sched.algorithm} (request {req}, seq {seq}, "
+            f"P={sched.nranks}, count={sched.count}, root={sched.root}"
+            + (f", {dtype}" if dtype else "") + (f", op={op}" if op else "") + ")")

@@ -86,6 +86,7 @@ class AbortReason(enum.IntEnum):
     OVERFLOW = 3
     PEER_LOST = 4
     OTHER = 5
+    INVALID = 6         # the sender's own arguments were bad: it never ran the call
 
 
 class WireError(ProtocolError):
