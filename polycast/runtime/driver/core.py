@@ -125,6 +125,17 @@ class Driver:
         with self.progress.lock:
             self._post_and_flush(comm_id, request, schedule, itemsize, dtype, op)
 
+    def refuse(self, comm_id: int, why: str) -> None:
+        """This rank will not run its next call on ``comm_id`` (its arguments failed the
+        checks here): the engine takes the call's turn and aborts the peers' call."""
+        if self.error is not None:
+            raise PolycastError(f"the progress thread died: {self.error!r}")
+        with self.progress.lock:
+            cs = self._comms.get(comm_id)
+            if cs is not None:
+                self._run(cs, cs.engine.refuse(why, time.monotonic()))
+                self.peers.flush_all()
+
     def drive(self, request: Request, deadline: float) -> None:
         """Progress from the calling thread until ``request`` is done or the deadline."""
         self.progress.drive(request, deadline)

@@ -62,12 +62,18 @@ class ActionRunner:
             t = type(a)
             if t is Deliver:
                 if a.region.req in bufs:
-                    bufs.deliver(a.region, a.payload, a.reduce)
+                    try:
+                        bufs.deliver(a.region, a.payload, a.reduce)
+                    except Exception as exc:        # fails the request, never the thread
+                        self._memory_failed(cs, a.region.req, exc)
             elif t is Send:
                 self._send(cs, a)
             elif t is Copy:
                 if a.src.req in bufs:
-                    bufs.copy(a.src, a.dst, a.reduce)
+                    try:
+                        bufs.copy(a.src, a.dst, a.reduce)
+                    except Exception as exc:
+                        self._memory_failed(cs, a.src.req, exc)
             elif t is Multicast:
                 self._multicast(cs, a)
             elif t is SetTimer:
@@ -83,6 +89,14 @@ class ActionRunner:
             elif t is Fail:
                 self.fail_request(a.req, a.error)
 
+    def _memory_failed(self, cs: CommState, req_id: int, exc: Exception) -> None:
+        """A memory operation of a request raised (a buffer that cannot take the data, an
+        op the dtype cannot take): that request fails, here and on every peer; the
+        progress thread and every other request go on."""
+        self.buffers.unregister(req_id)         # the request's remaining actions skip
+        self.run(cs, cs.engine.abort(req_id, f"its data could not be placed: "
+                                     f"{type(exc).__name__}: {exc}", time.monotonic()))
+
     def fail_request(self, req_id: int, error: BaseException) -> None:
         self.buffers.unregister(req_id)
         req = self.requests.pop(req_id, None)
@@ -91,8 +105,11 @@ class ActionRunner:
 
     def _send(self, cs: CommState, a: Send) -> None:
         if a.payload is not None and a.payload.nbytes:
-            views = [self.buffers.gather(a.payload)] if a.payload.req in self.buffers else []
-            nbytes = a.payload.nbytes if views else 0
+            if a.payload.req not in self.buffers:
+                return      # its request failed meanwhile: a header without its data
+                #             would only make the peer fail on a short payload
+            views = [self.buffers.gather(a.payload)]
+            nbytes = a.payload.nbytes
         elif a.data:
             views, nbytes = [a.data], len(a.data)
         else:
