@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .collectives import Collective, ReduceOp
+from . import ops as _ops
+from .collectives import Collective
 from .errors import InvalidArgument
 from .schedule.ir import Kind, Schedule
 
-# The in-place ufunc of each op; AVG sums, then divides once at the end (finalize).
-_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
-           ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}
+# Each op combines in place with ``op.combine(a, b, out=a)`` (a ufunc for most, see
+# polycast.ops); AVG sums, then divides once at the end (finalize).
 
 
 def apply_avg(arr: np.ndarray, nranks: int) -> None:
@@ -52,7 +52,7 @@ class _Req:
     avg: bool
     nranks: int
     result_here: bool               # this rank holds a result (AVG divides it)
-    op: ReduceOp | None = None
+    op: _ops.Op | None = None
     flat: dict[str, np.ndarray] = field(default_factory=dict)
 
 
@@ -63,7 +63,7 @@ class Buffers:
         self._reqs: dict[int, _Req] = {}
 
     def register(self, req: int, schedule: Schedule, rank: int, send: np.ndarray | None,
-                 recv: np.ndarray | None, op: str | ReduceOp | None = None) -> np.dtype:
+                 recv: np.ndarray | None, op=None) -> np.dtype:
         """Check the arrays against ``schedule`` (before anything is sent) and keep them.
 
         ``send``/``recv`` may be the same array (in place) and may be None when the rank's
@@ -104,12 +104,13 @@ class Buffers:
             arrays["tmp"] = np.empty(tmp.nelems, dtype)
         ropt = None
         if coll.has_op:
-            ropt = ReduceOp.parse(op if op is not None else "sum")
+            ropt = _ops.get(op if op is not None else "sum")
+            ropt.check(dtype, f"{coll}: ")
         elif op is not None:
-            ReduceOp.parse(op)          # still reject garbage names
+            _ops.get(op)                # still reject garbage names
         result_here = coll is not Collective.REDUCE or rank == schedule.root
-        self._reqs[req] = _Req(arrays, dtype, _UFUNCS[ropt] if ropt else None,
-                               ropt is ReduceOp.AVG, schedule.nranks, result_here, ropt)
+        self._reqs[req] = _Req(arrays, dtype, ropt.combine if ropt else None,
+                               ropt is _ops.AVG, schedule.nranks, result_here, ropt)
         return dtype
 
     def unregister(self, req: int) -> None:
