@@ -1,22 +1,56 @@
-"""mpi4py's buffer collectives on numpy arrays: the ``I``-forms post a schedule (or take
-the symmetric-memory path on one host) and return a :class:`Request`; the blocking forms
-wait on it."""
+"""mpi4py's buffer collectives: the ``I``-forms post a schedule (or take the
+symmetric-memory path on one host) and return a :class:`Request`; the blocking forms wait
+on it.
+
+Every argument is checked before anything moves (buffers and specs: :mod:`.buffers`; ops:
+:mod:`polycast.ops`). A check that fails on one rank fails the call on every rank: this
+rank raises InvalidArgument and still takes the call's turn (:meth:`CommCore._refused`),
+so the others raise InvalidArgument naming it and every rank's next call matches. Aliased
+arguments (``Allreduce(x, x)``, ``Alltoall(y, y)``, an Allgather sendbuf that is the rank's
+own block of recvbuf) are taken as ``IN_PLACE``, as MPI-4's bindings do for identical
+buffers; buffers that only partly overlap are refused.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import ops as _ops
 from ..collectives import Collective
 from ..errors import InvalidArgument
 from ..runtime import symm as _symm
 from ..runtime.driver import Request
-from .buffers import IN_PLACE, as_array
+from .buffers import IN_PLACE, check_disjoint, message, same_memory
+
+# Routing asks symmetric memory about "an ordinary array" when a rank's buffer is anything
+# else, so every rank takes the same path whatever it passed (bad arguments included).
+_PROBE = np.empty(0, np.uint8)
+
+
+def _probe(buf):
+    if type(buf) is np.ndarray and not buf.dtype.hasobject:
+        return buf
+    return _PROBE
+
+
+def _in_place(send, recv, call: str) -> bool:
+    """Whether ``send`` is ``recv`` itself (taken as IN_PLACE); partly overlapping
+    buffers are an error."""
+    if same_memory(send, recv):
+        return True
+    check_disjoint(send, recv, call)
+    return False
+
+
+def _root_ok(root, size: int) -> bool:
+    return isinstance(root, (int, np.integer)) and 0 <= root < size
 
 
 class BufferCollectives:
-    """Mixed into :class:`polycast.Comm`; uses its ``_post``, ``rank`` and ``size``."""
+    """Mixed into :class:`polycast.Comm`; uses its ``_post``, ``_refused``, ``rank`` and
+    ``size``."""
 
-    # -- buffer collectives (non-blocking) ------------------------------------------------
+    # -- broadcast, reduce ---------------------------------------------------------------
     # The symm path runs a blocking call on the caller's thread and a non-blocking one on
     # the communicator's worker (runtime/symm/queue.py): each collective it takes has one
     # body, told which.
@@ -24,80 +58,138 @@ class BufferCollectives:
         return self._bcast(buf, root, algorithm, False)
 
     def _bcast(self, buf, root, algorithm, blocking: bool) -> Request:
-        if (isinstance(root, int) and 0 <= root < self.size
-                and _symm.auto_staged(self, Collective.BROADCAST, algorithm, buf)):
-            req = _symm.staged_bcast(self, buf, root, blocking)
+        if _root_ok(root, self.size) and _symm.auto_staged(self, Collective.BROADCAST,
+                                                           algorithm, _probe(buf)):
+            with _symm._telling_peers(self, "bcast"):
+                b = message(buf, "buf", writable=self.rank != root)
+            req = _symm.staged_bcast(self, b, int(root), blocking)
             if req is not None:
                 return req
-        buf = as_array(buf, "buf")
-        return self._post(Collective.BROADCAST, buf if self.rank == root else None, buf,
-                          buf.size, root, algorithm=algorithm)
+        try:
+            self._check_root(root)
+            b = message(buf, "buf", writable=self.rank != root)
+            return self._post(Collective.BROADCAST, b if self.rank == root else None, b,
+                              b.size, root, algorithm=algorithm)
+        except Exception as exc:
+            raise self._refused("Bcast", exc)
 
     def Ireduce(self, sendbuf, recvbuf, op="sum", root: int = 0, *,
                 algorithm: str | None = None) -> Request:
-        if sendbuf is IN_PLACE:
-            if self.rank != root:
-                raise InvalidArgument("IN_PLACE in Reduce is only valid at the root")
-            recvbuf = as_array(recvbuf, "recvbuf")
-            sendbuf = recvbuf.copy()
-        sendbuf = as_array(sendbuf, "sendbuf")
-        if self.rank == root:
-            recvbuf = as_array(recvbuf, "recvbuf")
-        else:
-            recvbuf = None
-        return self._post(Collective.REDUCE, sendbuf, recvbuf, sendbuf.size, root, op,
-                          algorithm)
+        try:
+            self._check_root(root)
+            opx = _ops.get(op)
+            recv = None
+            if self.rank == root:
+                recv = message(recvbuf, "recvbuf", writable=True)
+            if sendbuf is IN_PLACE:
+                if self.rank != root:
+                    raise InvalidArgument("IN_PLACE in Reduce is only valid at the root")
+                send = recv.copy()
+            else:
+                send = message(sendbuf, "sendbuf")
+                if recv is not None and _in_place(send, recv, "Reduce"):
+                    send = recv.copy()
+            if not opx.commute:
+                return self._ordered_reduce(send, recv, opx, root)
+            return self._post(Collective.REDUCE, send, recv, send.size, root, opx.name,
+                              algorithm)
+        except Exception as exc:
+            raise self._refused("Reduce", exc)
 
     def Iallreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None
                    ) -> Request:
         return self._allreduce(sendbuf, recvbuf, op, algorithm, False)
 
     def _allreduce(self, sendbuf, recvbuf, op, algorithm, blocking: bool) -> Request:
-        path = _symm.route(self, Collective.ALLREDUCE, algorithm, sendbuf, recvbuf,
-                           sendbuf is IN_PLACE)
-        if path is _symm.SYMM:
-            return _symm.allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE, blocking)
-        if path is _symm.STAGED:
-            req = _symm.staged_allreduce(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE,
-                                         blocking)
-            if req is not None:
-                return req
-        recvbuf = as_array(recvbuf, "recvbuf")
-        # In place: the input is copied first, so every algorithm is safe to use.
-        sendbuf = recvbuf.copy() if sendbuf is IN_PLACE else as_array(sendbuf, "sendbuf")
-        if sendbuf.size != recvbuf.size:
-            raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got "
-                                  f"{sendbuf.size} and {recvbuf.size}")
-        return self._post(Collective.ALLREDUCE, sendbuf, recvbuf, recvbuf.size, 0, op,
-                          algorithm)
+        try:
+            opx = _ops.get(op)
+        except Exception as exc:
+            raise self._refused("Allreduce", exc)
+        in_place = sendbuf is IN_PLACE
+        if opx.builtin:
+            path = _symm.route(self, Collective.ALLREDUCE, algorithm, _probe(sendbuf),
+                               _probe(recvbuf), in_place)
+            if path is _symm.SYMM:
+                return _symm.allreduce(self, sendbuf, recvbuf, opx.name, in_place, blocking)
+            if path is _symm.STAGED:
+                with _symm._telling_peers(self, "allreduce"):
+                    recv, send, in_place = self._allreduce_args(sendbuf, recvbuf, opx)
+                req = _symm.staged_allreduce(self, send, recv, opx.name, in_place, blocking)
+                if req is not None:
+                    return req
+        try:
+            recv, send, in_place = self._allreduce_args(sendbuf, recvbuf, opx)
+            # In place: the input is copied first, so every algorithm is safe to use.
+            if in_place:
+                send = recv.copy()
+            if not opx.commute:
+                return self._ordered_allreduce(send, recv, opx)
+            return self._post(Collective.ALLREDUCE, send, recv, recv.size, 0, opx.name,
+                              algorithm)
+        except Exception as exc:
+            raise self._refused("Allreduce", exc)
 
+    @staticmethod
+    def _allreduce_args(sendbuf, recvbuf, opx):
+        recv = message(recvbuf, "recvbuf", writable=True)
+        in_place = sendbuf is IN_PLACE
+        send = recv if in_place else message(sendbuf, "sendbuf")
+        if not in_place and _in_place(send, recv, "Allreduce"):
+            send, in_place = recv, True
+        if send.size != recv.size:
+            raise InvalidArgument(f"Allreduce needs equal send and recv sizes, got "
+                                  f"{send.size} and {recv.size}")
+        if send.dtype != recv.dtype:
+            raise InvalidArgument(f"Allreduce: sendbuf dtype {send.dtype} and recvbuf "
+                                  f"dtype {recv.dtype} must match")
+        opx.check(recv.dtype, "Allreduce: ")
+        return recv, send, in_place
+
+    # -- allgather, reduce-scatter -------------------------------------------------------
     def Iallgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
         return self._allgather(sendbuf, recvbuf, algorithm, False)
 
     def _allgather(self, sendbuf, recvbuf, algorithm, blocking: bool) -> Request:
-        path = _symm.route(self, Collective.ALLGATHER, algorithm, sendbuf, recvbuf,
-                           sendbuf is IN_PLACE)
+        in_place = sendbuf is IN_PLACE
+        path = _symm.route(self, Collective.ALLGATHER, algorithm, _probe(sendbuf),
+                           _probe(recvbuf), in_place)
         if path is _symm.SYMM:
-            return _symm.allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE, blocking)
+            return _symm.allgather(self, sendbuf, recvbuf, in_place, blocking)
         if path is _symm.STAGED:
-            req = _symm.staged_allgather(self, sendbuf, recvbuf, sendbuf is IN_PLACE,
-                                         blocking)
+            with _symm._telling_peers(self, "allgather"):
+                recv, send, in_place = self._allgather_args(sendbuf, recvbuf)
+            req = _symm.staged_allgather(self, send, recv, in_place, blocking)
             if req is not None:
                 return req
-        recvbuf = as_array(recvbuf, "recvbuf")
-        if recvbuf.size % self.size:
-            raise InvalidArgument(f"Allgather recvbuf of {recvbuf.size} elements is not a "
-                                  f"multiple of the {self.size} ranks")
-        count = recvbuf.size // self.size
+        try:
+            recv, send, in_place = self._allgather_args(sendbuf, recvbuf)
+            if in_place:
+                send = send.copy()
+            return self._post(Collective.ALLGATHER, send, recv, send.size, 0,
+                              algorithm=algorithm)
+        except Exception as exc:
+            raise self._refused("Allgather", exc)
+
+    def _allgather_args(self, sendbuf, recvbuf):
+        """(recv, send, in place): send is this rank's block of recv when in place."""
+        P, r = self.size, self.rank
+        recv = message(recvbuf, "recvbuf", blocks=P, writable=True)
+        n = recv.size // P
+        mine = recv[r * n:(r + 1) * n]
         if sendbuf is IN_PLACE:
-            sendbuf = recvbuf[self.rank * count:(self.rank + 1) * count].copy()
-        sendbuf = as_array(sendbuf, "sendbuf")
-        if sendbuf.size != count:
-            raise InvalidArgument(f"Allgather: sendbuf has {sendbuf.size} elements, recvbuf "
-                                  f"needs {self.size} x {sendbuf.size} = "
-                                  f"{self.size * sendbuf.size}, got {recvbuf.size}")
-        return self._post(Collective.ALLGATHER, sendbuf, recvbuf, count, 0,
-                          algorithm=algorithm)
+            return recv, mine, True
+        send = message(sendbuf, "sendbuf")
+        if same_memory(send, mine):
+            return recv, mine, True
+        check_disjoint(send, recv, "Allgather")
+        if send.size != n:
+            raise InvalidArgument(f"Allgather: sendbuf has {send.size} elements, recvbuf "
+                                  f"needs {P} x {send.size} = {P * send.size}, got "
+                                  f"{recv.size}")
+        if send.dtype != recv.dtype:
+            raise InvalidArgument(f"Allgather: sendbuf is {send.dtype}, recvbuf "
+                                  f"{recv.dtype}: they must match")
+        return recv, send, False
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
                               algorithm: str | None = None) -> Request:
@@ -105,80 +197,140 @@ class BufferCollectives:
 
     def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, blocking: bool
                               ) -> Request:
-        path = _symm.route(self, Collective.REDUCE_SCATTER, algorithm, sendbuf, recvbuf,
-                           sendbuf is IN_PLACE)
-        if path is _symm.SYMM:
-            return _symm.reduce_scatter(self, sendbuf, recvbuf, op, sendbuf is IN_PLACE,
-                                        blocking)
-        if path is _symm.STAGED:
-            req = _symm.staged_reduce_scatter(self, sendbuf, recvbuf, op,
-                                              sendbuf is IN_PLACE, blocking)
-            if req is not None:
-                return req
-        recvbuf = as_array(recvbuf, "recvbuf")
-        if sendbuf is IN_PLACE:
-            if recvbuf.size % self.size:
-                raise InvalidArgument("Reduce_scatter_block IN_PLACE: recvbuf must hold "
-                                      f"{self.size} blocks, got {recvbuf.size} elements")
-            sendbuf = recvbuf.copy()
-            recvbuf = recvbuf[:recvbuf.size // self.size]
-        sendbuf = as_array(sendbuf, "sendbuf")
-        if sendbuf.size != self.size * recvbuf.size:
-            raise InvalidArgument(f"Reduce_scatter_block: sendbuf needs {self.size} x "
-                                  f"{recvbuf.size} = {self.size * recvbuf.size} elements, "
-                                  f"got {sendbuf.size}")
-        return self._post(Collective.REDUCE_SCATTER, sendbuf, recvbuf, recvbuf.size, 0, op,
-                          algorithm)
+        try:
+            opx = _ops.get(op)
+        except Exception as exc:
+            raise self._refused("Reduce_scatter_block", exc)
+        in_place = sendbuf is IN_PLACE
+        if opx.builtin:
+            path = _symm.route(self, Collective.REDUCE_SCATTER, algorithm, _probe(sendbuf),
+                               _probe(recvbuf), in_place)
+            if path is _symm.SYMM:
+                return _symm.reduce_scatter(self, sendbuf, recvbuf, opx.name, in_place,
+                                            blocking)
+            if path is _symm.STAGED:
+                with _symm._telling_peers(self, "reduce_scatter"):
+                    recv, send = self._reduce_scatter_args(sendbuf, recvbuf, opx)
+                req = _symm.staged_reduce_scatter(self, None if in_place else send,
+                                                  recv if not in_place else send,
+                                                  opx.name, in_place, blocking)
+                if req is not None:
+                    return req
+        try:
+            recv, send = self._reduce_scatter_args(sendbuf, recvbuf, opx)
+            if in_place:
+                send = send.copy()
+            if not opx.commute:
+                return self._ordered_reduce_scatter(send, recv, opx)
+            return self._post(Collective.REDUCE_SCATTER, send, recv, recv.size, 0, opx.name,
+                              algorithm)
+        except Exception as exc:
+            raise self._refused("Reduce_scatter_block", exc)
 
+    def _reduce_scatter_args(self, sendbuf, recvbuf, opx):
+        """(recv, send): recv the first block of recvbuf when in place (its P blocks are
+        the input)."""
+        P = self.size
+        if sendbuf is IN_PLACE:
+            full = message(recvbuf, "recvbuf", blocks=P, writable=True)
+            send, recv = full, full[:full.size // P]
+        else:
+            recv = message(recvbuf, "recvbuf", writable=True)
+            send = message(sendbuf, "sendbuf")
+            check_disjoint(send, recv, "Reduce_scatter_block")
+            if send.size != P * recv.size:
+                raise InvalidArgument(f"Reduce_scatter_block: sendbuf needs {P} x "
+                                      f"{recv.size} = {P * recv.size} elements, got "
+                                      f"{send.size}")
+            if send.dtype != recv.dtype:
+                raise InvalidArgument(f"Reduce_scatter_block: sendbuf dtype {send.dtype} "
+                                      f"and recvbuf dtype {recv.dtype} must match")
+        opx.check(recv.dtype, "Reduce_scatter_block: ")
+        return recv, send
+
+    # -- scatter, gather, alltoall -------------------------------------------------------
     def Iscatter(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
                  ) -> Request:
-        after = None
-        if recvbuf is IN_PLACE:
-            if self.rank != root:
-                raise InvalidArgument("IN_PLACE in Scatter is only valid at the root")
-            sendbuf = as_array(sendbuf, "sendbuf")
-            recvbuf = np.empty(sendbuf.size // self.size, sendbuf.dtype)
-        recvbuf = as_array(recvbuf, "recvbuf")
-        if self.rank == root:
-            sendbuf = as_array(sendbuf, "sendbuf")
-            if sendbuf.size != self.size * recvbuf.size:
-                raise InvalidArgument(f"Scatter: sendbuf needs {self.size} x {recvbuf.size} "
-                                      f"elements, got {sendbuf.size}")
-        else:
-            sendbuf = None
-        return self._post(Collective.SCATTER, sendbuf, recvbuf, recvbuf.size, root,
-                          algorithm=algorithm, after=after)
+        try:
+            self._check_root(root)
+            P = self.size
+            send = None
+            if self.rank == root:
+                send = message(sendbuf, "sendbuf", blocks=P)
+                n = send.size // P
+                if recvbuf is IN_PLACE:
+                    recv = np.empty(n, send.dtype)      # the root's block stays put
+                else:
+                    recv = message(recvbuf, "recvbuf", writable=True)
+                    if same_memory(recv, send[root * n:(root + 1) * n]):
+                        recv = np.empty(n, send.dtype)
+                    else:
+                        check_disjoint(send, recv, "Scatter")
+                    if send.size != P * recv.size:
+                        raise InvalidArgument(f"Scatter: sendbuf needs {P} x {recv.size} "
+                                              f"elements, got {send.size}")
+            else:
+                if recvbuf is IN_PLACE:
+                    raise InvalidArgument("IN_PLACE in Scatter is only valid at the root")
+                recv = message(recvbuf, "recvbuf", writable=True)
+            return self._post(Collective.SCATTER, send, recv, recv.size, root,
+                              algorithm=algorithm)
+        except Exception as exc:
+            raise self._refused("Scatter", exc)
 
     def Igather(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
                 ) -> Request:
-        if sendbuf is IN_PLACE:
-            if self.rank != root:
-                raise InvalidArgument("IN_PLACE in Gather is only valid at the root")
-            recvbuf = as_array(recvbuf, "recvbuf")
-            n = recvbuf.size // self.size
-            sendbuf = recvbuf[root * n:(root + 1) * n].copy()
-        sendbuf = as_array(sendbuf, "sendbuf")
-        if self.rank == root:
-            recvbuf = as_array(recvbuf, "recvbuf")
-            if recvbuf.size != self.size * sendbuf.size:
-                raise InvalidArgument(f"Gather: recvbuf needs {self.size} x {sendbuf.size} "
-                                      f"elements, got {recvbuf.size}")
-        else:
-            recvbuf = None
-        return self._post(Collective.GATHER, sendbuf, recvbuf, sendbuf.size, root,
-                          algorithm=algorithm)
+        try:
+            self._check_root(root)
+            P = self.size
+            recv = None
+            if self.rank == root:
+                recv = message(recvbuf, "recvbuf", blocks=P, writable=True)
+                n = recv.size // P
+                mine = recv[root * n:(root + 1) * n]
+                if sendbuf is IN_PLACE:
+                    send = mine.copy()
+                else:
+                    send = message(sendbuf, "sendbuf")
+                    if same_memory(send, mine):
+                        send = mine.copy()
+                    else:
+                        check_disjoint(send, recv, "Gather")
+                if recv.size != P * send.size:
+                    raise InvalidArgument(f"Gather: recvbuf needs {P} x {send.size} "
+                                          f"elements, got {recv.size}")
+            else:
+                if sendbuf is IN_PLACE:
+                    raise InvalidArgument("IN_PLACE in Gather is only valid at the root")
+                send = message(sendbuf, "sendbuf")
+            return self._post(Collective.GATHER, send, recv, send.size, root,
+                              algorithm=algorithm)
+        except Exception as exc:
+            raise self._refused("Gather", exc)
 
     def Ialltoall(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
-        recvbuf = as_array(recvbuf, "recvbuf")
-        sendbuf = recvbuf.copy() if sendbuf is IN_PLACE else as_array(sendbuf, "sendbuf")
-        if sendbuf.size != recvbuf.size or sendbuf.size % self.size:
-            raise InvalidArgument(f"Alltoall needs equal send and recv sizes divisible by "
-                                  f"{self.size} ranks, got {sendbuf.size} and {recvbuf.size}")
-        return self._post(Collective.ALLTOALL, sendbuf, recvbuf, sendbuf.size // self.size,
-                          0, algorithm=algorithm)
+        try:
+            P = self.size
+            recv = message(recvbuf, "recvbuf", blocks=P, writable=True)
+            if sendbuf is IN_PLACE:
+                send = recv.copy()
+            else:
+                send = message(sendbuf, "sendbuf", blocks=P)
+                if _in_place(send, recv, "Alltoall"):
+                    send = recv.copy()
+            if send.size != recv.size:
+                raise InvalidArgument(f"Alltoall needs equal send and recv sizes divisible "
+                                      f"by {P} ranks, got {send.size} and {recv.size}")
+            return self._post(Collective.ALLTOALL, send, recv, send.size // P, 0,
+                              algorithm=algorithm)
+        except Exception as exc:
+            raise self._refused("Alltoall", exc)
 
     def Ibarrier(self, *, algorithm: str | None = None) -> Request:
-        return self._post(Collective.BARRIER, None, None, 0, 0, algorithm=algorithm)
+        try:
+            return self._post(Collective.BARRIER, None, None, 0, 0, algorithm=algorithm)
+        except Exception as exc:
+            raise self._refused("Barrier", exc)
 
     # -- blocking forms -------------------------------------------------------------------
     def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:

@@ -10,13 +10,15 @@ import threading
 
 import numpy as np
 
+from .. import ops as _ops
 from ..algorithms import build
 from ..collectives import Collective
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, PolycastError
+from ..schedule.guard import agreed
 from ..runtime import symm as _symm
 from ..runtime.driver import Driver, Request
 from . import choice
-from .buffers import dtype_name, op_name
+from .buffers import dtype_name
 
 UNDEFINED = -32766          # Split color for "not in any new communicator" (as MPI.UNDEFINED)
 
@@ -75,7 +77,9 @@ class CommCore:
         with self._lock:
             sched = self._schedules.get(key)
             if sched is None:
-                sched = build(coll, algo, P, count, root=root, nchunks=nchunks)
+                # agreed(): no rank may finish a call another rank refused (see
+                # polycast.schedule.guard), so rooted schedules get an entry barrier.
+                sched = agreed(build(coll, algo, P, count, root=root, nchunks=nchunks))
                 self._schedules[key] = sched
                 if len(self._schedules) > 64:
                     self._schedules.popitem(last=False)
@@ -89,12 +93,11 @@ class CommCore:
               dtype: np.dtype | None = None, after=None) -> Request:
         if self._freed:
             raise InvalidArgument(f"{self!r} was freed")
-        if coll.rooted and not (isinstance(root, int) and 0 <= root < self.size):
-            raise InvalidArgument(f"root {root!r} out of range: valid roots are "
-                                  f"0..{self.size - 1}")
+        if coll.rooted:
+            root = self._check_root(root)
         opname = ""
         if coll.has_op:
-            opname = op_name(op if op is not None else "sum")
+            opname = _ops.get(op if op is not None else "sum").name
         dt = np.dtype(dtype if dtype is not None else
                       (send.dtype if send is not None else
                        (recv.dtype if recv is not None else np.uint8)))
@@ -119,6 +122,33 @@ class CommCore:
         ``np.empty``. Not collective."""
         alloc = getattr(self._driver, "empty", None)
         return alloc(shape, dtype) if alloc is not None else np.empty(shape, dtype)
+
+    def _check_root(self, root) -> int:
+        if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) \
+                or not 0 <= root < self.size:
+            raise InvalidArgument(f"root {root!r} out of range: valid roots are "
+                                  f"0..{self.size - 1}")
+        return int(root)
+
+    def _refused(self, call: str, exc: BaseException) -> BaseException:
+        """A call failed its checks on this rank before it was posted: the engine still
+        takes the call's turn and aborts the peers' call with the reason (so every rank
+        raises, and every rank's next call matches). Returns the error to raise here:
+        InvalidArgument (a raw TypeError/ValueError from checking becomes one)."""
+        err = exc
+        if not isinstance(exc, PolycastError):
+            if not isinstance(exc, (TypeError, ValueError, IndexError, OverflowError,
+                                    AttributeError, BufferError)):
+                return exc                      # not an argument problem: as it is
+            err = InvalidArgument(f"{call}: {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+        refuse = getattr(self._driver, "refuse", None)
+        if not self._freed and refuse is not None:
+            try:
+                refuse(self.id, f"rank {self.rank}: {err}")
+            except PolycastError:
+                pass                            # a dead progress thread: nobody to tell
+        return err
 
     # -- symmetric memory (one host) ------------------------------------------------------
     def takes_symm(self, coll: Collective, dtype, algorithm: str | None = None) -> bool:
