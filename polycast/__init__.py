@@ -24,4 +24,8 @@ __all__ = [
 # The runtime's user API (mpi4py style): comm = polycast.init(); comm.Allreduce(...)
 from .comm import IN_PLACE, UNDEFINED, Comm, finalize, init  # noqa: E402
 from .runtime.driver import Request  # noqa: E402
-__all__ += ["init", "finalize", "Comm", "Request", "IN_PLACE", "UNDEFINED"]
+from .ops import (AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC,  # noqa: E402
+                  PROD, SUM, Op)
+__all__ += ["init", "finalize", "Comm", "Request", "IN_PLACE", "UNDEFINED", "Op", "SUM",
+            "PROD", "MIN", "MAX", "AVG", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+            "MAXLOC", "MINLOC"]

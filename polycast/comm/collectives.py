@@ -89,12 +89,13 @@ class BufferCollectives:
                 send = message(sendbuf, "sendbuf")
                 if recv is not None and _in_place(send, recv, "Reduce"):
                     send = recv.copy()
-            if not opx.commute:
-                return self._ordered_reduce(send, recv, opx, root)
-            return self._post(Collective.REDUCE, send, recv, send.size, root, opx.name,
-                              algorithm)
+            if opx.commute:
+                return self._post(Collective.REDUCE, send, recv, send.size, root, opx.name,
+                                  algorithm)
+            opx.check(send.dtype, "Reduce: ")
         except Exception as exc:
             raise self._refused("Reduce", exc)
+        return self._ordered_reduce(send, recv, opx, root)     # its own calls refuse
 
     def Iallreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None
                    ) -> Request:
@@ -122,12 +123,12 @@ class BufferCollectives:
             # In place: the input is copied first, so every algorithm is safe to use.
             if in_place:
                 send = recv.copy()
-            if not opx.commute:
-                return self._ordered_allreduce(send, recv, opx)
-            return self._post(Collective.ALLREDUCE, send, recv, recv.size, 0, opx.name,
-                              algorithm)
+            if opx.commute:
+                return self._post(Collective.ALLREDUCE, send, recv, recv.size, 0, opx.name,
+                                  algorithm)
         except Exception as exc:
             raise self._refused("Allreduce", exc)
+        return self._ordered_allreduce(send, recv, opx)
 
     @staticmethod
     def _allreduce_args(sendbuf, recvbuf, opx):
@@ -220,12 +221,12 @@ class BufferCollectives:
             recv, send = self._reduce_scatter_args(sendbuf, recvbuf, opx)
             if in_place:
                 send = send.copy()
-            if not opx.commute:
-                return self._ordered_reduce_scatter(send, recv, opx)
-            return self._post(Collective.REDUCE_SCATTER, send, recv, recv.size, 0, opx.name,
-                              algorithm)
+            if opx.commute:
+                return self._post(Collective.REDUCE_SCATTER, send, recv, recv.size, 0,
+                                  opx.name, algorithm)
         except Exception as exc:
             raise self._refused("Reduce_scatter_block", exc)
+        return self._ordered_reduce_scatter(send, recv, opx)
 
     def _reduce_scatter_args(self, sendbuf, recvbuf, opx):
         """(recv, send): recv the first block of recvbuf when in place (its P blocks are

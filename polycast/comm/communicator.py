@@ -5,9 +5,10 @@ from __future__ import annotations
 from .collectives import BufferCollectives
 from .core import CommCore
 from .objects import ObjectMethods
+from .ordered import OrderedReductions
 
 
-class Comm(BufferCollectives, ObjectMethods, CommCore):
+class Comm(BufferCollectives, OrderedReductions, ObjectMethods, CommCore):
     """A communicator. Made by :func:`polycast.init` (the world), :meth:`Split` and
     :meth:`Dup`. mpi4py's buffer methods (:mod:`.collectives`), lowercase object methods
     (:mod:`.objects`); identity, posting and Split/Dup/Free in :mod:`.core`; which algorithm

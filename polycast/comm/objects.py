@@ -4,12 +4,11 @@ collectives."""
 from __future__ import annotations
 
 import functools
-import operator
 import pickle
 
 import numpy as np
 
-from ..collectives import ReduceOp
+from .. import ops as _ops
 from ..errors import InvalidArgument
 
 
@@ -81,15 +80,17 @@ class ObjectMethods:
         return pickle.loads(mine[:int(sizes[self.rank])].tobytes())
 
     def allreduce(self, obj, op="sum"):
-        """Reduce Python objects with ``op`` (sum/prod/min/max or a 2-argument callable)."""
-        values = self.allgather(obj)
-        if callable(op):
-            fn = op
-        else:
-            name = ReduceOp.parse(op)
-            fn = {ReduceOp.SUM: operator.add, ReduceOp.PROD: operator.mul,
-                  ReduceOp.MIN: min, ReduceOp.MAX: max}.get(name)
-            if fn is None:
-                raise InvalidArgument(f"allreduce of objects supports sum, prod, min, max or "
-                                      f"a callable, got {op!r}")
-        return functools.reduce(fn, values)
+        """Reduce Python objects with ``op`` (a polycast op or its name, or a 2-argument
+        callable), in rank order."""
+        values = self.allgather(obj)       # first: a bad op here must not strand peers
+        return functools.reduce(_object_op(op), values)
+
+
+def _object_op(op):
+    if callable(op) and not isinstance(op, _ops.Op):
+        return op
+    opx = _ops.get(op)
+    if opx.fn is not None:
+        raise InvalidArgument(f"{opx!r} works on buffers; for objects pass a 2-argument "
+                              "callable")
+    return opx
