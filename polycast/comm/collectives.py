@@ -20,6 +20,9 @@ from ..collectives import Collective
 from ..errors import InvalidArgument
 from ..runtime import symm as _symm
 from ..runtime.driver import Request
+# A rank whose own arguments fail on the symmetric-memory path still joins its opening
+# barrier, as "cannot take part", so the peers raise at once.
+from ..runtime.symm.common import _telling_peers as _symm_telling_peers
 from .buffers import IN_PLACE, check_disjoint, message, same_memory
 
 # Routing asks symmetric memory about "an ordinary array" when a rank's buffer is anything
@@ -60,7 +63,7 @@ class BufferCollectives:
     def _bcast(self, buf, root, algorithm, blocking: bool) -> Request:
         if _root_ok(root, self.size) and _symm.auto_staged(self, Collective.BROADCAST,
                                                            algorithm, _probe(buf)):
-            with _symm._telling_peers(self, "bcast"):
+            with _symm_telling_peers(self, "bcast"):
                 b = message(buf, "buf", writable=self.rank != root)
             req = _symm.staged_bcast(self, b, int(root), blocking)
             if req is not None:
@@ -113,7 +116,7 @@ class BufferCollectives:
             if path is _symm.SYMM:
                 return _symm.allreduce(self, sendbuf, recvbuf, opx.name, in_place, blocking)
             if path is _symm.STAGED:
-                with _symm._telling_peers(self, "allreduce"):
+                with _symm_telling_peers(self, "allreduce"):
                     recv, send, in_place = self._allreduce_args(sendbuf, recvbuf, opx)
                 req = _symm.staged_allreduce(self, send, recv, opx.name, in_place, blocking)
                 if req is not None:
@@ -157,7 +160,7 @@ class BufferCollectives:
         if path is _symm.SYMM:
             return _symm.allgather(self, sendbuf, recvbuf, in_place, blocking)
         if path is _symm.STAGED:
-            with _symm._telling_peers(self, "allgather"):
+            with _symm_telling_peers(self, "allgather"):
                 recv, send, in_place = self._allgather_args(sendbuf, recvbuf)
             req = _symm.staged_allgather(self, send, recv, in_place, blocking)
             if req is not None:
@@ -210,7 +213,7 @@ class BufferCollectives:
                 return _symm.reduce_scatter(self, sendbuf, recvbuf, opx.name, in_place,
                                             blocking)
             if path is _symm.STAGED:
-                with _symm._telling_peers(self, "reduce_scatter"):
+                with _symm_telling_peers(self, "reduce_scatter"):
                     recv, send = self._reduce_scatter_args(sendbuf, recvbuf, opx)
                 req = _symm.staged_reduce_scatter(self, None if in_place else send,
                                                   recv if not in_place else send,
