@@ -240,3 +240,25 @@ def test_down_after_a_crash_mid_build():
     assert sorted(_ours(name)) == sorted(state["namespaces"])
     assert cli_main(["lab", "down", "--name", name]) == 0
     assert _ours(name) == [] and netns.read_state(name) is None
+
+
+@root
+@pytest.mark.root
+@pytest.mark.slow
+def test_every_mcast_collective_with_injected_faults():
+    """The runtime's fault hook (POLYCAST_FAULTS: loss, duplicates, reordering, replays
+    where datagrams are read) on every host of a 2-leaf lab: every multicast collective
+    still exact, and the recovery really ran."""
+    import importlib.util
+    if importlib.util.find_spec("polycast.runtime.faults") is None:
+        pytest.skip("the runtime's POLYCAST_FAULTS hook (polycast.runtime.faults) is not in "
+                    "this tree")
+    name = _name("f")
+    netns.up(LabPlan.parse(name=name, hosts=4, leaves=2, link="200Mbps", uplink="2:1"))
+    try:
+        stats = _run_selftest(name, POLYCAST_FAULTS="loss=0.05,dup=0.02,reorder=0.05,seed=3")
+        assert sum(s["recovered_bytes"] for s in stats) > 0
+        assert sum(s["failed"] for s in stats) == 0
+    finally:
+        netns.down(name)
+    assert _ours(name) == [] and netns.read_state(name) is None
