@@ -74,6 +74,18 @@ def _rank_main() -> int:
                                                      algorithm=algo),
                   lambda: check(f"{label}-reduce-scatter/data", bool((rs == P).all())))
 
+    # A done-callback fires without anyone waiting: from the symm worker (auto) and from
+    # the progress thread (engine).
+    import threading
+    for label, algo in (("auto", None), ("engine", "ring")):
+        fired = threading.Event()
+        y = np.empty(n, np.float32)
+        req = comm.Iallreduce(x, y, algorithm=algo)
+        req.add_done_callback(lambda _r: fired.set())
+        check(f"{label}-callback/fired", fired.wait(30))
+        req.Wait()
+        check(f"{label}-callback/data", bool((y == total).all()))
+
     # Several outstanding calls of both paths and blocking ones between them: data right,
     # waited in reverse order.
     outs = [np.empty(n, np.float32) for _ in range(3)]
@@ -115,3 +127,33 @@ def test_nonblocking_calls_are_pending_while_a_peer_is_held_back(nranks, tmp_pat
     for res in results:
         assert res.returncode == 0 and OK in res.out, (
             f"rank {res.rank} exit {res.returncode}\n{res.out[-3000:]}\n{res.err[-3000:]}")
+
+
+def test_done_callback_runs_once_at_completion_or_at_once():
+    import threading
+
+    from polycast.errors import PolycastError
+    from polycast.runtime.driver import Request
+
+    seen = []
+    req = Request(1, 0, "test request", 5.0)
+    req.add_done_callback(lambda r: seen.append(("first", r.error)))
+    assert seen == []
+    err = PolycastError("boom")
+    threading.Thread(target=req._finish, args=(err,)).start()
+    deadline = __import__("time").monotonic() + 5
+    while not seen and __import__("time").monotonic() < deadline:
+        pass
+    assert seen == [("first", err)]
+    req.add_done_callback(lambda r: seen.append(("late", r.error)))   # already done: now
+    assert seen == [("first", err), ("late", err)]
+    with pytest.raises(PolycastError, match="boom"):
+        req.Wait()
+
+    # A raising callback is reported, and the others still run.
+    ok = Request(2, 0, "test request", 5.0)
+    ok.add_done_callback(lambda r: 1 / 0)
+    ok.add_done_callback(lambda r: seen.append("after"))
+    with pytest.warns(RuntimeWarning, match="done-callback"):
+        ok._finish()
+    assert seen[-1] == "after" and ok.Test()

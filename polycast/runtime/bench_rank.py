@@ -75,12 +75,18 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
     for _ in range(warmup):
         once()
     comm.Barrier()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for _ in range(iters):
         once()
     elapsed = (time.perf_counter() - t0) / max(1, iters)
+    # CPU seconds of this process (every thread) per call: what a call costs the machine,
+    # which holds under other load where wall time does not.
+    cpu = (time.process_time() - c0) / max(1, iters)
     times = np.empty(P, np.float64)
     comm.Allgather(np.array([elapsed]), times)
+    cpus = np.empty(P, np.float64)
+    comm.Allgather(np.array([cpu]), cpus)
     correct = None
     if check:
         expect = reference(coll, inputs, root=root, op=op)
@@ -103,6 +109,7 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
         "collective": str(coll), "algorithm": name, "nranks": P, "nbytes": S,
         "count": count, "dtype": str(dt), "op": op if coll.has_op else "", "root": root,
         "time_us": t * 1e6, "algbw": algbw, "busbw": algbw * coll.busbw_factor(P),
+        "cpu_us": float(cpus.mean()) * 1e6,
         "correct": correct, "iters": iters,
         "transport": ",".join(sorted(set(comm.transports().values()))) or "self",
         "recovered_bytes": (st1.recovered_bytes - rec0) if st1 is not None else 0,

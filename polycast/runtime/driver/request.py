@@ -10,8 +10,20 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 
 from ...errors import CollectiveTimeout, PolycastError
+
+# Guards the callback lists of every request (uncontended: ~0.1 us a request).
+_CALLBACK_LOCK = threading.Lock()
+
+
+def _call_back(fn, request) -> None:
+    try:
+        fn(request)
+    except Exception as exc:        # the progress loop must go on
+        warnings.warn(f"polycast: a done-callback of {request.desc} raised {exc!r}",
+                      RuntimeWarning, stacklevel=2)
 
 
 class Request:
@@ -21,7 +33,7 @@ class Request:
     messages, and formatting it on every small call measured ~2 us."""
 
     __slots__ = ("req", "comm", "_desc", "_done", "_ev", "error", "timeout_seconds",
-                 "on_done", "result", "driver")
+                 "on_done", "result", "driver", "_callbacks")
 
     def __init__(self, req: int, comm: int, desc, timeout_seconds: float) -> None:
         self.req, self.comm, self._desc = req, comm, desc
@@ -34,6 +46,7 @@ class Request:
         self.on_done = None          # called with the request in the waiting thread
         self.result = None
         self.driver = None
+        self._callbacks: list | None = None
 
     @property
     def desc(self) -> str:
@@ -48,6 +61,26 @@ class Request:
         ev = self._ev                # set after _done: a waiter that made ev sees one of them
         if ev is not None:
             ev.set()
+        with _CALLBACK_LOCK:      # after _done: a callback added meanwhile is seen here
+            fns, self._callbacks = self._callbacks, None
+        if fns:
+            for fn in fns:
+                _call_back(fn, self)
+
+    def add_done_callback(self, fn) -> None:
+        """Call ``fn(request)`` once the request has completed or failed (at once if it
+        has), from the thread that finished it: the progress thread, a thread driving
+        progress, or the communicator's symm worker. After it, ``Wait``/``Test`` do not
+        block; call one of them to finish the call (it raises the request's error and runs
+        its last step). Keep ``fn`` short and non-blocking (set an event, queue work): it
+        runs inside the progress loop. An exception from it is reported as a warning."""
+        with _CALLBACK_LOCK:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        _call_back(fn, self)
 
     def Test(self) -> bool:
         """True once done (raises the request's error if it failed)."""
