@@ -1,7 +1,10 @@
 """Start N local ranks of a Python script: ``polycast run -n 4 script.py ARGS``.
 
-Each rank gets the POLYCAST_* environment (see :mod:`polycast.runtime.env`) and its output
-is forwarded with a ``[rank N]`` prefix (stdout to stdout, stderr to stderr).
+Each rank gets the POLYCAST_* environment (see :mod:`polycast.runtime.env`) and, so that
+``torch.distributed.init_process_group`` works too, torch's RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a port of its own: torch's rank 0 serves
+its TCPStore there). Its output is forwarded with a ``[rank N]`` prefix (stdout to
+stdout, stderr to stderr).
 
 How a job ends:
 
@@ -59,8 +62,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def rank_env(rank: int, nranks: int, port: int, job_id: str, base: dict | None = None,
-             extra: dict | None = None) -> dict[str, str]:
+             extra: dict | None = None, torch_port: int | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    if torch_port is not None:
+        env.update({"RANK": str(rank), "WORLD_SIZE": str(nranks), "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(nranks), "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(torch_port)})
     env.update({
         "POLYCAST_RANK": str(rank), "POLYCAST_SIZE": str(nranks),
         "POLYCAST_LOCAL_RANK": str(rank), "POLYCAST_LOCAL_SIZE": str(nranks),
@@ -213,6 +220,9 @@ def launch(nranks: int, command: list[str], *, port: int | None = None,
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr.buffer
     port = port or free_port()
+    torch_port = free_port()
+    while torch_port == port:
+        torch_port = free_port()
     job_id = secrets.token_hex(6)
     argv = [sys.executable] + list(command)
     lock = threading.Lock()
@@ -224,7 +234,9 @@ def launch(nranks: int, command: list[str], *, port: int | None = None,
     status = 1
     try:
         for r in range(nranks):
-            proc = subprocess.Popen(argv_for(r) if argv_for else argv, env=rank_env(r, nranks, port, job_id, extra=extra),
+            proc = subprocess.Popen(argv_for(r) if argv_for else argv,
+                                    env=rank_env(r, nranks, port, job_id, extra=extra,
+                                                 torch_port=torch_port),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True,
                                     preexec_fn=preexec)

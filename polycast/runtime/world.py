@@ -8,6 +8,10 @@
    rings; the TCP connection then only carries doorbells and detects a dead peer.
 5. A final store barrier; the master then closes the store (later communicators are made
    with collectives, not the store).
+
+A caller that already runs a key-value store (torch.distributed hands its backends one)
+passes it as ``connect(..., store=...)``: steps 2-5 then go through it, nothing listens
+on the master port, and the store is left open (see :class:`KeyValueStore`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..errors import CollectiveTimeout, InvalidArgument, PolycastError
 from . import auth
@@ -58,6 +63,15 @@ class World:
     key: bytes | None = field(default=None, repr=False)
 
 
+class KeyValueStore(Protocol):
+    """What the bootstrap needs of a rendezvous store (:class:`StoreClient` is one).
+    Every call is bounded; ``wait`` raises CollectiveTimeout when the key does not come."""
+
+    def set(self, key: str, value: bytes | str) -> None: ...
+    def wait(self, key: str, timeout: float | None = None) -> bytes: ...
+    def add(self, key: str, amount: int = 1) -> int: ...
+
+
 def _transport_choice(transport: str | None) -> str:
     t = (transport or os.environ.get("POLYCAST_TRANSPORT") or "auto").lower()
     if t not in TRANSPORTS:
@@ -84,8 +98,10 @@ def _barrier(store: StoreClient, name: str, size: int, timeout: float) -> None:
 
 
 def connect(env: JobEnv, transport: str | None = None,
-            ring_nbytes: int | None = None) -> World:
-    """Rendezvous and connect every pair of ranks; bounded by ``env.timeout_seconds``."""
+            ring_nbytes: int | None = None, store: KeyValueStore | None = None) -> World:
+    """Rendezvous and connect every pair of ranks; bounded by ``env.timeout_seconds``.
+    ``store``: rendezvous through this store (its keys must be private to this group of
+    ranks) instead of serving one at ``env.master_addr:master_port``."""
     choice = _transport_choice(transport)
     timeout = env.timeout_seconds
     deadline = time.monotonic() + timeout
@@ -93,12 +109,14 @@ def connect(env: JobEnv, transport: str | None = None,
                                                     DEFAULT_RING_NBYTES))
     secret = auth.secret_from_env()
     server = None
-    if env.rank == 0:
+    own_store = store is None
+    if own_store and env.rank == 0:
         bind = env.master_addr if env.master_addr.startswith("127.") else "0.0.0.0"
         server = StoreServer(bind, env.master_port, secret)
     listener = None
     try:
-        store = StoreClient(env.master_addr, env.master_port, timeout, secret)
+        if own_store:
+            store = StoreClient(env.master_addr, env.master_port, timeout, secret)
         if env.rank == 0:
             # Unique per start, even when the launcher reuses ids (torchrun's default run id
             # is "none"): two jobs never share a multicast group or shared-memory names,
@@ -149,6 +167,8 @@ def connect(env: JobEnv, transport: str | None = None,
             world.peers[r] = Peer(r, TcpLink(sock, r), rings_in.get(r), rings_out.get(r),
                                   r in same)
         _barrier(store, "connected", env.size, max(0.1, deadline - time.monotonic()))
+        if not own_store:
+            return world            # the caller's store outlives us: nothing to close
         # The master closes the store only once every rank said it is done with it (a
         # rank still waiting for a barrier reply must not find the store gone).
         if env.rank != 0:
@@ -217,4 +237,4 @@ def _connect_pairs(rank: int, size: int, info: dict, listener: socket.socket, ke
     return socks
 
 
-__all__ = ["World", "Peer", "connect", "PortInUse", "TRANSPORTS"]
+__all__ = ["World", "Peer", "connect", "KeyValueStore", "PortInUse", "TRANSPORTS"]

@@ -1,0 +1,454 @@
+"""Each torch.distributed collective as calls on the group's polycast ``Comm``.
+
+Every function here checks its tensors first (so bad input raises before anything is
+sent, on every rank that passes it), hands polycast zero-copy numpy views of them
+(:func:`polycast.torch.tensors.raw`), and copies only where the collective needs it:
+
+* a non-contiguous tensor goes through a contiguous copy (and back, for outputs);
+* list-of-tensors forms (``all_gather`` into a list, ``reduce_scatter`` from a list,
+  ``gather``, ``scatter``, ``all_to_all``) use one flat buffer; when the list's tensors
+  already lie back to back in one storage (FSDP1's all-gather does this) that buffer is
+  a view of them and nothing is copied;
+* an all-gather input that is a view into its own output (FSDP2's ``all_gather_copy_in``)
+  is passed as ``IN_PLACE`` when it is exactly this rank's block, and copied first if it
+  overlaps the output anywhere else;
+* bfloat16 reductions run in float32 (see :mod:`polycast.torch.tensors`);
+* ``PREMUL_SUM`` multiplies a copy of the input (or the output, when the collective
+  works in place on it) by the factor, then sums.
+
+The function returns a :class:`~polycast.torch.work.Work` that completes when polycast's
+requests do; its last step copies staging buffers out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..collectives import Collective
+from ..comm import IN_PLACE
+from ..errors import InvalidArgument, Unsupported
+from .tensors import (adjacent, check, check_list, flat_over, overlaps, raw, reduce_op,
+                      same_storage_block, widened)
+from .work import Work
+
+
+class Call:
+    """One torch call being turned into polycast requests: its staging copies, its
+    requests and its last step."""
+
+    def __init__(self, group, what: str) -> None:
+        self.group = group
+        self.comm = group.comm
+        self.what = what
+        self.requests: list = []
+        self._after: list = []
+
+    def algorithm(self, coll: Collective) -> str | None:
+        return self.group.options.algorithm(coll)
+
+    # -- staging ------------------------------------------------------------------------
+    def inp(self, t: torch.Tensor) -> torch.Tensor:
+        """A contiguous tensor with ``t``'s values (``t`` itself when it is one)."""
+        return t if t.is_contiguous() else t.contiguous()
+
+    def out(self, t: torch.Tensor, dtype: torch.dtype | None = None,
+            keep: bool = False) -> torch.Tensor:
+        """A contiguous buffer of ``dtype`` whose values land in ``t`` at the end (``t``
+        itself when it already is one). ``keep``: start it with ``t``'s values (in/out
+        tensors such as all_reduce's)."""
+        dtype = dtype or t.dtype
+        if t.is_contiguous() and dtype == t.dtype:
+            return t
+        if keep:
+            buf = t.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+        else:
+            buf = torch.empty(t.shape, dtype=dtype)
+        self.then(lambda: t.copy_(buf))
+        return buf
+
+    def then(self, fn) -> None:
+        self._after.append(fn)
+
+    def post(self, request) -> None:
+        self.requests.append(request)
+
+    def work(self, result, submit: bool = True) -> Work:
+        after = self._after
+
+        def finish():
+            for fn in after:
+                fn()
+        w = Work(self.requests, finish if after else None, result, desc=self.what,
+                 timeout_seconds=self.comm.timeout_seconds)
+        return w._submit() if submit else w
+
+
+def _one(tensors, what: str) -> torch.Tensor:
+    ts = check_list(tensors, what)
+    if len(ts) != 1:
+        raise Unsupported(f"{what}: the polycast backend takes one tensor per call, got "
+                          f"{len(ts)} (use the *_coalesced forms for several)")
+    return ts[0]
+
+
+def _same_dtype(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    if a.dtype != b.dtype:
+        raise InvalidArgument(f"{what}: input is {a.dtype} but output is {b.dtype}")
+
+
+def _root(call: Call, root: int) -> int:
+    size = call.comm.size
+    if not 0 <= root < size:
+        raise InvalidArgument(f"{call.what}: root {root} out of range for a group of "
+                              f"{size} ranks")
+    return root
+
+
+def _premul(t: torch.Tensor, factor, fresh: bool) -> torch.Tensor:
+    """``t`` times the PREMUL_SUM factor; in place on ``t`` when it is the call's own
+    buffer (``fresh``), else into a new tensor (a caller's input is never modified)."""
+    if factor is None:
+        return t
+    try:
+        return t.mul_(factor) if fresh else t * factor
+    except RuntimeError as exc:
+        raise InvalidArgument(f"PREMUL_SUM factor {factor!r} cannot scale a {t.dtype} "
+                              f"tensor: {exc}") from None
+
+
+# -- collectives ---------------------------------------------------------------------------
+def broadcast(group, tensors, root: int, submit: bool = True) -> Work:
+    call = Call(group, "broadcast")
+    t = _one(tensors, "broadcast")
+    root = _root(call, root)
+    buf = call.out(t, keep=True)
+    call.post(call.comm.Ibcast(raw(buf), root, algorithm=call.algorithm(Collective.BROADCAST)))
+    return call.work([t], submit)
+
+
+def _allreduce_into(call: Call, t: torch.Tensor, op_obj) -> None:
+    op, factor = reduce_op(op_obj)
+    wdt = widened(t.dtype, op)
+    buf = call.out(t, wdt, keep=True)
+    _premul(buf, factor, fresh=True)
+    call.post(call.comm.Iallreduce(IN_PLACE, raw(buf), op,
+                                   algorithm=call.algorithm(Collective.ALLREDUCE)))
+
+
+def allreduce(group, tensors, op_obj, submit: bool = True) -> Work:
+    call = Call(group, "all_reduce")
+    t = _one(tensors, "all_reduce")
+    _allreduce_into(call, t, op_obj)
+    return call.work([t], submit)
+
+
+def allreduce_coalesced(group, tensors, op_obj, submit: bool = True) -> Work:
+    call = Call(group, "all_reduce_coalesced")
+    ts = check_list(tensors, "all_reduce_coalesced")
+    reduce_op(op_obj)                      # an unsupported op raises before any post
+    for t in ts:
+        widened(t.dtype, reduce_op(op_obj)[0])
+    for t in ts:
+        _allreduce_into(call, t, op_obj)
+    return call.work(list(ts), submit)
+
+
+def reduce(group, tensors, root: int, op_obj, submit: bool = True) -> Work:
+    call = Call(group, "reduce")
+    t = _one(tensors, "reduce")
+    root = _root(call, root)
+    op, factor = reduce_op(op_obj)
+    wdt = widened(t.dtype, op)
+    algo = call.algorithm(Collective.REDUCE)
+    if call.comm.rank == root:
+        buf = call.out(t, wdt, keep=True)
+        _premul(buf, factor, fresh=True)
+        call.post(call.comm.Ireduce(IN_PLACE, raw(buf), op, root, algorithm=algo))
+    else:
+        send = call.inp(t)
+        fresh = send is not t
+        if wdt != t.dtype:
+            send, fresh = send.to(wdt), True
+        send = _premul(send, factor, fresh)
+        call.post(call.comm.Ireduce(raw(send), None, op, root, algorithm=algo))
+    return call.work([t], submit)
+
+
+def _gather_buffer(call: Call, outs: list, n: int, dtype) -> torch.Tensor:
+    """One flat buffer of len(outs) x n elements whose blocks end up in ``outs``."""
+    if adjacent(outs) and all(o.numel() == n for o in outs):
+        return flat_over(outs)
+    flat = torch.empty(len(outs) * n, dtype=dtype)
+
+    def copy_out():
+        for i, o in enumerate(outs):
+            o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
+    call.then(copy_out)
+    return flat
+
+
+def _scatter_buffer(ins: list) -> torch.Tensor:
+    """One flat tensor holding ``ins`` back to back (a view when they already are)."""
+    if adjacent(ins):
+        return flat_over(ins)
+    return torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0)
+
+
+def _even(ts: list, n: int, what: str) -> None:
+    sizes = [t.numel() for t in ts]
+    if any(s != n for s in sizes):
+        raise Unsupported(f"{what}: tensors of different sizes ({sizes} elements) need "
+                          "polycast's vector collectives, not yet available here")
+
+
+def _allgather_into(call: Call, out: torch.Tensor, inp: torch.Tensor) -> None:
+    """All-gather ``inp`` into the flat, contiguous ``out`` (P x inp elements)."""
+    P, me = call.comm.size, call.comm.rank
+    n = inp.numel()
+    if out.numel() != P * n:
+        raise InvalidArgument(f"{call.what}: output has {out.numel()} elements, needs "
+                              f"{P} ranks x {n} = {P * n}")
+    _same_dtype(inp, out, call.what)
+    algo = call.algorithm(Collective.ALLGATHER)
+    flat = out.reshape(-1)
+    mine = flat[me * n:(me + 1) * n]
+    if n and same_storage_block(inp.reshape(-1) if inp.is_contiguous() else inp, mine):
+        call.post(call.comm.Iallgather(IN_PLACE, raw(flat), algorithm=algo))
+        return
+    send = call.inp(inp)
+    if send is inp and overlaps(send, out):
+        send = send.clone()        # a view into the output elsewhere than our block
+    call.post(call.comm.Iallgather(raw(send), raw(flat), algorithm=algo))
+
+
+def all_gather_single(group, out, inp, submit: bool = True) -> Work:
+    call = Call(group, "all_gather_into_tensor")
+    check(out, "all_gather_into_tensor output")
+    check(inp, "all_gather_into_tensor input")
+    buf = call.out(out)
+    _allgather_into(call, buf, inp)
+    return call.work([out], submit)
+
+
+def all_gather_single_coalesced(group, outs, inps, submit: bool = True) -> Work:
+    call = Call(group, "all_gather_into_tensor_coalesced")
+    outs = check_list(outs, "outputs")
+    inps = check_list(inps, "inputs")
+    if len(outs) != len(inps):
+        raise InvalidArgument(f"{call.what}: {len(outs)} outputs but {len(inps)} inputs")
+    for o, i in zip(outs, inps):
+        _allgather_into(call, call.out(o), i)
+    return call.work(list(outs), submit)
+
+
+def _allgather_list(call: Call, outs: list, inp: torch.Tensor) -> None:
+    P = call.comm.size
+    if len(outs) != P:
+        raise InvalidArgument(f"{call.what}: output list has {len(outs)} tensors, the "
+                              f"group has {P} ranks")
+    for o in outs:
+        _same_dtype(inp, o, call.what)
+    _even(outs + [inp], inp.numel(), call.what)
+    _allgather_into(call, _gather_buffer(call, outs, inp.numel(), inp.dtype), inp)
+
+
+def allgather(group, output_lists, inputs, submit: bool = True) -> Work:
+    call = Call(group, "all_gather")
+    inp = _one(inputs, "all_gather input")
+    if len(output_lists) != 1:
+        raise Unsupported(f"all_gather: one output list per call, got {len(output_lists)}")
+    outs = check_list(output_lists[0], "all_gather output")
+    _allgather_list(call, outs, inp)
+    return call.work([outs], submit)
+
+
+def allgather_coalesced(group, output_lists, inputs, submit: bool = True) -> Work:
+    call = Call(group, "all_gather_coalesced")
+    inps = check_list(inputs, "inputs")
+    if len(output_lists) != len(inps):
+        raise InvalidArgument(f"{call.what}: {len(output_lists)} output lists but "
+                              f"{len(inps)} inputs")
+    lists = [check_list(lst, f"outputs[{k}]") for k, lst in enumerate(output_lists)]
+    for outs, inp in zip(lists, inps):
+        _allgather_list(call, outs, inp)
+    return call.work(lists, submit)
+
+
+def _reduce_scatter_into(call: Call, out: torch.Tensor, inp: torch.Tensor, op_obj) -> None:
+    """Reduce-scatter the flat ``inp`` (P x out elements) into ``out``."""
+    P = call.comm.size
+    op, factor = reduce_op(op_obj)
+    n = out.numel()
+    if inp.numel() != P * n:
+        raise InvalidArgument(f"{call.what}: input has {inp.numel()} elements, needs "
+                              f"{P} ranks x {n} = {P * n}")
+    _same_dtype(inp, out, call.what)
+    wdt = widened(out.dtype, op)
+    send = call.inp(inp)
+    fresh = send is not inp
+    if wdt != inp.dtype:
+        send, fresh = send.to(wdt), True
+    elif not fresh and overlaps(send, out):
+        send, fresh = send.clone(), True
+    send = _premul(send, factor, fresh)
+    buf = call.out(out, wdt)
+    call.post(call.comm.Ireduce_scatter_block(raw(send), raw(buf), op,
+                                              algorithm=call.algorithm(
+                                                  Collective.REDUCE_SCATTER)))
+
+
+def reduce_scatter_single(group, out, inp, op_obj, submit: bool = True) -> Work:
+    call = Call(group, "reduce_scatter_tensor")
+    check(out, "reduce_scatter_tensor output")
+    check(inp, "reduce_scatter_tensor input")
+    _reduce_scatter_into(call, out, inp, op_obj)
+    return call.work([out], submit)
+
+
+def reduce_scatter_single_coalesced(group, outs, inps, op_obj, submit: bool = True) -> Work:
+    call = Call(group, "reduce_scatter_tensor_coalesced")
+    outs = check_list(outs, "outputs")
+    inps = check_list(inps, "inputs")
+    if len(outs) != len(inps):
+        raise InvalidArgument(f"{call.what}: {len(outs)} outputs but {len(inps)} inputs")
+    for o, i in zip(outs, inps):
+        _reduce_scatter_into(call, o, i, op_obj)
+    return call.work(list(outs), submit)
+
+
+def reduce_scatter(group, outputs, input_lists, op_obj, submit: bool = True) -> Work:
+    call = Call(group, "reduce_scatter")
+    out = _one(outputs, "reduce_scatter output")
+    if len(input_lists) != 1:
+        raise Unsupported(f"reduce_scatter: one input list per call, got {len(input_lists)}")
+    ins = check_list(input_lists[0], "reduce_scatter input")
+    P = call.comm.size
+    if len(ins) != P:
+        raise InvalidArgument(f"reduce_scatter: input list has {len(ins)} tensors, the "
+                              f"group has {P} ranks")
+    for t in ins:
+        _same_dtype(t, out, call.what)
+    _even(ins + [out], out.numel(), call.what)
+    _reduce_scatter_into(call, out, _scatter_buffer(ins), op_obj)
+    return call.work([out], submit)
+
+
+def gather(group, output_lists, inputs, root: int, submit: bool = True) -> Work:
+    call = Call(group, "gather")
+    inp = _one(inputs, "gather input")
+    root = _root(call, root)
+    comm = call.comm
+    algo = call.algorithm(Collective.GATHER)
+    if comm.rank == root:
+        if len(output_lists) != 1:
+            raise InvalidArgument(f"gather: the root needs one output list, got "
+                                  f"{len(output_lists)}")
+        outs = check_list(output_lists[0], "gather output")
+        if len(outs) != comm.size:
+            raise InvalidArgument(f"gather: output list has {len(outs)} tensors, the group "
+                                  f"has {comm.size} ranks")
+        for o in outs:
+            _same_dtype(inp, o, call.what)
+        _even(outs + [inp], inp.numel(), call.what)
+        flat = _gather_buffer(call, outs, inp.numel(), inp.dtype)
+        send = call.inp(inp)
+        if overlaps(send, flat):
+            send = send.clone()
+        call.post(comm.Igather(raw(send), raw(flat), root, algorithm=algo))
+        result = [outs]
+    else:
+        if output_lists and any(len(lst) for lst in output_lists):
+            raise InvalidArgument("gather: only the root passes output tensors")
+        call.post(comm.Igather(raw(call.inp(inp)), None, root, algorithm=algo))
+        result = []
+    return call.work(result, submit)
+
+
+def scatter(group, outputs, input_lists, root: int, submit: bool = True) -> Work:
+    call = Call(group, "scatter")
+    out = _one(outputs, "scatter output")
+    root = _root(call, root)
+    comm = call.comm
+    algo = call.algorithm(Collective.SCATTER)
+    buf = call.out(out)
+    if comm.rank == root:
+        if len(input_lists) != 1:
+            raise InvalidArgument(f"scatter: the root needs one input list, got "
+                                  f"{len(input_lists)}")
+        ins = check_list(input_lists[0], "scatter input")
+        if len(ins) != comm.size:
+            raise InvalidArgument(f"scatter: input list has {len(ins)} tensors, the group "
+                                  f"has {comm.size} ranks")
+        for t in ins:
+            _same_dtype(t, out, call.what)
+        _even(ins + [out], out.numel(), call.what)
+        flat = _scatter_buffer(ins)
+        if overlaps(flat, buf):
+            flat = flat.clone()
+        call.post(comm.Iscatter(raw(flat), raw(buf), root, algorithm=algo))
+    else:
+        if input_lists and any(len(lst) for lst in input_lists):
+            raise InvalidArgument("scatter: only the root passes input tensors")
+        call.post(comm.Iscatter(None, raw(buf), root, algorithm=algo))
+    return call.work([out], submit)
+
+
+def _alltoall_flat(call: Call, out: torch.Tensor, inp: torch.Tensor) -> None:
+    P = call.comm.size
+    if inp.numel() != out.numel() or inp.numel() % P:
+        raise InvalidArgument(f"{call.what}: input ({inp.numel()} elements) and output "
+                              f"({out.numel()}) must be equal and divisible by {P} ranks "
+                              "(or give split sizes)")
+    _same_dtype(inp, out, call.what)
+    send = call.inp(inp)
+    if overlaps(send, out):
+        send = send.clone()
+    call.post(call.comm.Ialltoall(raw(send), raw(out),
+                                  algorithm=call.algorithm(Collective.ALLTOALL)))
+
+
+def all_to_all_single(group, out, inp, out_splits, in_splits, submit: bool = True) -> Work:
+    call = Call(group, "all_to_all_single")
+    check(out, "all_to_all_single output")
+    check(inp, "all_to_all_single input")
+    P = call.comm.size
+    out_splits, in_splits = list(out_splits or []), list(in_splits or [])
+    for name, splits, t in (("output", out_splits, out), ("input", in_splits, inp)):
+        if splits:
+            if len(splits) != P or any(s < 0 for s in splits):
+                raise InvalidArgument(f"all_to_all_single: {name}_split_sizes must be {P} "
+                                      f"non-negative sizes, got {splits}")
+            if sum(splits) != (t.shape[0] if t.dim() else 1):
+                raise InvalidArgument(f"all_to_all_single: {name}_split_sizes {splits} "
+                                      f"sum to {sum(splits)}, the {name} has "
+                                      f"{t.shape[0] if t.dim() else 1} rows")
+    even_in = not in_splits or len(set(in_splits)) == 1
+    even_out = not out_splits or len(set(out_splits)) == 1
+    if not (even_in and even_out):
+        raise Unsupported("all_to_all_single with uneven split sizes needs polycast's "
+                          "Alltoallv, not yet available here")
+    buf = call.out(out)
+    _alltoall_flat(call, buf, inp)
+    return call.work([out], submit)
+
+
+def alltoall(group, outs, inps, submit: bool = True) -> Work:
+    call = Call(group, "all_to_all")
+    outs = check_list(outs, "all_to_all output")
+    inps = check_list(inps, "all_to_all input")
+    P = call.comm.size
+    if len(outs) != P or len(inps) != P:
+        raise InvalidArgument(f"all_to_all: {len(inps)} inputs and {len(outs)} outputs, "
+                              f"the group has {P} ranks")
+    n = inps[0].numel() if inps else 0
+    _even(inps + outs, n, call.what)
+    send = _scatter_buffer(inps)
+    flat = _gather_buffer(call, outs, n, outs[0].dtype)
+    _alltoall_flat(call, flat, send)
+    return call.work(list(outs), submit)
+
+
+def barrier(group, submit: bool = True) -> Work:
+    call = Call(group, "barrier")
+    call.post(call.comm.Ibarrier(algorithm=call.algorithm(Collective.BARRIER)))
+    return call.work([], submit)

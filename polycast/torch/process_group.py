@@ -1,0 +1,191 @@
+"""``ProcessGroupPolycast``: torch.distributed's process group interface over a polycast
+communicator.
+
+torch 2.13 lets a backend's creator return a Python subclass of ``ProcessGroup``: that
+object *is* the group. Its methods are reached from Python (``dist.all_reduce``, FSDP2's
+``all_gather_into_tensor``) and from C++ through the pybind trampoline (DDP's reducer,
+``_broadcast_coalesced``), under the names below; each turns into calls of
+:mod:`polycast.torch.ops`. The identity methods (``getBackendName``, ``setGroupName``...)
+are what ``init_device_mesh`` and friends need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import threading
+
+import torch.distributed as dist
+
+from ..collectives import Collective
+from ..errors import InvalidArgument
+from . import ops
+from .rendezvous import close_comm, open_comm
+
+BACKEND_NAME = "polycast"
+
+
+@dataclasses.dataclass
+class Options:
+    """Backend options: ``dist.init_process_group("polycast",
+    pg_options=polycast.torch.Options(allgather="mcast"))`` (also ``new_group``).
+
+    One algorithm per collective (names as ``polycast algos`` lists them, or "auto"); a
+    collective left None follows ``POLYCAST_<COLLECTIVE>_ALGO``, else ``auto``.
+    ``timeout_seconds`` bounds every wait of the group (default: POLYCAST_TIMEOUT if set,
+    else the timeout given to init_process_group/new_group)."""
+
+    broadcast: str | None = None
+    reduce: str | None = None
+    allreduce: str | None = None
+    allgather: str | None = None
+    reduce_scatter: str | None = None
+    scatter: str | None = None
+    gather: str | None = None
+    alltoall: str | None = None
+    barrier: str | None = None
+    timeout_seconds: float | None = None
+
+    def algorithm(self, coll: Collective) -> str | None:
+        return getattr(self, coll.value)
+
+    def validate(self, comm) -> None:
+        """Unknown or unsupported algorithm names raise now, naming the choices."""
+        for coll in Collective:
+            name = self.algorithm(coll)
+            if name is not None:
+                comm.choose_algorithm(coll, 0, name)
+        if self.timeout_seconds is not None and not self.timeout_seconds > 0:
+            raise InvalidArgument(f"Options.timeout_seconds must be > 0, got "
+                                  f"{self.timeout_seconds!r}")
+
+
+def _timeout_seconds(options: Options, timeout) -> float:
+    if options.timeout_seconds is not None:
+        return float(options.timeout_seconds)
+    from ..runtime.env import timeout_from_env
+    if os.environ.get("POLYCAST_TIMEOUT"):
+        return timeout_from_env()
+    if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0:
+        return timeout.total_seconds()
+    return timeout_from_env()
+
+
+class ProcessGroupPolycast(dist.ProcessGroup):
+    """A torch process group whose collectives run on polycast (CPU tensors)."""
+
+    def __init__(self, store, rank: int, size: int, timeout=None,
+                 options: Options | None = None) -> None:
+        super().__init__(rank, size)
+        if options is not None and not isinstance(options, Options):
+            raise InvalidArgument(f"pg_options for the polycast backend must be "
+                                  f"polycast.torch.Options, got {type(options).__name__}")
+        self.options = options or Options()
+        self.comm = open_comm(store, rank, size, _timeout_seconds(self.options, timeout))
+        try:
+            self.options.validate(self.comm)
+        except BaseException:
+            close_comm(self.comm)
+            raise
+        self._group_name = ""
+        self._group_desc = ""
+        self._lock = threading.Lock()
+
+    # -- identity -------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def __repr__(self) -> str:
+        return (f"<ProcessGroupPolycast {self._group_name or '?'} rank {self.comm.rank}/"
+                f"{self.comm.size}>")
+
+    def shutdown(self) -> None:
+        close_comm(self.comm)
+
+    def abort(self) -> None:
+        close_comm(self.comm)
+
+    # -- collectives (torch's names; options objects as torch passes them) -----------------
+    def broadcast(self, tensors, opts=None):
+        return ops.broadcast(self, tensors, opts.rootRank if opts else 0)
+
+    def allreduce(self, tensors, opts=None):
+        return ops.allreduce(self, tensors, _op(opts))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return ops.allreduce_coalesced(self, tensors, _op(opts))
+
+    def reduce(self, tensors, opts=None):
+        return ops.reduce(self, tensors, opts.rootRank if opts else 0, _op(opts))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        return ops.allgather(self, output_tensors, input_tensors)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return ops.allgather_coalesced(self, output_lists, input_list)
+
+    def all_gather_single(self, output, input, opts=None):
+        return ops.all_gather_single(self, output, input)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return ops.all_gather_single_coalesced(self, outputs, inputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        return ops.reduce_scatter(self, output_tensors, input_tensors, _op(opts))
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return ops.reduce_scatter_single(self, output, input, _op(opts))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return ops.reduce_scatter_single_coalesced(self, outputs, inputs, _op(opts))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        return ops.gather(self, output_tensors, input_tensors, opts.rootRank if opts else 0)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        return ops.scatter(self, output_tensors, input_tensors, opts.rootRank if opts else 0)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return ops.alltoall(self, output_tensors, input_tensors)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None,
+                          input_split_sizes=None, opts=None):
+        return ops.all_to_all_single(self, output, input, output_split_sizes,
+                                     input_split_sizes)
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts=None):
+        return ops.barrier(self)
+
+
+def _op(opts):
+    return opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+
+def create(dist_options, backend_options=None) -> ProcessGroupPolycast:
+    """The creator torch calls (``register_backend(..., extended_api=True)``)."""
+    return ProcessGroupPolycast(dist_options.store, dist_options.group_rank,
+                                dist_options.group_size, dist_options.timeout,
+                                backend_options)

@@ -1,0 +1,173 @@
+"""torch ``Work`` objects over polycast requests, completed by the engine, not by wait().
+
+A torch call posts one or more polycast requests (most post one) and may need a last
+step once they are done (copy a staging buffer into the caller's tensors, convert bf16
+back). :class:`Work` holds them and the ``torch.futures.Future`` torch's callers chain
+on (DDP's comm hooks, FSDP's prefetch). The future completes when the requests do,
+whoever notices first:
+
+* the completion thread (one per process), which takes every asynchronous Work in
+  posting order and finishes it as soon as its requests complete, so a Work nobody
+  waits on still completes and runs its future's callbacks;
+* a thread calling :meth:`Work.wait`, which drives the requests' progress itself (the
+  runtime's fast path: no hand-off to another thread on the critical path).
+
+The last step runs exactly once, under the Work's lock, in whichever thread gets there.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import threading
+
+import torch
+import torch.distributed as dist
+
+from ..errors import PolycastError
+
+_MARGIN_SECONDS = 5.0
+
+
+class Work(dist._Work):
+    """One torch call's requests, its last step and its future."""
+
+    def __init__(self, requests: list, finish=None, result=None, *, desc: str = "",
+                 timeout_seconds: float = 60.0, source_rank: int = -1) -> None:
+        super().__init__()
+        self._requests = requests
+        self._finish = finish
+        self._result = [] if result is None else result
+        self._desc = desc
+        self._timeout = timeout_seconds
+        self._source_rank = source_rank
+        self._future = torch.futures.Future()
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: BaseException | None = None
+        self._queued = False
+
+    # -- completion ---------------------------------------------------------------------
+    def _submit(self) -> "Work":
+        """Hand the Work to the completion thread (an asynchronous call)."""
+        if not self._queued and not self._done:
+            self._queued = True
+            _COMPLETER.submit(self)
+        return self
+
+    def _complete(self, timeout_seconds: float | None = None) -> None:
+        """Wait for every request (bounded), run the last step once, settle the future."""
+        with self._lock:
+            if self._done:
+                return
+            bound = self._timeout + _MARGIN_SECONDS if timeout_seconds is None \
+                else timeout_seconds
+            error = None
+            for req in self._requests:
+                try:
+                    req.Wait(bound)
+                except BaseException as exc:       # every request ends before we report
+                    error = error or exc
+            if error is None and self._finish is not None:
+                try:
+                    self._finish()
+                except BaseException as exc:
+                    error = exc
+            self._finish = None
+            self._requests = []
+            self._error = error
+            self._done = True
+        # Outside the lock: the future's callbacks may post (and wait on) more work.
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
+
+    # -- torch's Work interface -----------------------------------------------------------
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        seconds = None
+        if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0:
+            seconds = timeout.total_seconds()
+        self._complete(seconds)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        self._submit()
+        return self._future
+
+    def is_completed(self) -> bool:
+        """Never blocks: finishes the Work if its requests are done."""
+        if self._done:
+            return True
+        if not self._lock.acquire(blocking=False):
+            return False            # another thread is finishing it right now
+        try:
+            ready = all(r.Test() for r in self._requests)
+        except PolycastError:
+            ready = True            # failed: _complete records the error
+        finally:
+            self._lock.release()
+        if ready:
+            self._complete()
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self) -> list:
+        self.wait()
+        return self._result
+
+    def source_rank(self) -> int:
+        return self._source_rank
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "pending"
+        return f"<polycast.torch.Work {self._desc} {state}>"
+
+
+class _Completer:
+    """The completion thread: finishes asynchronous Works in posting order."""
+
+    def __init__(self) -> None:
+        self._queue: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, work: Work) -> None:
+        with self._cv:
+            self._queue.append(work)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="polycast-torch-completion")
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                work = self._queue.popleft()
+            try:
+                work._complete()
+            except Exception:       # never lose the thread; the Work holds its error
+                pass
+
+
+_COMPLETER = _Completer()
+
+
+def done_work(result=None, desc: str = "") -> Work:
+    """A Work that is already complete (calls that finished before returning)."""
+    w = Work([], None, result, desc=desc)
+    w._complete()
+    return w
