@@ -1,8 +1,8 @@
 """Tensors as the numpy arrays polycast moves, torch's reduce ops as polycast's, and the
 checks a tensor passes before anything is sent.
 
-Data movement is zero-copy: a contiguous CPU tensor is handed over as ``tensor.numpy()``
-(a view of its storage); dtypes numpy lacks (bfloat16, float8...) as a ``uint8`` view of
+Data movement is zero-copy: a contiguous CPU tensor is handed over as a numpy view of its
+memory (:func:`raw`); dtypes numpy lacks (bfloat16, float8...) as a ``uint8`` view of
 their bytes. Reductions run in numpy on the tensor's own memory for every dtype numpy
 has, float16 included (numpy adds halves as torch and gloo do: convert, add, round to
 half). bfloat16 has no numpy dtype: its reductions convert to float32, reduce, and
@@ -12,6 +12,9 @@ every step), and it needs no bf16 arithmetic in the engine.
 """
 
 from __future__ import annotations
+
+import ctypes
+import functools
 
 import numpy as np
 import torch
@@ -55,16 +58,29 @@ def check_list(ts, what: str) -> list:
     return [check(t, f"{what}[{i}]") for i, t in enumerate(ts)]
 
 
+@functools.lru_cache(maxsize=4096)
+def _bytes_type(nbytes: int):
+    return ctypes.c_char * nbytes
+
+
 def raw(t: torch.Tensor) -> np.ndarray:
     """A flat numpy view of a contiguous tensor's elements (its bytes for dtypes numpy
-    lacks). Never copies."""
-    flat = t.detach().reshape(-1)
-    if flat.is_conj() or flat.is_neg():
+    lacks). Never copies.
+
+    Not ``tensor.numpy()``: that marks the tensor's storage as never resizable again, and
+    FSDP1 frees its flat parameters' storage (``resize_(0)``) after the all-gather. The
+    view does not keep the tensor alive: the caller holds the tensor until the request
+    completes (:class:`polycast.torch.ops.Call` does)."""
+    if t.is_conj() or t.is_neg():
         raise InvalidArgument("tensor has a lazy conjugate/negative bit: call "
                               ".resolve_conj()/.resolve_neg() first")
-    if t.dtype in _NUMPY:
-        return flat.numpy()
-    return flat.view(torch.uint8).numpy()
+    if not t.is_contiguous():
+        raise InvalidArgument("internal: raw() needs a contiguous tensor")
+    dtype = _NUMPY.get(t.dtype, np.uint8)
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return np.empty(0, dtype)
+    return np.frombuffer(_bytes_type(nbytes).from_address(t.data_ptr()), dtype)
 
 
 def reducible(dtype: torch.dtype) -> bool:

@@ -33,7 +33,8 @@ class Work(dist._Work):
     """One torch call's requests, its last step and its future."""
 
     def __init__(self, requests: list, finish=None, result=None, *, desc: str = "",
-                 timeout_seconds: float = 60.0, source_rank: int = -1) -> None:
+                 timeout_seconds: float = 60.0, source_rank: int = -1,
+                 keep: list | None = None) -> None:
         super().__init__()
         self._requests = requests
         self._finish = finish
@@ -46,6 +47,7 @@ class Work(dist._Work):
         self._done = False
         self._error: BaseException | None = None
         self._queued = False
+        self._keep = keep       # tensors whose memory polycast uses until completion
 
     # -- completion ---------------------------------------------------------------------
     def _submit(self) -> "Work":
@@ -75,6 +77,7 @@ class Work(dist._Work):
                     error = exc
             self._finish = None
             self._requests = []
+            self._keep = None
             self._error = error
             self._done = True
         # Outside the lock: the future's callbacks may post (and wait on) more work.
