@@ -1,0 +1,25 @@
+"""Every collective of the torch backend equals gloo's: 6 dtypes, sizes 0/1/7/1003 (and
+70001 for float32), sync and async, on an ``auto`` group (symmetric memory on this host)
+and an explicit-engine-schedules group; bad input raises a clear polycast error on every
+rank and leaves the group working. One launch per world size runs the whole matrix
+(tests/torch_matrix_worker.py compares inside the ranks, against a gloo group)."""
+
+from __future__ import annotations
+
+import pytest
+
+from torch_helpers import ROOT, needs_torch, polycast_run, results
+
+pytestmark = needs_torch
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_every_collective_equals_gloo(nranks):
+    proc = polycast_run(nranks, ROOT / "tests" / "torch_matrix_worker.py",
+                        MATRIX_BAD_INPUT=1 if nranks == 3 else 0)
+    got = results(proc.stdout)
+    assert len(got) == nranks, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for r in got:
+        assert r["nfailures"] == 0, "\n".join(r["failures"])
+        assert r["checks"] > 1500, r         # the matrix ran in full
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,24 @@
+"""A rank that dies mid-step: the others raise a clear polycast error naming it, well
+within the timeout (no hang)."""
+
+from __future__ import annotations
+
+from torch_helpers import ROOT, needs_torch, results, spawn
+
+pytestmark = needs_torch
+TIMEOUT_SECONDS = 20
+
+
+def test_rank_dying_mid_step_raises_on_the_others_in_time():
+    outs = spawn(3, ROOT / "tests" / "torch_fault_worker.py",
+                 timeout=TIMEOUT_SECONDS + 90, POLYCAST_TIMEOUT=TIMEOUT_SECONDS)
+    assert outs[2][0] == 17, outs[2]                  # the victim
+    for code, out, err in outs[:2]:
+        got = results(out)
+        assert code == 0 and len(got) == 1, out[-2000:] + err[-3000:]
+        r = got[0]
+        assert r.get("step") == 2, r                   # raised at the step the peer died
+        assert "rank 2" in r["error"], r               # names the dead rank
+        # DDP's reducer hands the backend's own exception through its C++ layer.
+        assert r["polycast"] and r["error_type"] == "PeerLost", r
+        assert r["seconds"] < TIMEOUT_SECONDS, r
