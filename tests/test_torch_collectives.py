@@ -14,10 +14,10 @@ pytestmark = needs_torch
 
 
 @pytest.mark.parametrize("nranks", [2, 3, 4])
-def test_every_collective_equals_gloo(nranks):
+def test_every_collective_equals_gloo(nranks, tmp_path):
     proc = polycast_run(nranks, ROOT / "tests" / "torch_matrix_worker.py",
-                        MATRIX_BAD_INPUT=1 if nranks == 3 else 0)
-    got = results(proc.stdout)
+                        MATRIX_BAD_INPUT=1 if nranks == 3 else 0, RESULT_DIR=tmp_path)
+    got = results(tmp_path)
     assert len(got) == nranks, proc.stdout[-3000:] + proc.stderr[-3000:]
     for r in got:
         assert r["nfailures"] == 0, "\n".join(r["failures"])

@@ -14,9 +14,9 @@ pytestmark = needs_torch
 REL = 1e-6
 
 
-def test_ddp_fsdp1_fsdp2_losses_equal_gloo_under_torchrun():
-    proc = torchrun(4, ROOT / "tests" / "torch_train_worker.py")
-    got = results(proc.stdout)
+def test_ddp_fsdp1_fsdp2_losses_equal_gloo_under_torchrun(tmp_path):
+    proc = torchrun(4, ROOT / "tests" / "torch_train_worker.py", RESULT_DIR=tmp_path)
+    got = results(tmp_path)
     assert proc.returncode == 0 and len(got) == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
     for r in got:
         assert r["mcast_error"] is None, f"multicast unavailable: {r['mcast_error']}"

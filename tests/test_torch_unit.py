@@ -92,7 +92,23 @@ class _Req:
 
     def __init__(self, error=None, delay=0.0):
         self.error, self._done = error, threading.Event()
-        threading.Timer(delay, self._done.set).start()
+        self._callbacks = []
+        self._lock = threading.Lock()
+        threading.Timer(delay, self._finish).start()
+
+    def _finish(self):
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def add_done_callback(self, fn):
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     def Wait(self, timeout=None):
         assert self._done.wait(timeout)

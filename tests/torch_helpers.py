@@ -49,13 +49,12 @@ def torchrun(nranks: int, script, *args, timeout: float = 240, **extra):
                           env=env(**extra))
 
 
-def results(text: str) -> list[dict]:
-    """The JSON of every ``RESULT {...}`` line a worker printed."""
+def results(result_dir) -> list[dict]:
+    """What every rank reported (``report`` in the workers), in rank order."""
     out = []
-    for line in text.splitlines():
-        i = line.find("RESULT ")
-        if i >= 0:
-            out.append(json.loads(line[i + len("RESULT "):]))
+    for path in sorted(Path(result_dir).glob("rank-*.json"),
+                       key=lambda p: int(p.stem.split("-")[1])):
+        out.append(json.loads(path.read_text()))
     return out
 
 

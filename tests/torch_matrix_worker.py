@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -371,6 +372,12 @@ def _short(x) -> str:
     return f"{x.dtype}{list(x.shape)}{flat[:8].tolist()}"
 
 
+def report(obj) -> None:
+    """This rank's result, as a file the test reads (stdout lines of ranks interleave)."""
+    path = Path(os.environ["RESULT_DIR"]) / f"rank-{dist.get_rank()}.json"
+    path.write_text(json.dumps(obj))
+
+
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -385,9 +392,9 @@ def main() -> None:
     m.run()
     if os.environ.get("MATRIX_BAD_INPUT") == "1":
         m.bad_input()
-    print("RESULT " + json.dumps({"rank": m.rank, "checks": m.checks,
+    report({"rank": m.rank, "checks": m.checks,
                                   "failures": m.failures[:20],
-                                  "nfailures": len(m.failures)}), flush=True)
+                                  "nfailures": len(m.failures)})
     dist.destroy_process_group()
     sys.exit(1 if m.failures else 0)
 

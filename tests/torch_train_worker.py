@@ -8,6 +8,7 @@ run's losses, for the test to compare with gloo's.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -66,6 +67,12 @@ def fsdp2(m, group):
     return fully_shard(m, mesh=mesh)
 
 
+def report(obj) -> None:
+    """This rank's result, as a file the test reads (stdout lines of ranks interleave)."""
+    path = Path(os.environ["RESULT_DIR"]) / f"rank-{dist.get_rank()}.json"
+    path.write_text(json.dumps(obj))
+
+
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -86,7 +93,7 @@ def main() -> None:
     # The mcast group's all-gathers went out as multicast datagrams (not a fallback).
     out["mcast_datagrams_out"] = groups["mcast"].comm.stats().datagram_bytes_out
     out["ring_datagrams_out"] = groups["ring"].comm.stats().datagram_bytes_out
-    print("RESULT " + json.dumps(out), flush=True)
+    report(out)
     dist.destroy_process_group()
 
 

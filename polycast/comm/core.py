@@ -205,8 +205,11 @@ class CommCore:
         self._freed = True
         _symm.free(self)
         if self.id == 0:
-            from .lifecycle import finalize
-            finalize()
+            from . import lifecycle
+            if lifecycle._WORLD is self:
+                lifecycle.finalize()
+            else:
+                lifecycle.close_comm(self)      # made by open_comm (polycast.torch's)
         else:
             self._driver.free_comm(self.id)
 

@@ -30,10 +30,8 @@ def init(*, rank: int | None = None, size: int | None = None,
     carries every local rank's communication: :mod:`polycast.runtime.offload`; else
     POLYCAST_PROGRESS)."""
     global _WORLD
-    from ..runtime.config import engine_config
     from ..runtime.env import detect
     from ..runtime.offload import progress_mode
-    from ..runtime.world import connect
     with _WORLD_LOCK:
         if _WORLD is not None and not _WORLD._freed:
             return _WORLD
@@ -62,16 +60,43 @@ def init(*, rank: int | None = None, size: int | None = None,
         if progress_mode(progress) == "offload":
             from ..runtime.offload.client import attach
             driver = attach(job, transport, mtu_nbytes=mtu_nbytes, pacing_gbps=pacing_gbps)
-            err = driver.world_mcast_error
+            _WORLD = Comm(driver, 0, list(range(job.size)), job.timeout_seconds,
+                          driver.world_mcast_error)
         else:
-            world = connect(job, transport)
-            config = engine_config(world, job.timeout_seconds, mtu_nbytes=mtu_nbytes,
-                                   pacing_gbps=pacing_gbps)
-            driver = Driver(world, config)
-            err = driver.add_comm(0, list(range(world.size)))
-        _WORLD = Comm(driver, 0, list(range(job.size)), job.timeout_seconds, err)
+            _WORLD = open_comm(job, transport=transport, mtu_nbytes=mtu_nbytes,
+                               pacing_gbps=pacing_gbps)
         atexit.register(finalize)
         return _WORLD
+
+
+def open_comm(job, *, transport: str | None = None, store=None,
+              mtu_nbytes: int | None = None, pacing_gbps: float | None = None) -> Comm:
+    """Connect the ranks of ``job`` (a :class:`polycast.runtime.env.JobEnv`) and return
+    their communicator, with its own progress thread and connections. :func:`init` makes
+    the world so; polycast.torch makes one per process group, rendezvousing through
+    torch's ``store`` (see :func:`polycast.runtime.world.connect`). Closed by
+    :func:`close_comm`."""
+    from ..runtime.config import engine_config
+    from ..runtime.world import connect
+    world = connect(job, transport, store=store)
+    config = engine_config(world, job.timeout_seconds, mtu_nbytes=mtu_nbytes,
+                           pacing_gbps=pacing_gbps)
+    driver = Driver(world, config)
+    try:
+        err = driver.add_comm(0, list(range(world.size)))
+    except BaseException:
+        driver.close()
+        raise
+    return Comm(driver, 0, list(range(world.size)), job.timeout_seconds, err)
+
+
+def close_comm(comm: Comm) -> None:
+    """Say goodbye to the peers of a communicator :func:`open_comm` made, free its
+    symmetric memory and stop its progress thread (each step does nothing the second
+    time)."""
+    comm._freed = True
+    _symm.free(comm)
+    comm._driver.close()
 
 
 def finalize() -> None:
@@ -80,9 +105,7 @@ def finalize() -> None:
     with _WORLD_LOCK:
         w, _WORLD = _WORLD, None
     if w is not None:
-        w._freed = True
-        _symm.free(w)
-        w._driver.close()
+        close_comm(w)
 
 
 def world() -> Comm:

@@ -21,7 +21,8 @@ import torch.distributed as dist
 from ..collectives import Collective
 from ..errors import InvalidArgument
 from . import ops
-from .rendezvous import close_comm, open_comm
+from ..comm.lifecycle import close_comm
+from .rendezvous import open_comm
 
 BACKEND_NAME = "polycast"
 

@@ -15,7 +15,7 @@ import os
 
 import torch.distributed as dist
 
-from ..errors import CollectiveTimeout, PolycastError
+from ..errors import CollectiveTimeout
 from ..runtime.env import JobEnv
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -70,36 +70,7 @@ def job_for(store, rank: int, size: int, timeout_seconds: float) -> JobEnv:
 
 def open_comm(store, rank: int, size: int, timeout_seconds: float):
     """Connect the group's ranks through ``store`` and return their polycast ``Comm``
-    (its own progress thread and connections; closed by :func:`close_comm`)."""
-    from ..comm import Comm
-    from ..engine.engine import EngineConfig
-    from ..runtime.driver import Driver
-    from ..runtime.mcast import datagram_payload_nbytes
-    from ..runtime.world import connect
-    job = job_for(store, rank, size, timeout_seconds)
-    world = connect(job, store=TorchStore(store, timeout_seconds))
-    # The engine configuration polycast.init() builds (secret, MTU, pacing).
-    secret = os.environ.get("POLYCAST_SECRET")
-    mtu = int(os.environ.get("POLYCAST_MTU", 0) or datagram_payload_nbytes(
-        world.job_id, world.single_host, secret.encode() if secret else None))
-    pace = (float(os.environ["POLYCAST_PACING_GBPS"])
-            if os.environ.get("POLYCAST_PACING_GBPS") else None)
-    config = EngineConfig(mtu_nbytes=mtu, pacing_gbps=pace, op_timeout_s=timeout_seconds,
-                          secret=secret.encode() if secret else None)
-    driver = Driver(world, config)
-    try:
-        err = driver.add_comm(0, list(range(size)))
-    except PolycastError:
-        driver.close()
-        raise
-    return Comm(driver, 0, list(range(size)), timeout_seconds, err)
-
-
-def close_comm(comm) -> None:
-    """Free the communicator's symmetric memory and stop its progress thread."""
-    from ..runtime import symm
-    if comm._freed:
-        return
-    comm._freed = True
-    symm.free(comm)
-    comm._driver.close()
+    (its own progress thread and connections; closed by ``close_comm``)."""
+    from ..comm.lifecycle import open_comm as _open
+    return _open(job_for(store, rank, size, timeout_seconds),
+                 store=TorchStore(store, timeout_seconds))

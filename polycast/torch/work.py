@@ -6,9 +6,11 @@ back). :class:`Work` holds them and the ``torch.futures.Future`` torch's callers
 on (DDP's comm hooks, FSDP's prefetch). The future completes when the requests do,
 whoever notices first:
 
-* the completion thread (one per process), which takes every asynchronous Work in
-  posting order and finishes it as soon as its requests complete, so a Work nobody
-  waits on still completes and runs its future's callbacks;
+* the completion thread (one per process): an asynchronous Work registers a callback on
+  each of its requests (:meth:`polycast.Request.add_done_callback`); the last one to
+  finish hands the Work to this thread, which runs its last step and completes its
+  future, so a Work nobody waits on still completes and runs its future's callbacks as
+  soon as the engine is done;
 * a thread calling :meth:`Work.wait`, which drives the requests' progress itself (the
   runtime's fast path: no hand-off to another thread on the critical path).
 
@@ -47,15 +49,34 @@ class Work(dist._Work):
         self._done = False
         self._error: BaseException | None = None
         self._queued = False
+        self._pending = 0
+        self._pending_lock = threading.Lock()
         self._keep = keep       # tensors whose memory polycast uses until completion
 
     # -- completion ---------------------------------------------------------------------
     def _submit(self) -> "Work":
-        """Hand the Work to the completion thread (an asynchronous call)."""
-        if not self._queued and not self._done:
-            self._queued = True
+        """Complete the Work as soon as its requests finish, whoever waits (an
+        asynchronous call, or one whose future was asked for)."""
+        if self._queued or self._done:
+            return self
+        self._queued = True
+        requests = list(self._requests)
+        if not requests:
             _COMPLETER.submit(self)
+            return self
+        self._pending = len(requests)
+        for req in requests:
+            req.add_done_callback(self._request_done)
         return self
+
+    def _request_done(self, _request) -> None:
+        # In the thread that finished the request (often the progress thread, with the
+        # driver's lock held): only count, and hand the Work on.
+        with self._pending_lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            _COMPLETER.submit(self)
 
     def _complete(self, timeout_seconds: float | None = None) -> None:
         """Wait for every request (bounded), run the last step once, settle the future."""
@@ -138,7 +159,8 @@ class Work(dist._Work):
 
 
 class _Completer:
-    """The completion thread: finishes asynchronous Works in posting order."""
+    """The completion thread: finishes Works whose requests are all done, in the order
+    they became done."""
 
     def __init__(self) -> None:
         self._queue: collections.deque = collections.deque()
