@@ -59,3 +59,52 @@ def batch(step: int, rank: int, batch_size: int, seq: int, vocab: int):
     steps = torch.arange(seq + 1).unsqueeze(0)
     tokens = (start + 7 * steps) % vocab
     return tokens[:, :-1], tokens[:, 1:]
+
+
+# -- what both training scripts share -------------------------------------------------------
+def add_arguments(p) -> None:
+    """The model, data and loop options of examples/fsdp_train.py and ddp_train.py."""
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--json", action="store_true", help="also print the losses as JSON")
+
+
+def build(args) -> TinyTransformer:
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)                    # the same initial weights on every rank
+    return TinyTransformer(args.vocab, args.width, args.layers, seq=args.seq)
+
+
+def train(model: nn.Module, args, **describe) -> list[float]:
+    """Train for ``args.steps`` steps; rank 0 prints each step's loss (the mean over
+    ranks) and, with ``--json``, one JSON line with ``describe``, losses and step times."""
+    import json
+    import time
+
+    import torch.distributed as dist
+    rank, size = dist.get_rank(), dist.get_world_size()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    losses, times = [], []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        x, y = batch(step, rank, args.batch, args.seq, args.vocab)
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / size)
+        if rank == 0:
+            print(f"step {step} loss {losses[-1]:.6f} ({times[-1] * 1e3:.0f} ms)", flush=True)
+    if rank == 0 and args.json:
+        print(json.dumps({**describe, "ranks": size, "losses": losses,
+                          "step_seconds": times}), flush=True)
+    return losses

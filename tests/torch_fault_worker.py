@@ -4,7 +4,6 @@ raise a clear error naming it within POLYCAST_TIMEOUT, not hang. Prints one JSON
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -16,15 +15,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import polycast
 import polycast.torch  # noqa: F401
+from torch_report import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from tiny_transformer import TinyTransformer, batch  # noqa: E402
-
-
-def report(obj) -> None:
-    """This rank's result, as a file the test reads (stdout lines of ranks interleave)."""
-    path = Path(os.environ["RESULT_DIR"]) / f"rank-{dist.get_rank()}.json"
-    path.write_text(json.dumps(obj))
 
 
 def main() -> None:
@@ -51,7 +45,7 @@ def main() -> None:
                        polycast=isinstance(exc, polycast.PolycastError), step=step,
                        seconds=time.monotonic() - t0)
             break
-    report(out)
+    report(out, dist.get_rank())
     os._exit(0)           # the group is broken: skip destroy_process_group's goodbyes
 
 

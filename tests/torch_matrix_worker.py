@@ -11,17 +11,16 @@ must be equal, not close. Prints one JSON line: the number of checks and the fai
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import polycast
 import polycast.torch as pt
+from torch_report import report
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32,
           torch.int64]
@@ -78,7 +77,6 @@ class Matrix:
 
     # -- the collectives -----------------------------------------------------------------
     def run(self) -> None:
-        P, me = self.P, self.rank
         for dtype in DTYPES:
             fl = dtype.is_floating_point
             sizes = SIZES + ([LARGE] if dtype == torch.float32 else [])
@@ -299,7 +297,7 @@ class Matrix:
 
     def non_contiguous(self) -> None:
         """Strided tensors are staged through contiguous copies, in and out."""
-        P, me = self.P, self.rank
+        P = self.P
         base = self.data(40, torch.float32, 11).reshape(8, 5)
         want = base.t().contiguous()
         dist.all_reduce(want, group=self.gloo)
@@ -372,12 +370,6 @@ def _short(x) -> str:
     return f"{x.dtype}{list(x.shape)}{flat[:8].tolist()}"
 
 
-def report(obj) -> None:
-    """This rank's result, as a file the test reads (stdout lines of ranks interleave)."""
-    path = Path(os.environ["RESULT_DIR"]) / f"rank-{dist.get_rank()}.json"
-    path.write_text(json.dumps(obj))
-
-
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -392,9 +384,8 @@ def main() -> None:
     m.run()
     if os.environ.get("MATRIX_BAD_INPUT") == "1":
         m.bad_input()
-    report({"rank": m.rank, "checks": m.checks,
-                                  "failures": m.failures[:20],
-                                  "nfailures": len(m.failures)})
+    report({"rank": m.rank, "checks": m.checks, "failures": m.failures[:20],
+            "nfailures": len(m.failures)}, m.rank)
     dist.destroy_process_group()
     sys.exit(1 if m.failures else 0)
 

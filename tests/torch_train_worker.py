@@ -7,8 +7,6 @@ run's losses, for the test to compare with gloo's.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import polycast.torch as pt
+from torch_report import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from tiny_transformer import Block, TinyTransformer, batch  # noqa: E402
@@ -67,12 +66,6 @@ def fsdp2(m, group):
     return fully_shard(m, mesh=mesh)
 
 
-def report(obj) -> None:
-    """This rank's result, as a file the test reads (stdout lines of ranks interleave)."""
-    path = Path(os.environ["RESULT_DIR"]) / f"rank-{dist.get_rank()}.json"
-    path.write_text(json.dumps(obj))
-
-
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -93,7 +86,7 @@ def main() -> None:
     # The mcast group's all-gathers went out as multicast datagrams (not a fallback).
     out["mcast_datagrams_out"] = groups["mcast"].comm.stats().datagram_bytes_out
     out["ring_datagrams_out"] = groups["ring"].comm.stats().datagram_bytes_out
-    report(out)
+    report(out, dist.get_rank())
     dist.destroy_process_group()
 
 

@@ -207,6 +207,41 @@ def _even(ts: list, n: int, what: str) -> None:
                           "polycast's vector collectives, not yet available here")
 
 
+def _one_list(call: Call, lists, what: str) -> list:
+    """The single list of tensors a list-form collective takes (torch passes [list])."""
+    if lists is None or len(lists) != 1:
+        raise InvalidArgument(f"{call.what}: needs one {what} list, got "
+                              f"{0 if lists is None else len(lists)}")
+    return check_list(lists[0], f"{call.what} {what}")
+
+
+def _per_rank(call: Call, ts: list, like: torch.Tensor, what: str) -> list:
+    """Check a list of one tensor per rank against ``like`` (dtype, and the same size:
+    tensors of other sizes need the vector collectives)."""
+    P = call.comm.size
+    if len(ts) != P:
+        raise InvalidArgument(f"{call.what}: {what} list has {len(ts)} tensors, the group "
+                              f"has {P} ranks")
+    for t in ts:
+        _same_dtype(t, like, call.what)
+    _even(ts + [like], like.numel(), call.what)
+    return ts
+
+
+def _pairs(call: Call, outs, inps) -> list:
+    """(output, input) pairs of a coalesced call, checked."""
+    outs = check_list(outs, f"{call.what} outputs")
+    inps = check_list(inps, f"{call.what} inputs")
+    if len(outs) != len(inps):
+        raise InvalidArgument(f"{call.what}: {len(outs)} outputs but {len(inps)} inputs")
+    return list(zip(outs, inps))
+
+
+def _not_root(call: Call, lists, what: str) -> None:
+    if lists and any(len(lst) for lst in lists):
+        raise InvalidArgument(f"{call.what}: only the root passes {what} tensors")
+
+
 def _allgather_into(call: Call, out: torch.Tensor, inp: torch.Tensor) -> None:
     """All-gather ``inp`` into the flat, contiguous ``out`` (P x inp elements)."""
     P, me = call.comm.size, call.comm.rank
@@ -238,32 +273,21 @@ def all_gather_single(group, out, inp, submit: bool = True) -> Work:
 
 def all_gather_single_coalesced(group, outs, inps, submit: bool = True) -> Work:
     call = Call(group, "all_gather_into_tensor_coalesced")
-    outs = check_list(outs, "outputs")
-    inps = check_list(inps, "inputs")
-    if len(outs) != len(inps):
-        raise InvalidArgument(f"{call.what}: {len(outs)} outputs but {len(inps)} inputs")
-    for o, i in zip(outs, inps):
+    pairs = _pairs(call, outs, inps)
+    for o, i in pairs:
         _allgather_into(call, call.out(o), i)
-    return call.work(list(outs), submit)
+    return call.work([o for o, _ in pairs], submit)
 
 
 def _allgather_list(call: Call, outs: list, inp: torch.Tensor) -> None:
-    P = call.comm.size
-    if len(outs) != P:
-        raise InvalidArgument(f"{call.what}: output list has {len(outs)} tensors, the "
-                              f"group has {P} ranks")
-    for o in outs:
-        _same_dtype(inp, o, call.what)
-    _even(outs + [inp], inp.numel(), call.what)
+    _per_rank(call, outs, inp, "output")
     _allgather_into(call, _gather_buffer(call, outs, inp.numel(), inp.dtype), inp)
 
 
 def allgather(group, output_lists, inputs, submit: bool = True) -> Work:
     call = Call(group, "all_gather")
     inp = _one(inputs, "all_gather input")
-    if len(output_lists) != 1:
-        raise Unsupported(f"all_gather: one output list per call, got {len(output_lists)}")
-    outs = check_list(output_lists[0], "all_gather output")
+    outs = _one_list(call, output_lists, "output")
     _allgather_list(call, outs, inp)
     return call.work([outs], submit)
 
@@ -313,28 +337,16 @@ def reduce_scatter_single(group, out, inp, op_obj, submit: bool = True) -> Work:
 
 def reduce_scatter_single_coalesced(group, outs, inps, op_obj, submit: bool = True) -> Work:
     call = Call(group, "reduce_scatter_tensor_coalesced")
-    outs = check_list(outs, "outputs")
-    inps = check_list(inps, "inputs")
-    if len(outs) != len(inps):
-        raise InvalidArgument(f"{call.what}: {len(outs)} outputs but {len(inps)} inputs")
-    for o, i in zip(outs, inps):
+    pairs = _pairs(call, outs, inps)
+    for o, i in pairs:
         _reduce_scatter_into(call, o, i, op_obj)
-    return call.work(list(outs), submit)
+    return call.work([o for o, _ in pairs], submit)
 
 
 def reduce_scatter(group, outputs, input_lists, op_obj, submit: bool = True) -> Work:
     call = Call(group, "reduce_scatter")
     out = _one(outputs, "reduce_scatter output")
-    if len(input_lists) != 1:
-        raise Unsupported(f"reduce_scatter: one input list per call, got {len(input_lists)}")
-    ins = check_list(input_lists[0], "reduce_scatter input")
-    P = call.comm.size
-    if len(ins) != P:
-        raise InvalidArgument(f"reduce_scatter: input list has {len(ins)} tensors, the "
-                              f"group has {P} ranks")
-    for t in ins:
-        _same_dtype(t, out, call.what)
-    _even(ins + [out], out.numel(), call.what)
+    ins = _per_rank(call, _one_list(call, input_lists, "input"), out, "input")
     _reduce_scatter_into(call, out, _scatter_buffer(ins), op_obj)
     return call.work([out], submit)
 
@@ -346,16 +358,7 @@ def gather(group, output_lists, inputs, root: int, submit: bool = True) -> Work:
     comm = call.comm
     algo = call.algorithm(Collective.GATHER)
     if comm.rank == root:
-        if len(output_lists) != 1:
-            raise InvalidArgument(f"gather: the root needs one output list, got "
-                                  f"{len(output_lists)}")
-        outs = check_list(output_lists[0], "gather output")
-        if len(outs) != comm.size:
-            raise InvalidArgument(f"gather: output list has {len(outs)} tensors, the group "
-                                  f"has {comm.size} ranks")
-        for o in outs:
-            _same_dtype(inp, o, call.what)
-        _even(outs + [inp], inp.numel(), call.what)
+        outs = _per_rank(call, _one_list(call, output_lists, "output"), inp, "output")
         flat = _gather_buffer(call, outs, inp.numel(), inp.dtype)
         send = call.inp(inp)
         if overlaps(send, flat):
@@ -363,8 +366,7 @@ def gather(group, output_lists, inputs, root: int, submit: bool = True) -> Work:
         call.post(comm.Igather(call.raw(send), call.raw(flat), root, algorithm=algo))
         result = [outs]
     else:
-        if output_lists and any(len(lst) for lst in output_lists):
-            raise InvalidArgument("gather: only the root passes output tensors")
+        _not_root(call, output_lists, "output")
         call.post(comm.Igather(call.raw(call.inp(inp)), None, root, algorithm=algo))
         result = []
     return call.work(result, submit)
@@ -378,23 +380,13 @@ def scatter(group, outputs, input_lists, root: int, submit: bool = True) -> Work
     algo = call.algorithm(Collective.SCATTER)
     buf = call.out(out)
     if comm.rank == root:
-        if len(input_lists) != 1:
-            raise InvalidArgument(f"scatter: the root needs one input list, got "
-                                  f"{len(input_lists)}")
-        ins = check_list(input_lists[0], "scatter input")
-        if len(ins) != comm.size:
-            raise InvalidArgument(f"scatter: input list has {len(ins)} tensors, the group "
-                                  f"has {comm.size} ranks")
-        for t in ins:
-            _same_dtype(t, out, call.what)
-        _even(ins + [out], out.numel(), call.what)
+        ins = _per_rank(call, _one_list(call, input_lists, "input"), out, "input")
         flat = _scatter_buffer(ins)
         if overlaps(flat, buf):
             flat = flat.clone()
         call.post(comm.Iscatter(call.raw(flat), call.raw(buf), root, algorithm=algo))
     else:
-        if input_lists and any(len(lst) for lst in input_lists):
-            raise InvalidArgument("scatter: only the root passes input tensors")
+        _not_root(call, input_lists, "input")
         call.post(comm.Iscatter(None, call.raw(buf), root, algorithm=algo))
     return call.work([out], submit)
 
