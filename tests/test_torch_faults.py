@@ -19,6 +19,8 @@ def test_rank_dying_mid_step_raises_on_the_others_in_time(tmp_path):
         assert code == 0, out[-2000:] + err[-3000:]
         assert r.get("step") == 2, r                   # raised at the step the peer died
         assert "rank 2" in r["error"], r               # names the dead rank
-        # DDP's reducer hands the backend's own exception through its C++ layer.
-        assert r["polycast"] and r["error_type"] == "PeerLost", r
+        # Raised by the backend's own call: PeerLost itself; reached through DDP's reducer
+        # (a failed future, in C++): a RuntimeError quoting it.
+        assert r["error_type"] == "PeerLost" or (
+            r["error_type"] == "RuntimeError" and "PeerLost: lost rank 2" in r["error"]), r
         assert r["seconds"] < TIMEOUT_SECONDS, r

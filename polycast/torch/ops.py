@@ -42,12 +42,6 @@ class Call:
         self.what = what
         self.requests: list = []
         self._after: list = []
-        self._keep: list = []           # tensors polycast holds views of
-
-    def raw(self, t: torch.Tensor):
-        """A zero-copy numpy view of ``t``, which the Work keeps alive until done."""
-        self._keep.append(t)
-        return raw(t)
 
     def algorithm(self, coll: Collective) -> str | None:
         return self.group.options.algorithm(coll)
@@ -85,7 +79,7 @@ class Call:
             for fn in after:
                 fn()
         w = Work(self.requests, finish if after else None, result, desc=self.what,
-                 timeout_seconds=self.comm.timeout_seconds, keep=self._keep)
+                 timeout_seconds=self.comm.timeout_seconds)
         return w._submit() if submit else w
 
 
@@ -128,7 +122,7 @@ def broadcast(group, tensors, root: int, submit: bool = True) -> Work:
     t = _one(tensors, "broadcast")
     root = _root(call, root)
     buf = call.out(t, keep=True)
-    call.post(call.comm.Ibcast(call.raw(buf), root, algorithm=call.algorithm(Collective.BROADCAST)))
+    call.post(call.comm.Ibcast(raw(buf), root, algorithm=call.algorithm(Collective.BROADCAST)))
     return call.work([t], submit)
 
 
@@ -137,7 +131,7 @@ def _allreduce_into(call: Call, t: torch.Tensor, op_obj) -> None:
     wdt = widened(t.dtype, op)
     buf = call.out(t, wdt, keep=True)
     _premul(buf, factor, fresh=True)
-    call.post(call.comm.Iallreduce(IN_PLACE, call.raw(buf), op,
+    call.post(call.comm.Iallreduce(IN_PLACE, raw(buf), op,
                                    algorithm=call.algorithm(Collective.ALLREDUCE)))
 
 
@@ -169,14 +163,14 @@ def reduce(group, tensors, root: int, op_obj, submit: bool = True) -> Work:
     if call.comm.rank == root:
         buf = call.out(t, wdt, keep=True)
         _premul(buf, factor, fresh=True)
-        call.post(call.comm.Ireduce(IN_PLACE, call.raw(buf), op, root, algorithm=algo))
+        call.post(call.comm.Ireduce(IN_PLACE, raw(buf), op, root, algorithm=algo))
     else:
         send = call.inp(t)
         fresh = send is not t
         if wdt != t.dtype:
             send, fresh = send.to(wdt), True
         send = _premul(send, factor, fresh)
-        call.post(call.comm.Ireduce(call.raw(send), None, op, root, algorithm=algo))
+        call.post(call.comm.Ireduce(raw(send), None, op, root, algorithm=algo))
     return call.work([t], submit)
 
 
@@ -254,12 +248,12 @@ def _allgather_into(call: Call, out: torch.Tensor, inp: torch.Tensor) -> None:
     flat = out.reshape(-1)
     mine = flat[me * n:(me + 1) * n]
     if n and same_storage_block(inp.reshape(-1) if inp.is_contiguous() else inp, mine):
-        call.post(call.comm.Iallgather(IN_PLACE, call.raw(flat), algorithm=algo))
+        call.post(call.comm.Iallgather(IN_PLACE, raw(flat), algorithm=algo))
         return
     send = call.inp(inp)
     if send is inp and overlaps(send, out):
         send = send.clone()        # a view into the output elsewhere than our block
-    call.post(call.comm.Iallgather(call.raw(send), call.raw(flat), algorithm=algo))
+    call.post(call.comm.Iallgather(raw(send), raw(flat), algorithm=algo))
 
 
 def all_gather_single(group, out, inp, submit: bool = True) -> Work:
@@ -322,7 +316,7 @@ def _reduce_scatter_into(call: Call, out: torch.Tensor, inp: torch.Tensor, op_ob
         send, fresh = send.clone(), True
     send = _premul(send, factor, fresh)
     buf = call.out(out, wdt)
-    call.post(call.comm.Ireduce_scatter_block(call.raw(send), call.raw(buf), op,
+    call.post(call.comm.Ireduce_scatter_block(raw(send), raw(buf), op,
                                               algorithm=call.algorithm(
                                                   Collective.REDUCE_SCATTER)))
 
@@ -363,11 +357,11 @@ def gather(group, output_lists, inputs, root: int, submit: bool = True) -> Work:
         send = call.inp(inp)
         if overlaps(send, flat):
             send = send.clone()
-        call.post(comm.Igather(call.raw(send), call.raw(flat), root, algorithm=algo))
+        call.post(comm.Igather(raw(send), raw(flat), root, algorithm=algo))
         result = [outs]
     else:
         _not_root(call, output_lists, "output")
-        call.post(comm.Igather(call.raw(call.inp(inp)), None, root, algorithm=algo))
+        call.post(comm.Igather(raw(call.inp(inp)), None, root, algorithm=algo))
         result = []
     return call.work(result, submit)
 
@@ -384,10 +378,10 @@ def scatter(group, outputs, input_lists, root: int, submit: bool = True) -> Work
         flat = _scatter_buffer(ins)
         if overlaps(flat, buf):
             flat = flat.clone()
-        call.post(comm.Iscatter(call.raw(flat), call.raw(buf), root, algorithm=algo))
+        call.post(comm.Iscatter(raw(flat), raw(buf), root, algorithm=algo))
     else:
         _not_root(call, input_lists, "input")
-        call.post(comm.Iscatter(None, call.raw(buf), root, algorithm=algo))
+        call.post(comm.Iscatter(None, raw(buf), root, algorithm=algo))
     return call.work([out], submit)
 
 
@@ -401,7 +395,7 @@ def _alltoall_flat(call: Call, out: torch.Tensor, inp: torch.Tensor) -> None:
     send = call.inp(inp)
     if overlaps(send, out):
         send = send.clone()
-    call.post(call.comm.Ialltoall(call.raw(send), call.raw(out),
+    call.post(call.comm.Ialltoall(raw(send), raw(out),
                                   algorithm=call.algorithm(Collective.ALLTOALL)))
 
 

@@ -69,8 +69,9 @@ def raw(t: torch.Tensor) -> np.ndarray:
 
     Not ``tensor.numpy()``: that marks the tensor's storage as never resizable again, and
     FSDP1 frees its flat parameters' storage (``resize_(0)``) after the all-gather. The
-    view does not keep the tensor alive: the caller holds the tensor until the request
-    completes (:class:`polycast.torch.ops.Call` does)."""
+    array keeps the tensor alive (through its base) for as long as polycast holds it:
+    a queued job or a request still using it after the caller dropped the tensor (a
+    failed DDP step) reads live memory."""
     if t.is_conj() or t.is_neg():
         raise InvalidArgument("tensor has a lazy conjugate/negative bit: call "
                               ".resolve_conj()/.resolve_neg() first")
@@ -80,7 +81,9 @@ def raw(t: torch.Tensor) -> np.ndarray:
     nbytes = t.numel() * t.element_size()
     if nbytes == 0:
         return np.empty(0, dtype)
-    return np.frombuffer(_bytes_type(nbytes).from_address(t.data_ptr()), dtype)
+    view = _bytes_type(nbytes).from_address(t.data_ptr())
+    view.tensor = t
+    return np.frombuffer(view, dtype)
 
 
 def reducible(dtype: torch.dtype) -> bool:

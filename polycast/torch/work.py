@@ -35,8 +35,7 @@ class Work(dist._Work):
     """One torch call's requests, its last step and its future."""
 
     def __init__(self, requests: list, finish=None, result=None, *, desc: str = "",
-                 timeout_seconds: float = 60.0, source_rank: int = -1,
-                 keep: list | None = None) -> None:
+                 timeout_seconds: float = 60.0, source_rank: int = -1) -> None:
         super().__init__()
         self._requests = requests
         self._finish = finish
@@ -44,14 +43,19 @@ class Work(dist._Work):
         self._desc = desc
         self._timeout = timeout_seconds
         self._source_rank = source_rank
-        self._future = torch.futures.Future()
+        # torch's Future.set_exception stores the exception as the future's *value*, which
+        # C++ readers take for a result: DDP's reducer reads it as a tensor list and
+        # crashes (torch 2.13). So the outcome (result or exception) goes into _outcome,
+        # and the future handed out is chained from it by a callback that raises the
+        # exception: a real error for C++ (its wait() throws) and for Python.
+        self._outcome = torch.futures.Future()
+        self._future = self._outcome.then(_unwrap)
         self._lock = threading.Lock()
         self._done = False
         self._error: BaseException | None = None
         self._queued = False
         self._pending = 0
         self._pending_lock = threading.Lock()
-        self._keep = keep       # tensors whose memory polycast uses until completion
 
     # -- completion ---------------------------------------------------------------------
     def _submit(self) -> "Work":
@@ -98,14 +102,10 @@ class Work(dist._Work):
                     error = exc
             self._finish = None
             self._requests = []
-            self._keep = None
             self._error = error
             self._done = True
         # Outside the lock: the future's callbacks may post (and wait on) more work.
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(error)
+        self._outcome.set_result(self._result if error is None else _Failed(error))
 
     # -- torch's Work interface -----------------------------------------------------------
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
@@ -156,6 +156,22 @@ class Work(dist._Work):
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"
         return f"<polycast.torch.Work {self._desc} {state}>"
+
+
+class _Failed:
+    """A Work's error, as the value of its outcome future (see Work.__init__)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _unwrap(outcome: torch.futures.Future):
+    value = outcome.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
 
 
 class _Completer:
