@@ -474,3 +474,47 @@ def test_a_broadcast_root_slows_down_when_its_receivers_lose_data():
     w2.run()
     w2.check(c2)
     assert w2.engines[root].stats.pacing_gbps == 10.0
+
+
+# -- external placement (EngineConfig.external_streams: the offload's receive workers) ----
+
+@pytest.mark.parametrize("loss,dup,jitter", [(0.0, 0, 0), (0.2, 0.2, 5e-5)])
+def test_external_placement_exact_under_loss(loss, dup, jitter):
+    """The world places chunks itself (as a worker does) and reports them; the engines
+    keep gap pulls, deferral, FIN: results are exact, recovered bytes come as StreamData."""
+    from dataclasses import replace
+    P = 5
+    w = World(P, replace(SMALL, external_streams=True), Net(loss=loss, dup=dup,
+                                                             jitter_s=jitter), seed=5)
+    calls = [w.post_call(mcast_broadcast(P, 333, root=1), "float16", seed=1),
+             w.post_call(mcast_allgather(P, 50, roots=2, nchunks=2), "int32", seed=2)]
+    w.run()
+    for c in calls:
+        w.check(c)
+    stats = [e.stats for e in w.engines]
+    assert all(s.datagrams_in == 0 for s in stats)       # the engines never saw a datagram
+    if loss:
+        assert sum(s.recovered_bytes for s in stats) > 0
+    assert all(not p for p in w.placers)                 # every stream was closed
+
+
+def test_external_placement_closes_streams_before_a_failure():
+    from dataclasses import replace
+
+    from polycast.engine.actions import CloseStream, Deliver, Fail, OpenStream
+    cfg = replace(SMALL, external_streams=True, op_timeout_s=1.0)
+    e = Engine(1, 2, config=cfg)
+    acts = e.post(0, mcast_broadcast(2, 100), 4, 0.0)
+    opens = [a for a in acts if isinstance(a, OpenStream)]
+    assert len(opens) == 1 and opens[0].nchunks == 7 and opens[0].region.buf == "recv"
+    o = opens[0]
+    acts = e.on_stream_progress(o.seq, o.root, o.ordinal, [(0, 3)], 0.1)
+    assert not any(isinstance(a, Deliver) for a in acts)
+    op_timer = next(t for t, ent in e._timers.items() if ent[0] == "op")
+    acts = e.on_timer(op_timer, 1.5)
+    kinds = [type(a).__name__ for a in acts if isinstance(a, (CloseStream, Fail))]
+    assert kinds == ["CloseStream", "Fail"], kinds
+    assert "4 of 7 chunks missing" in str(acts[-1].error)
+    # a late report of the closed stream is dropped, counted
+    assert e.on_stream_progress(o.seq, o.root, o.ordinal, [(3, 7)], 2.0) == []
+    assert e.stats.drops["stale_progress"] == 1

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from polycast.engine.actions import (CancelTimer, Complete, Copy, Deliver, Fail, Multicast,
-                                     Send, SetTimer)
+from polycast.engine.actions import (CancelTimer, CloseStream, Complete, Copy, Deliver, Fail,
+                                     Multicast, OpenStream, Region, Send, SetTimer, StreamData)
 from polycast.engine.engine import Engine, EngineConfig
 from polycast.engine.wire import MsgKind, parse_header, verify_mac
 from polycast.memory import Buffers
@@ -69,6 +69,10 @@ class World:
         self.datagrams_sent = 0
         self.events = 0
         self._next_req = [0] * nranks
+        # config.external_streams: the world places multicast chunks itself, as the
+        # offload's receive workers do (one placer per rank: (seq, root, ordinal) -> state)
+        self.placers: list[dict] = [{} for _ in range(nranks)]
+        self.early_dgrams: list[dict] = [{} for _ in range(nranks)]
 
     # -- posting --------------------------------------------------------------------------
     def post(self, rank: int, schedule, send, recv, op: str | None = None, req: int | None = None,
@@ -168,6 +172,8 @@ class World:
                 self.done[(rank, a.req)] = self.now
             elif isinstance(a, Fail):
                 self.errors[(rank, a.req)] = a.error
+            elif isinstance(a, (OpenStream, StreamData, CloseStream)):
+                self._placer(rank, a)
             else:
                 raise AssertionError(f"unknown action {a!r}")
 
@@ -218,6 +224,9 @@ class World:
     def _datagram(self, dst: int, header, payload, wire) -> None:
         if dst in self.dead:
             return
+        if self.config.external_streams:
+            self._place_datagram(dst, header, payload)
+            return
         eng = self.engines[dst]
         if wire is not None:
             acts = eng.on_datagram(wire, self.now)
@@ -235,6 +244,57 @@ class World:
             return
         del self._timers[rank][timer]
         self._execute(rank, self.engines[rank].on_timer(timer, self.now))
+
+    # -- external placement (what the offload's receive workers do) ----------------------
+    def _placer(self, rank: int, a) -> None:
+        from polycast.engine.mcast import Stream
+        key = (a.seq, a.root, a.ordinal)
+        placers = self.placers[rank]
+        if isinstance(a, OpenStream):
+            isz = a.region.nbytes // max(1, a.region.nelems)
+            s = Stream(0, a.root, a.ordinal, False, a.region.runs, a.region.nelems, isz,
+                       a.chunk_elems * isz)
+            s.start(a.region.buf, self.now)
+            placers[key] = (s, a.region.req)
+            for h, payload in self.early_dgrams[rank].pop(key, []):
+                self._place_datagram(rank, h, payload)
+        elif isinstance(a, CloseStream):
+            placers.pop(key, None)
+        else:                                               # StreamData: recovered bytes
+            ent = placers.get(key)
+            rng = ent[0].range_chunks(a.offset, len(a.payload)) if ent else None
+            if rng is None:
+                return
+            s, req = ent
+            self.mem[rank].deliver(Region(req, s.buf, s.slice(a.offset, len(a.payload)),
+                                          len(a.payload)), a.payload, False)
+            s.mark(rng[0], rng[1], self.now)
+            self._push(self.now, self._progress, rank, key, [rng], False, True)
+
+    def _place_datagram(self, dst: int, h, payload) -> None:
+        if h.src == dst:
+            return                                          # our own, looped back
+        key = (h.seq, h.src, h.stream)
+        ent = self.placers[dst].get(key)
+        if ent is None:
+            self.early_dgrams[dst].setdefault(key, []).append((h, payload))
+            return
+        s, req = ent
+        if h.kind is MsgKind.MCAST_EOS:
+            if not s.eos(h):
+                self._progress(dst, key, [], True, False)
+            return
+        runs = s.place(h, self.now)
+        if isinstance(runs, str):
+            return                                          # duplicate or bad: dropped
+        self.mem[dst].deliver(Region(req, s.buf, runs, h.length), payload, False)
+        self._progress(dst, key, [(h.tag, h.tag + 1)], False, False)
+
+    def _progress(self, rank: int, key, ranges, eos: bool, recovered: bool) -> None:
+        if rank in self.dead:
+            return
+        self._execute(rank, self.engines[rank].on_stream_progress(
+            *key, ranges, self.now, eos=eos, recovered=recovered))
 
     # -- faults ---------------------------------------------------------------------------
     def kill(self, rank: int, notify_after_s: float | None = 1e-3) -> None:

@@ -24,6 +24,11 @@ it; ``tests/world.py`` is a complete small driver):
   the same id moves it; ``CancelTimer`` removes it.
 * ``Complete``/``Fail``: the request is over; its buffers may be reused (for AVG call
   ``polycast.memory.Buffers.finalize`` on Complete).
+* ``EngineConfig.external_streams`` (the offload's multicast workers): datagrams go to a
+  placer, not to the engine. An MRECV step that starts emits ``OpenStream`` (the placer
+  may write the stream's chunks from now on); feed what the placer wrote with
+  ``on_stream_progress``; recovered bytes come out as ``StreamData`` for the placer to
+  write; ``CloseStream`` means write nothing more (it precedes the request's ``Fail``).
 * Large point-to-point payloads (over ``EngineConfig.eager_max_nbytes``, 64 KiB) go by an
   RTS/CTS rendezvous inside the engine: a driver sees only more small Sends (kinds RTS and
   CTS, no payload) and needs no change. Drivers that model eager sends with an unbounded
@@ -33,13 +38,14 @@ it; ``tests/world.py`` is a complete small driver):
   they are part of the call signature that detects mismatched calls.
 """
 
-from .actions import (Action, CancelTimer, Complete, Copy, Deliver, Fail, Multicast, Region,
-                      Send, SetTimer)
+from .actions import (Action, CancelTimer, CloseStream, Complete, Copy, Deliver, Fail,
+                      Multicast, OpenStream, Region, Send, SetTimer, StreamData)
 from .engine import Engine, EngineConfig, EngineStats
 from .wire import (HEADER_NBYTES, MAC_NBYTES, Header, MsgKind, header_nbytes, parse_datagram,
                    parse_header, verify_mac)
 
 __all__ = ["Action", "CancelTimer", "Complete", "Copy", "Deliver", "Fail", "Multicast",
-           "Region", "Send", "SetTimer", "Engine", "EngineConfig", "EngineStats",
+           "Region", "Send", "SetTimer", "OpenStream", "StreamData", "CloseStream", "Engine",
+           "EngineConfig", "EngineStats",
            "HEADER_NBYTES", "MAC_NBYTES", "Header", "MsgKind", "header_nbytes",
            "parse_datagram", "parse_header", "verify_mac"]

@@ -103,7 +103,49 @@ class Fail:
     error: PolycastError
 
 
-Action = Send | Multicast | Deliver | Copy | SetTimer | CancelTimer | Complete | Fail
+@dataclass(frozen=True, slots=True)
+class OpenStream:
+    """(``EngineConfig.external_streams``) This rank's MRECV of stream ``(root, ordinal)`` of
+    collective ``seq`` started: its placer may write the stream's chunks into ``region``
+    from now on and reports what it wrote with ``engine.on_stream_progress``. Chunk ``i``
+    is elements ``[i*chunk_elems, (i+1)*chunk_elems)`` of the region (the concatenation of
+    its runs); datagrams carry call signature ``sig``."""
+
+    seq: int
+    root: int
+    ordinal: int
+    sig: int
+    region: Region
+    chunk_elems: int
+    nchunks: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamData:
+    """(external streams) Bytes ``[offset, offset + len(payload))`` of an open stream came by
+    recovery: the placer writes them and reports them (``recovered=True``)."""
+
+    seq: int
+    root: int
+    ordinal: int
+    req: int
+    offset: int
+    payload: object
+
+
+@dataclass(frozen=True, slots=True)
+class CloseStream:
+    """(external streams) Write nothing more into this stream: complete, or its request
+    ``req`` ended."""
+
+    seq: int
+    root: int
+    ordinal: int
+    req: int
+
+
+Action = (Send | Multicast | Deliver | Copy | SetTimer | CancelTimer | Complete | Fail
+          | OpenStream | StreamData | CloseStream)
 
 
 _new = object.__new__

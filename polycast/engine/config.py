@@ -30,6 +30,10 @@ class EngineConfig:
     # covered; measured (4 local ranks, ring allgather 1-16 MiB, shm and tcp) within run-to-
     # run noise of all-eager, since a RECV that starts first clears its sender unasked.
     eager_max_nbytes: int = 64 * 1024
+    # Multicast chunks are placed by someone else (the offload's receive workers): MRECV
+    # steps emit OpenStream and take on_stream_progress; recovered data goes out as
+    # StreamData; see polycast.engine.mcast.
+    external_streams: bool = False
 
     def validate(self) -> None:
         def bad(name: str, why: str):
@@ -54,6 +58,8 @@ class EngineConfig:
                 "payloads use the RTS/CTS rendezvous)")
         if not 0 < self.pacing_min_fraction <= 1:
             bad("pacing_min_fraction", "must be in (0, 1]")
+        if not isinstance(self.external_streams, bool):
+            bad("external_streams", "must be True or False")
 
 
 @dataclass

@@ -239,6 +239,19 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         self._datagram(header, payload, now, out)
         return out
 
+    def on_stream_progress(self, seq: int, root: int, ordinal: int, ranges, now: float, *,
+                           eos: bool = False, recovered: bool = False) -> list[Action]:
+        """(``EngineConfig.external_streams``) The placer of stream ``(root, ordinal)`` of
+        collective ``seq`` wrote chunk ranges ``[(c0, c1), ...)`` into the region of its
+        OpenStream (``recovered``: the bytes of a StreamData), and/or saw its end-of-stream
+        datagram (``eos``). Reports after the stream closed are dropped (counted)."""
+        out: list[Action] = []
+        self._stream_progress(seq & 0xFFFFFFFF, root, ordinal, ranges, now, eos, recovered,
+                              out)
+        if self._grant_wait:
+            self._retry_grants(out)
+        return out
+
     def on_send_done(self, token: int, now: float) -> list[Action]:
         ent = self._tokens.pop(token, None)
         if ent is None:
@@ -486,6 +499,8 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         for s in r.streams.values():
             s.held = []
             s.deferred = []
+        if self.config.external_streams:
+            self._close_streams(r, out)
 
     # -- timers ---------------------------------------------------------------------------
     def _set_timer(self, out: list, deadline: float, kind: str, r: Request, arg) -> int:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .actions import Deliver, Multicast, Region, new_deliver, new_multicast, new_region
+from .actions import (CloseStream, Deliver, Multicast, OpenStream, Region, StreamData,
+                      new_deliver, new_multicast, new_region)
 from .early import ENTRY_OVERHEAD_NBYTES
 from .plan import slice_runs
 from .request import Request
@@ -86,7 +87,7 @@ class Stream:
 
     __slots__ = ("idx", "root", "ordinal", "owner", "nelems", "itemsize", "nbytes",
                  "chunk_elems", "nchunks", "buf", "bitmap", "have", "held", "eos_seen",
-                 "last_progress", "requested", "deferred", "runs", "started")
+                 "last_progress", "requested", "deferred", "runs", "started", "open")
 
     def __init__(self, idx, root, ordinal, owner, runs, nelems, itemsize, mtu):
         self.idx, self.root, self.ordinal, self.owner = idx, root, ordinal, owner
@@ -105,6 +106,7 @@ class Stream:
         self.requested = None           # bytearray: chunks asked of the successor
         self.deferred = []              # (requester, header, chunk range) to answer
         self.started = False            # owner: its data is ready to serve
+        self.open = False               # external placement: OpenStream sent, no CloseStream
 
     # -- receiving ------------------------------------------------------------------------
     def start(self, buf: str, now: float) -> list:
@@ -184,9 +186,9 @@ class Stream:
             return None
         return offset // cb, -(-end // cb)
 
-    def recovered(self, c0: int, c1: int, now: float) -> int:
-        """Chunks [c0, c1) came by recovery (their bytes are being written): mark them;
-        returns the bytes that were new."""
+    def mark(self, c0: int, c1: int, now: float) -> int:
+        """Chunks [c0, c1) are held now (written by recovery, or by an external placer):
+        mark them; returns the bytes that were new."""
         bm = self.bitmap
         ce, isz, nelems = self.chunk_elems, self.itemsize, self.nelems
         new = 0
@@ -383,6 +385,11 @@ class ReliableMulticast:
         if s.nchunks == 0:
             self._stream_complete(r, s, now, out)
             return
+        if self.config.external_streams:
+            s.open = True
+            out.append(OpenStream(r.seq, s.root, s.ordinal, r.sig,
+                                  Region(r.req, s.buf, s.runs, s.nbytes), s.chunk_elems,
+                                  s.nchunks))
         for h, payload in held:
             cost = h.length + ENTRY_OVERHEAD_NBYTES
             r.held_nbytes -= cost
@@ -397,6 +404,9 @@ class ReliableMulticast:
                 r.rec_timer = self._set_timer(out, now + r.rto, "recover", r, None)
 
     def _stream_complete(self, r: Request, s: Stream, now: float, out: list) -> None:
+        if s.open:
+            s.open = False
+            out.append(CloseStream(r.seq, s.root, s.ordinal, r.req))
         if s.deferred:
             self._answer_deferred(r, s, out)
         self._step_done(r, s.idx)
@@ -489,15 +499,55 @@ class ReliableMulticast:
             # Complete already: later steps may own these blocks now; never rewrite them.
             self.stats.drop("late_recovery")
             return
+        if s.open:
+            # The placer writes it and reports it like a multicast chunk (one writer per
+            # stream: nothing here may race with its writes).
+            out.append(StreamData(r.seq, s.root, s.ordinal, r.req, h.offset, payload))
+            return
         out.append(Deliver(payload, Region(r.req, r.prog[s.idx].buf,
                                            s.slice(h.offset, h.length), h.length), False))
-        new = s.recovered(rng[0], rng[1], now)
+        new = s.mark(rng[0], rng[1], now)
         self.stats.recovered_bytes += new
         r.recovered_nbytes += new
         if s.have == s.nchunks:
             self._stream_complete(r, s, now, out)
         elif s.deferred:
             self._answer_deferred(r, s, out)
+
+    # -- external placement (EngineConfig.external_streams) ---------------------------------
+    def _stream_progress(self, seq: int, root: int, ordinal: int, ranges, now: float,
+                         eos: bool, recovered: bool, out: list) -> None:
+        """The placer wrote chunk ranges [c0, c1) of an open stream (and/or saw its EOS)."""
+        r = self._by_seq.get(seq)
+        s = r.streams.get((root, ordinal)) if r is not None else None
+        if s is None or not s.open:
+            self.stats.drop("stale_progress")       # its request ended meanwhile
+            return
+        n = s.nchunks
+        new = 0
+        for c0, c1 in ranges:
+            if 0 <= c0 < c1 <= n:
+                new += s.mark(c0, c1, now)
+        if recovered:
+            self.stats.recovered_bytes += new
+            r.recovered_nbytes += new
+        else:
+            r.mcast_bytes_in += new
+        if s.have == n:
+            self._stream_complete(r, s, now, out)
+            return
+        if eos and not s.eos_seen:
+            s.eos_seen = True
+            self._request_gaps(r, s, out)
+        if s.deferred and new:
+            self._answer_deferred(r, s, out)
+
+    def _close_streams(self, r: Request, out: list) -> None:
+        """The request ended: every stream still open is closed (before its Fail)."""
+        for s in r.streams.values():
+            if s.open:
+                s.open = False
+                out.append(CloseStream(r.seq, s.root, s.ordinal, r.req))
 
     def _adapt_pacing(self, r: Request) -> None:
         if not r.multicast or not self.config.pacing_gbps:
