@@ -79,6 +79,23 @@ def main(scenario: str) -> int:
         polycast.finalize()
         return 0
 
+    if scenario == "lossy":
+        exact = True
+        for count in (5000, 200000):
+            src = comm.empty(count, np.int32)
+            src[:] = np.arange(count) + r
+            out = np.zeros(count * comm.size, np.int32)      # staged
+            comm.Allgather(src, out, algorithm="mcast")
+            want = np.concatenate([np.arange(count) + p for p in range(comm.size)])
+            exact = exact and bool(np.array_equal(out, want))
+            b = np.arange(count, dtype=np.float64) if r == 1 else np.zeros(count)
+            comm.Bcast(b, root=1, algorithm="mcast")
+            exact = exact and bool(np.array_equal(b, np.arange(count, dtype=np.float64)))
+        st = comm.stats()
+        print(f"RESULT lossy exact={exact} recovered={st.recovered_bytes}", flush=True)
+        polycast.finalize()
+        return 0
+
     raise SystemExit(f"unknown scenario {scenario!r}")
 
 

@@ -68,6 +68,20 @@ def test_every_collective_and_algorithm(nranks, workers, secret):
     assert not _leftovers()
 
 
+def test_loss_recovered_through_the_workers():
+    """Datagrams the workers drop are pulled by the engines and placed by the workers
+    (StreamData): exact results, recovered bytes counted."""
+    env = {**OFFLOAD, "POLYCAST_OFFLOAD_WORKERS": "2", "POLYCAST_OFFLOAD_DROP_EVERY": "5",
+           "POLYCAST_TIMEOUT": "30"}
+    res = spawn_ranks(3, ["tests/offload_rank.py", "lossy"], env=env, timeout=90)
+    for r in res:
+        assert r.returncode == 0, r.out + r.err[-3000:]
+        assert "RESULT lossy exact=True" in r.out, r.out
+    recovered = [int(m) for r in res for m in re.findall(r"recovered=(\d+)", r.out)]
+    assert sum(recovered) > 0, [r.out for r in res]
+    assert not _leftovers()
+
+
 def test_mismatch_is_the_engines_error_on_every_rank():
     res = selftest(3, "mismatch", env={**OFFLOAD, "POLYCAST_TIMEOUT": "20"}, timeout=90)
     _ok(res, "mismatch")

@@ -29,8 +29,11 @@ class MulticastUnavailable(PolycastError):
     """The multicast group cannot be set up on this host or network."""
 
 
-def group_for(job_id: str, comm_id: int) -> tuple[str, int]:
-    d = hashlib.blake2b(f"{job_id}/{comm_id}".encode(), digest_size=6).digest()
+def group_for(job_id: str, comm_id: int, root: int | None = None) -> tuple[str, int]:
+    """The communicator's group, or with ``root`` the group of that root's streams only (the
+    offload process's receive workers each join the groups of the roots they own)."""
+    key = f"{job_id}/{comm_id}" if root is None else f"{job_id}/{comm_id}/root/{root}"
+    d = hashlib.blake2b(key.encode(), digest_size=6).digest()
     # Avoid .0 and .255 in the last byte (some stacks treat them oddly) and port < 20000.
     addr = f"239.255.{d[0]}.{1 + d[1] % 254}"
     port = 20000 + int.from_bytes(d[2:4], "big") % 40000
@@ -101,12 +104,42 @@ def datagram_payload_nbytes(job_id: str, single_host: bool, secret: bytes | None
     return max(64, min(65000, mtu - ours))
 
 
-def open_group(job_id: str, comm_id: int, single_host: bool,
-               interface: str | None = None) -> tuple[socket.socket, tuple[str, int]]:
-    """A non-blocking UDP socket joined to the communicator's group, ready to send to it."""
-    group, port = group_for(job_id, comm_id)
-    iface = interface or os.environ.get("POLYCAST_MCAST_IF") or \
+def _interface_for(group: str, port: int, single_host: bool, interface: str | None) -> str:
+    return interface or os.environ.get("POLYCAST_MCAST_IF") or \
         ("127.0.0.1" if single_host else default_interface(group, port))
+
+
+def open_sender(job_id: str, comm_id: int, root: int, single_host: bool,
+                interface: str | None = None) -> tuple[socket.socket, tuple[str, int]]:
+    """A non-blocking UDP socket that sends to ``root``'s group of the communicator and
+    joins nothing (it would only read its own stream back)."""
+    group, port = group_for(job_id, comm_id, root)
+    iface = _interface_for(group, port, single_host, interface)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_NBYTES)
+        except OSError:
+            pass
+        if iface != "0.0.0.0":
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(iface))
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0 if single_host else 1)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise MulticastUnavailable(f"cannot send to multicast group {group}:{port} on "
+                                   f"interface {iface}: {exc}") from None
+    return sock, (group, port)
+
+
+def open_group(job_id: str, comm_id: int, single_host: bool,
+               interface: str | None = None,
+               root: int | None = None) -> tuple[socket.socket, tuple[str, int]]:
+    """A non-blocking UDP socket joined to the communicator's group (or to ``root``'s
+    group of it), ready to send to it."""
+    group, port = group_for(job_id, comm_id, root)
+    iface = _interface_for(group, port, single_host, interface)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

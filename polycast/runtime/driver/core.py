@@ -58,7 +58,11 @@ def env_engine_config(config: EngineConfig) -> EngineConfig:
 class Driver:
     """Owns the engines and the I/O of one process; runs the progress thread."""
 
-    def __init__(self, world: World, config: EngineConfig | None = None) -> None:
+    def __init__(self, world: World, config: EngineConfig | None = None, *,
+                 mcast_io=MulticastIO, on_action=None) -> None:
+        """``mcast_io``: the multicast I/O class (the offload process sends on one group per
+        root); ``on_action(comm_state, action)``: what to do with actions this driver does
+        not carry out itself (the offload's OpenStream, StreamData, CloseStream)."""
         self.world = world
         self.rank = world.rank
         self.config = env_engine_config(config or EngineConfig(
@@ -73,9 +77,9 @@ class Driver:
         self.timers = Timers()
         self.peers = PeerIO(world, self.progress.sel, self._on_frame, self._on_sent,
                             self._on_lost)
-        self.mcast = MulticastIO(self.progress.sel, self._on_datagram)
+        self.mcast = mcast_io(self.progress.sel, self._on_datagram)
         self.runner = ActionRunner(self.buffers, self.requests, self.peers, self.mcast,
-                                   self.timers, self.secret)
+                                   self.timers, self.secret, on_action)
         self._run = self.runner.run
         self.progress.start()
 
@@ -245,6 +249,16 @@ class Driver:
         cs = self._comms.get(comm_id)
         if cs is not None:
             self._run(cs, cs.engine.on_datagram(data, time.monotonic()))
+
+    def engine_event(self, comm_id: int, fn) -> None:
+        """Feed an engine an event that comes from outside this driver's own I/O (the
+        offload's receive workers): ``fn(engine, now)`` returns its actions, carried out
+        here under the progress lock, from any thread."""
+        with self.progress.lock:
+            cs = self._comms.get(comm_id)
+            if cs is not None:
+                self._run(cs, fn(cs.engine, time.monotonic()))
+                self.peers.flush_all()
 
     def fire_timers(self, now: float) -> None:
         """Hand every timer due at ``now`` to its engine (progress lock held)."""

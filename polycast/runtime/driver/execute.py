@@ -35,10 +35,11 @@ class ActionRunner:
     being carried out wait behind the rest of it (the engine's contract)."""
 
     def __init__(self, buffers: Buffers, requests: dict, peers: PeerIO, mcast: MulticastIO,
-                 timers: Timers, secret: bytes | None) -> None:
+                 timers: Timers, secret: bytes | None, on_action=None) -> None:
         self.buffers, self.requests = buffers, requests
         self.peers, self.mcast, self.timers = peers, mcast, timers
         self.secret = secret
+        self.on_action = on_action          # fn(cs, action) for actions not handled here
         self._in_run = False
         self._queued: collections.deque = collections.deque()
 
@@ -88,6 +89,8 @@ class ActionRunner:
                     req._finish()
             elif t is Fail:
                 self.fail_request(a.req, a.error)
+            elif self.on_action is not None:
+                self.on_action(cs, a)
 
     def _memory_failed(self, cs: CommState, req_id: int, exc: Exception) -> None:
         """A memory operation of a request raised (a buffer that cannot take the data, an

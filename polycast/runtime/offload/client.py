@@ -217,6 +217,11 @@ class OffloadClient:
         answer = self._call(lambda call: (D.stats(call, comm_id), b""))
         return None if answer is None else EngineStats(**answer)
 
+    def offload_stats(self) -> dict:
+        """The offload process's CPU seconds and its receive workers' counters (pid,
+        cpu_s, datagrams, placed chunks and bytes, drops)."""
+        return self._call(lambda call: (D.offload_stats(call), b""))
+
     def transports(self) -> dict[int, str]:
         return dict(self._transports)
 

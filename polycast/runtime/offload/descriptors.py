@@ -12,6 +12,7 @@ POST        request, comm, schedule id, comm rank, itemsize,       -
 ADD_COMM    call id, comm, want multicast                          JSON member list
 FREE_COMM   comm                                                   -
 STATS       call id, comm                                          -
+OFFLOAD_STA call id                                                 -
 BYE         -                                                      -
 DONE        request, status (0 ok), error class, lost rank         error text (utf-8)
 REPLY       call id, ok                                            JSON answer or error
@@ -27,7 +28,7 @@ import struct
 from ...errors import (CollectiveTimeout, InvalidArgument, MismatchError, OffloadLost,
                        PeerLost, PolycastError, ProtocolError, Unsupported)
 
-SCHEDULE, POST, ADD_COMM, FREE_COMM, STATS, BYE = 1, 2, 3, 4, 5, 6
+SCHEDULE, POST, ADD_COMM, FREE_COMM, STATS, BYE, OFFLOAD_STATS = 1, 2, 3, 4, 5, 6, 7
 DONE, REPLY = 16, 17
 
 _SCHEDULE = struct.Struct("<BxxxI")
@@ -95,6 +96,11 @@ def parse_stats(blob: bytes) -> tuple[int, int]:
     return call, comm
 
 
+def offload_stats(call: int) -> bytes:
+    """The offload process's own counters (CPU seconds, its workers'): a REPLY."""
+    return _STATS.pack(OFFLOAD_STATS, call, 0)
+
+
 def bye() -> bytes:
     return _BYE.pack(BYE)
 
@@ -138,3 +144,76 @@ def reply(call: int, ok: bool) -> bytes:
 def parse_reply(blob: bytes) -> tuple[int, bool]:
     _, ok, call = _REPLY.unpack_from(blob)
     return call, bool(ok)
+
+
+# -- the offload process and its multicast receive workers -----------------------------------
+# Keys of a stream: (comm, seq, root, ordinal); ``rank`` is the world rank whose buffer a
+# stream is placed into. Server -> worker: SETUP, MAP, JOIN, LEAVE, OPEN, DATA, CLOSE,
+# WSTATS, STOP; worker -> server: ACK, PROGRESS, WSTATS (answer: JSON counters).
+W_SETUP, W_MAP, W_JOIN, W_LEAVE, W_OPEN, W_DATA, W_CLOSE, W_STATS, W_STOP = range(32, 41)
+W_ACK, W_PROGRESS = 48, 49
+F_EOS, F_RECOVERED = 1, 2
+
+_W_TOKEN = struct.Struct("<BxxxI")            # SETUP (JSON), MAP (JSON), STATS, ACK, STOP
+_W_COMM = struct.Struct("<BxxxI")             # JOIN (JSON roots), LEAVE
+_W_KEY = struct.Struct("<BBxxIIIII")          # kind, flags, rank, comm, seq, root, ordinal
+_W_OPEN = struct.Struct("<BxxxIIIIIIIIIIqq")  # + sig, itemsize, chunk_elems, nchunks,
+#                                               expected, nelems, base offset
+_W_DATA = struct.Struct("<BxxxIIIIIq")        # + byte offset
+_W_CLOSE = struct.Struct("<BxxxIIIIII")       # + token
+
+
+def w_token(kind: int, token: int = 0) -> bytes:
+    return _W_TOKEN.pack(kind, token)
+
+
+def parse_w_token(blob: bytes) -> int:
+    return _W_TOKEN.unpack_from(blob)[1]
+
+
+def w_comm(kind: int, comm: int) -> bytes:
+    return _W_COMM.pack(kind, comm)
+
+
+def parse_w_comm(blob: bytes) -> int:
+    return _W_COMM.unpack_from(blob)[1]
+
+
+def w_open(rank: int, key: tuple, sig: int, itemsize: int, chunk_elems: int, nchunks: int,
+           expected: int, nelems: int, base: int) -> bytes:
+    return _W_OPEN.pack(W_OPEN, rank, *key, sig, itemsize, chunk_elems, nchunks, expected,
+                        nelems, base)
+
+
+def parse_w_open(blob: bytes) -> tuple:
+    """(rank, key, sig, itemsize, chunk_elems, nchunks, expected, nelems, base)"""
+    v = _W_OPEN.unpack_from(blob)
+    return v[1], tuple(v[2:6]), v[6], v[7], v[8], v[9], v[10], v[11], v[12]
+
+
+def w_data(rank: int, key: tuple, offset: int) -> bytes:
+    return _W_DATA.pack(W_DATA, rank, *key, offset)
+
+
+def parse_w_data(blob: bytes) -> tuple:
+    v = _W_DATA.unpack_from(blob)
+    return v[1], tuple(v[2:6]), v[6]
+
+
+def w_close(rank: int, key: tuple, token: int) -> bytes:
+    return _W_CLOSE.pack(W_CLOSE, rank, *key, token)
+
+
+def parse_w_close(blob: bytes) -> tuple:
+    v = _W_CLOSE.unpack_from(blob)
+    return v[1], tuple(v[2:6]), v[6]
+
+
+def w_progress(rank: int, key: tuple, flags: int) -> bytes:
+    return _W_KEY.pack(W_PROGRESS, flags, rank, *key)
+
+
+def parse_w_progress(blob: bytes) -> tuple:
+    """(rank, key, flags)"""
+    v = _W_KEY.unpack_from(blob)
+    return v[2], tuple(v[3:7]), v[1]

@@ -38,6 +38,7 @@ from ..world import connect
 from . import descriptors as D
 from .arena import Arena
 from .channel import Channel, peer_pid, recv_line, send_line
+from .streams import RootSenderIO, Workers
 
 SCHEDULES_KEPT = 512            # twice the ranks' table: ids a rank still uses are here
 IDLE_SELECT_SECONDS = 0.05
@@ -72,18 +73,35 @@ class RankHost:
         self.world = None
         self.schedules: collections.OrderedDict = collections.OrderedDict()
         self.gone = False
+        self.workers = server.workers
+        self.posted: dict[int, _Posted] = {}        # req -> what the workers need of it
+        self.local_ranks: set[int] = set()
+        self._lock = threading.Lock()
+        self._closing: dict[int, int] = {}          # req -> CloseStreams not acknowledged
+        self._parked: dict[int, BaseException] = {}  # failed reqs waiting for those acks
 
     # -- attaching ------------------------------------------------------------------------
     def connect(self) -> dict:
         """Rendezvous on the rank's behalf and start its driver; the rank's world answer."""
         h = self.hello
-        self.world = connect(self.job, h.get("transport"))
+        w = self.workers
+        if w is not None:               # before the rank unlinks its arena
+            w.map_arena(self.rank, self.arena.path, self.arena.nbytes)
+        self.world = world = connect(self.job, h.get("transport"))
+        self.local_ranks = {r for r, p in world.peers.items() if p.same_host} | {self.rank}
         env = dict(h.get("env") or {})
-        config = engine_config(self.world, self.job.timeout_seconds,
+        config = engine_config(world, self.job.timeout_seconds,
                                mtu_nbytes=h.get("mtu_nbytes"),
                                pacing_gbps=h.get("pacing_gbps"), env=env)
-        self.driver = Driver(self.world, config)
-        err = self.driver.add_comm(0, list(range(self.world.size)))
+        if w is None:
+            self.driver = Driver(world, config)
+        else:
+            w.setup(world.job_id, world.single_host, world.key)
+            w.hosts[self.rank] = self
+            self.driver = Driver(world, dataclasses.replace(config, external_streams=True),
+                                 mcast_io=RootSenderIO,
+                                 on_action=lambda cs, a: w.on_action(self, cs, a))
+        err = self._add_comm(0, list(range(world.size)), True)
         return {"job_id": self.world.job_id, "single_host": self.world.single_host,
                 "transports": {str(r): t for r, t in self.driver.transports().items()},
                 "mcast_error": err}
@@ -99,16 +117,28 @@ class RankHost:
                 self.schedules.popitem(last=False)
         elif kind == D.ADD_COMM:
             call, comm, want = D.parse_add_comm(blob)
-            self._answer(call, lambda: {"mcast_error": self.driver.add_comm(
+            self._answer(call, lambda: {"mcast_error": self._add_comm(
                 comm, json.loads(payload), want)})
         elif kind == D.FREE_COMM:
-            self.driver.free_comm(D.parse_free_comm(blob))
+            comm = D.parse_free_comm(blob)
+            self.driver.free_comm(comm)
+            if self.workers is not None:
+                self.workers.leave(comm)
+        elif kind == D.OFFLOAD_STATS:
+            call, _ = D.parse_stats(blob)
+            self._answer(call, self.server.stats)
         elif kind == D.STATS:
             call, comm = D.parse_stats(blob)
             self._answer(call, lambda: _stats(self.driver.stats(comm)))
         elif kind == D.BYE:
             threading.Thread(target=self._bye, args=(int(payload or b"0"),),
                              daemon=True).start()
+
+    def _add_comm(self, comm: int, members: list[int], want: bool) -> str | None:
+        err = self.driver.add_comm(comm, members, want)
+        if self.workers is not None and want and len(members) > 1 and err is None:
+            self.workers.join(comm, len(members))
+        return err
 
     def _post(self, d: dict) -> None:
         req = d["req"]
@@ -132,15 +162,50 @@ class RankHost:
         request = HostRequest(req, d["comm"], lambda: f"rank {rank}: {sched.describe()}",
                               self.job.timeout_seconds)
         request.host = self
+        if self.workers is not None:
+            offsets = {}
+            if d["send"]:
+                offsets["send"] = d["send"][0]
+            if d["recv"]:
+                offsets["recv"] = d["recv"][0]
+            self.posted[req] = _Posted(sched, offsets)
         try:
             self.driver.post(d["comm"], request, sched, d["itemsize"], d["dtype"], d["op"])
         except PolycastError as exc:
             self.driver.buffers.unregister(req)
             self.complete(req, exc)
+        except Exception as exc:            # noqa: BLE001 - a bug here: fail it, loudly
+            traceback.print_exc()
+            self.driver.buffers.unregister(req)
+            self.complete(req, PolycastError(f"rank {self.rank}: the offload process "
+                                             f"failed to post request {req}: {exc!r}"))
 
     def complete(self, req: int, error: BaseException | None) -> None:
+        with self._lock:
+            self.posted.pop(req, None)
+            if error is not None and self._closing.get(req):
+                # A failed request's streams may still be written by a worker until it
+                # acknowledges their CloseStream: only then may the rank reuse the buffer.
+                self._parked[req] = error
+                return
         blob, payload = D.done(req, error)
         self.channel.send(blob, payload)
+
+    def closing_stream(self, req: int) -> None:
+        with self._lock:
+            self._closing[req] = self._closing.get(req, 0) + 1
+
+    def stream_closed(self, req: int) -> None:
+        with self._lock:
+            n = self._closing.get(req, 0) - 1
+            if n > 0:
+                self._closing[req] = n
+                return
+            self._closing.pop(req, None)
+            err = self._parked.pop(req, None)
+        if err is not None:
+            blob, payload = D.done(req, err)
+            self.channel.send(blob, payload)
 
     def _answer(self, call: int, fn) -> None:
         try:
@@ -170,9 +235,16 @@ def _stats(st) -> dict | None:
     return None if st is None else dataclasses.asdict(st)
 
 
+@dataclasses.dataclass
+class _Posted:
+    sched: object
+    offsets: dict                   # buffer name -> byte offset in the rank's arena
+
+
 class Server:
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
+        self.workers: Workers | None = None
         self.name = bytes.fromhex(cfg["socket"])
         self.timeout = float(cfg["timeout"])
         self.sel = selectors.DefaultSelector()
@@ -185,6 +257,11 @@ class Server:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+
+    def stats(self) -> dict:
+        """CPU seconds of this process and its workers, and the workers' counters."""
+        return {"pid": os.getpid(), "cpu_s": time.process_time(),
+                "workers": self.workers.stats() if self.workers is not None else []}
 
     def wake(self) -> None:
         try:
@@ -308,6 +385,8 @@ class Server:
     def close(self) -> None:
         for host in list(self.hosts.values()):
             self._drop(host, died=not host.gone)
+        if self.workers is not None:
+            self.workers.stop()
         try:
             self.listener.close()
         except (OSError, AttributeError):
@@ -321,6 +400,8 @@ def main() -> int:
     if not server.listen():
         return 0
     try:
+        if int(cfg.get("workers", 0)) > 0:
+            server.workers = Workers(int(cfg["workers"]))
         server.serve()
     finally:
         server.close()
