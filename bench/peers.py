@@ -2,11 +2,16 @@
 and torch.distributed's gloo, in one invocation, on local ranks.
 
     python bench/peers.py [-n 4] [--collectives allgather,allreduce,broadcast]
-                          [--sizes 8B,64KiB,16MiB] [--iters N] [--warmup N] [--json FILE]
+                          [--sizes 8B,64KiB,1MiB,16MiB] [--transport auto|shm|tcp]
+                          [--iters N] [--warmup N] [--breakdown] [--json FILE]
 
-prints busbw (GB/s, 1e9 bytes/s) per collective and size for each peer, polycast's best
-algorithm and the ratios polycast/MPICH and polycast/gloo, then the latency of the smallest
-allreduce, and writes the same data as JSON (default bench/results/peers.json).
+prints busbw (GB/s, 1e9 bytes/s) per collective and size for each peer: polycast's engine
+path (its best explicit algorithm: the engine's schedules over shm rings or TCP) and its
+default ``auto`` (on one host the symm path), MPICH and gloo, the ratios engine/MPICH,
+auto/MPICH and engine/gloo, then the latency of the smallest allreduce; ``--breakdown``
+adds, per case, where the engine path's CPU time goes per call (bench/breakdown.py). The
+same data goes to JSON (default bench/results/peers.json), with each polycast row's CPU
+time per call (``cpu_us``).
 
 Installing the peers on a fresh machine, with pip only (the ``peers`` extra):
 
@@ -52,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +71,12 @@ from polycast.errors import InvalidArgument, PolycastError  # noqa: E402
 from polycast.units import format_size, parse_size  # noqa: E402
 
 PEERS = ("polycast", "mpich", "gloo")
-LABELS = {"polycast": "polycast", "mpich": "MPICH", "gloo": "gloo"}
-DEFAULT_SIZES = "8B,64KiB,16MiB"
+LABELS = {"polycast": "polycast engine", "mpich": "MPICH", "gloo": "gloo"}
+DEFAULT_SIZES = "8B,64KiB,1MiB,16MiB"
+TRANSPORTS = ("auto", "shm", "tcp")
+# MPICH over TCP: no shared-memory path between local ranks (NOLOCAL), and UCX (this
+# wheel's netmod) restricted to its TCP transport.
+MPICH_TCP_ENV = {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self"}
 DEFAULT_JSON = HERE / "results" / "peers.json"
 KILL_GRACE_SECONDS = 3.0
 
@@ -201,7 +210,8 @@ def find_mpiexec() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
-def run_mpich(cases, nranks, warmup, timeout_seconds, workdir: Path) -> PeerRun:
+def run_mpich(cases, nranks, warmup, timeout_seconds, workdir: Path,
+              transport: str = "auto") -> PeerRun:
     run = PeerRun("mpich")
     if importlib.util.find_spec("mpi4py") is None:
         run.unavailable = "mpi4py not installed: pip install mpich mpi4py"
@@ -213,7 +223,8 @@ def run_mpich(cases, nranks, warmup, timeout_seconds, workdir: Path) -> PeerRun:
     out = workdir / "mpich.jsonl"
     cmd = [mpiexec, "-n", str(nranks), sys.executable, str(HERE / "peers_mpi_worker.py"),
            pc.dump_plan(cases, warmup), str(out)]
-    return _finish(run, run_bounded(cmd, timeout_seconds), out, nranks, "mpiexec",
+    env = {**os.environ, **MPICH_TCP_ENV} if transport == "tcp" else None
+    return _finish(run, run_bounded(cmd, timeout_seconds, env), out, nranks, "mpiexec",
                    timeout_seconds)
 
 
@@ -283,9 +294,16 @@ def parse_json_rows(text: str) -> list[dict]:
 
 def best_rows(rows: list[dict], nranks: int) -> dict[tuple[str, int], dict]:
     """Per (collective, nbytes): the correct row with the highest busbw (recomputed from
-    nbytes and time_us as for the other peers), else the best incorrect one."""
+    nbytes and time_us as for the other peers), else the best incorrect one. Rows of
+    ``auto`` count only where no explicit algorithm ran: the best explicit one is the
+    engine path's best (an explicit algorithm always runs the engine's schedule)."""
     best: dict[tuple[str, int], dict] = {}
+    explicit = {(Collective.parse(r["collective"]).value, int(r["nbytes"])) for r in rows
+                if r.get("requested", r.get("algorithm")) != "auto"}
     for raw in rows:
+        if (raw.get("requested") == "auto"
+                and (Collective.parse(raw["collective"]).value, int(raw["nbytes"])) in explicit):
+            continue
         r = with_bandwidth({**raw, "collective": Collective.parse(raw["collective"]).value,
                             "nbytes": int(raw["nbytes"]), "peer": "polycast",
                             "correct": bool(raw.get("correct", False))}, nranks)
@@ -318,7 +336,8 @@ def bench_iters_arg(nbytes: int, iters: int) -> int:
     return iters * 4 if nbytes > BENCH_QUARTER_ABOVE_BYTES else iters
 
 
-def run_polycast(cases, nranks, warmup, timeout_seconds, algo: str | None) -> PeerRun:
+def run_polycast(cases, nranks, warmup, timeout_seconds, algo: str | None,
+                 transport: str = "auto") -> PeerRun:
     """``polycast bench --json`` with every algorithm: one launch per collective when the
     bench takes ``--sizes``, else one per case. The bench runs sizes in order and the
     algorithms in order within a size, and an algorithm that raises ends the launch: the
@@ -335,6 +354,8 @@ def run_polycast(cases, nranks, warmup, timeout_seconds, algo: str | None) -> Pe
         opts += ["--warmup", str(warmup)]
     if "--timeout" in helptext:    # let it end its own ranks first
         opts += ["--timeout", f"{max(1.0, timeout_seconds - 10):g}"]
+    if transport != "auto":
+        opts += ["--transport", transport]
     run.library = "polycast bench"
     by_collective: dict[str, list[pc.Case]] = {}
     for case in cases:
@@ -412,9 +433,11 @@ def run_polycast(cases, nranks, warmup, timeout_seconds, algo: str | None) -> Pe
                 a = with_bandwidth({**auto[0], "collective": coll, "nbytes": case.nbytes},
                                    nranks)
                 best["auto"] = {"algorithm": a.get("algorithm"), "busbw": a["busbw"],
-                                "time_us": a["time_us"], "correct": a.get("correct")}
+                                "time_us": a["time_us"], "correct": a.get("correct"),
+                                "cpu_us": a.get("cpu_us")}
             best["all"] = [{k: r.get(k) for k in ("algorithm", "requested", "time_us",
-                                                   "busbw", "correct", "transport", "iters")}
+                                                   "busbw", "correct", "transport", "iters",
+                                                   "cpu_us")}
                            for r in mine]
             run.rows[key] = best
         if stop:
@@ -457,10 +480,20 @@ def _ratio(a: dict | None, b: dict | None) -> float | str:
     return round(a["busbw"] / b["busbw"], 2)
 
 
+def _auto_row(row: dict | None) -> dict | None:
+    auto = (row or {}).get("auto")
+    if not auto:
+        return None
+    return {"busbw": auto["busbw"], "correct": auto.get("correct", True)}
+
+
 def comparison(cases: list[pc.Case], runs: dict[str, PeerRun]):
-    """(table columns, table rows, JSON records) of busbw per collective and size."""
-    columns = ["collective", "size", "polycast busbw GB/s", "polycast algo", "auto GB/s",
-               "MPICH busbw GB/s", "gloo busbw GB/s", "polycast/MPICH", "polycast/gloo"]
+    """(table columns, table rows, JSON records) of busbw per collective and size.
+    ``engine``: polycast's best explicit algorithm (the engine path); ``auto``: its
+    default, the symm path on one host."""
+    columns = ["collective", "size", "engine busbw GB/s", "engine algo", "auto GB/s",
+               "MPICH busbw GB/s", "gloo busbw GB/s", "engine/MPICH", "auto/MPICH",
+               "engine/gloo"]
     rows, records = [], []
     for case in cases:
         key = (case.collective, case.nbytes)
@@ -470,17 +503,21 @@ def comparison(cases: list[pc.Case], runs: dict[str, PeerRun]):
                      _bw_cell(runs["polycast"], key),
                      pcast.get("algorithm", "?") if pcast else "", _auto_cell(pcast),
                      _bw_cell(runs["mpich"], key), _bw_cell(runs["gloo"], key),
-                     _ratio(pcast, got["mpich"]), _ratio(pcast, got["gloo"])])
+                     _ratio(pcast, got["mpich"]), _ratio(_auto_row(pcast), got["mpich"]),
+                     _ratio(pcast, got["gloo"])])
         rec = {"collective": case.collective, "nbytes": case.nbytes, "count": case.count,
                "dtype": np.dtype(pc.DTYPE).name,
                "polycast_algorithm": pcast.get("algorithm") if pcast else None,
                "polycast_auto": pcast.get("auto") if pcast else None,
                "polycast_vs_mpich": _ratio(pcast, got["mpich"]),
+               "auto_vs_mpich": _ratio(_auto_row(pcast), got["mpich"]),
                "polycast_vs_gloo": _ratio(pcast, got["gloo"])}
         for name, run in runs.items():
             r = got[name]
             rec[name] = ({k: r[k] for k in ("time_us", "algbw", "busbw", "correct")}
                          if r else {"na": run.reason(key)})
+            if r and r.get("cpu_us") is not None:
+                rec[name]["cpu_us"] = r["cpu_us"]
         records.append(rec)
     return columns, rows, records
 
@@ -504,8 +541,35 @@ def latency(cases: list[pc.Case], runs: dict[str, PeerRun]):
                          "yes" if r["correct"] else "WRONG"])
             record[name] = {"time_us": r["time_us"], "correct": r["correct"],
                             "algorithm": r.get("algorithm")}
+        auto = (r or {}).get("auto")
+        if name == "polycast" and auto:
+            rows.append(["polycast auto", auto.get("algorithm", ""),
+                         f"{auto['time_us']:.1f}", "yes" if auto.get("correct") else "WRONG"])
+            record["polycast_auto"] = dict(auto)
     title = f"{format_size(case.nbytes)} allreduce latency"
     return title, columns, rows, record
+
+
+def breakdown(cases: list[pc.Case], runs: dict[str, PeerRun], args) -> list[dict]:
+    """Per case, the engine path's best algorithm profiled by bench/breakdown.py: CPU
+    per call and rank split by engine, driver, transport, copies, waiting."""
+    import breakdown as bd
+    got = []
+    for case in cases:
+        row = runs["polycast"].rows.get((case.collective, case.nbytes))
+        if not row or row.get("algorithm", "").startswith("auto"):
+            continue
+        spec = bd.Case(f"{case.collective}-{format_size(case.nbytes)}-{args.nranks}",
+                       case.collective, str(case.nbytes), row["algorithm"], args.nranks,
+                       args.transport, iters=max(case.iters * 5, 50))
+        print(f"profiling {spec.name} ({row['algorithm']}) ...", file=sys.stderr, flush=True)
+        try:
+            got.append(bd.run_case(spec, 250, None, args.timeout))
+        except (RuntimeError, subprocess.TimeoutExpired, SystemExit) as exc:
+            print(f"note: breakdown of {spec.name} failed: {exc}", file=sys.stderr)
+    if got:
+        bd.print_rows(got)
+    return got
 
 
 # ---------------------------------------------------------------------------- main
@@ -528,6 +592,13 @@ def parse_args(argv):
     p.add_argument("--algo", default=None,
                    help="polycast algorithms, comma-separated (default: auto and every one "
                         "polycast supports for the collective; the table shows the best)")
+    p.add_argument("--transport", default="auto", choices=TRANSPORTS,
+                   help="between local ranks: polycast's POLYCAST_TRANSPORT, and for tcp "
+                        "MPICH without its shared memory (UCX over TCP); gloo is always TCP")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also profile the engine path's best algorithm per case "
+                        "(bench/breakdown.py: CPU per call by engine, driver, transport, "
+                        "copies, waiting; needs py-spy)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds each launch may take before it is killed (default 120)")
     p.add_argument("--json", default=str(DEFAULT_JSON), metavar="FILE",
@@ -573,10 +644,10 @@ def main(argv=None) -> int:
             print(f"running {LABELS[name]} ...", file=sys.stderr, flush=True)
             if name == "polycast":
                 runs[name] = run_polycast(cases, args.nranks, args.warmup, args.timeout,
-                                          args.algo)
+                                          args.algo, args.transport)
             elif name == "mpich":
                 runs[name] = run_mpich(cases, args.nranks, args.warmup, args.timeout,
-                                       workdir)
+                                       workdir, args.transport)
             else:
                 runs[name] = run_gloo(cases, args.nranks, args.warmup, args.timeout,
                                       workdir)
@@ -585,11 +656,13 @@ def main(argv=None) -> int:
     columns, rows, records = comparison(cases, runs)
     print_table(f"busbw, {args.nranks} local ranks, float32 (GB/s = 1e9 B/s)", columns, rows,
                 right=set(columns[2:3] + columns[4:]))
-    print("polycast: the best of the algorithms run (--algo, default all it supports); "
-          "auto: polycast's own choice (named when it differs)")
+    print("engine: polycast's best explicit algorithm (the engine's schedules; --algo, "
+          "default all it supports); auto: polycast's default (on one host the symm path, "
+          "named auto(symm))")
     lat = latency(cases, runs)
     if lat:
         print_table(lat[0], lat[1], lat[2], right={"time us"})
+    profile = breakdown(cases, runs, args) if args.breakdown else None
     for run in runs.values():
         for note in run.notes:
             print(f"note: {LABELS[run.name]}: {note}")
@@ -613,8 +686,10 @@ def main(argv=None) -> int:
                          "library": run.library, "seconds": round(run.seconds, 2),
                          "notes": run.notes, "rows": list(run.rows.values())}
                   for name, run in runs.items()},
+        "transport": args.transport,
         "busbw": records,
         "latency": lat[3] if lat else None,
+        "breakdown": profile,
     }
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)

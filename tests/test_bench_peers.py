@@ -82,15 +82,23 @@ def test_comparison_gives_ratios_and_reasons():
             {"collective": "allreduce", "nbytes": 8, "time_us": 20.0}]),
         "gloo": _run("gloo", [], unavailable="torch not installed"),
     }
+    runs["polycast"].rows[("allgather", 1 << 20)]["auto"] = {
+        "algorithm": "auto(symm)", "busbw": runs["mpich"].rows[("allgather", 1 << 20)]["busbw"]
+        * 3, "time_us": 66.7, "correct": True}
+    columns, rows, records = peers.comparison(cases, runs)
+    by = {(r[0], r[1]): dict(zip(columns, r)) for r in rows}
+    assert by[("allgather", "1MiB")]["auto/MPICH"] == 3.0
+    runs["polycast"].rows[("allgather", 1 << 20)].pop("auto")
     columns, rows, records = peers.comparison(cases, runs)
     by = {(r[0], r[1]): dict(zip(columns, r)) for r in rows}
     ag = by[("allgather", "1MiB")]
-    assert ag["polycast/MPICH"] == 2.0 and ag["polycast algo"] == "mcast"
+    assert ag["engine/MPICH"] == 2.0 and ag["engine algo"] == "mcast"
     assert ag["gloo busbw GB/s"] == "n/a (torch not installed)"
-    assert ag["polycast/gloo"] == "n/a"
+    assert ag["engine/gloo"] == "n/a"
+    assert ag["auto/MPICH"] == "n/a"                # auto was not measured here
     ar = by[("allreduce", "1MiB")]
-    assert ar["polycast busbw GB/s"].endswith("WRONG")
-    assert ar["polycast/MPICH"] == "n/a"            # no ratio against a wrong result
+    assert ar["engine busbw GB/s"].endswith("WRONG")
+    assert ar["engine/MPICH"] == "n/a"              # no ratio against a wrong result
     assert by[("allgather", "16B")]["MPICH busbw GB/s"].startswith("n/a")
     rec = {(r["collective"], r["nbytes"]): r for r in records}
     assert rec[("allgather", 1 << 20)]["mpich"]["time_us"] == 200.0
@@ -111,6 +119,12 @@ def test_polycast_rows_pick_the_best_correct_algorithm():
          "nbytes": 4096, "time_us": 1.0, "algbw": 4, "busbw": 3, "correct": False}])
     best = peers.best_rows(peers.parse_json_rows(text), 4)
     assert best[("allgather", 4096)]["algorithm"] == "mcast"
+    # auto (the symm path on one host) is its own column: the engine column is the best
+    # explicit algorithm even when auto was faster.
+    with_auto = peers.parse_json_rows(text) + [
+        {"collective": "allgather", "algorithm": "auto(symm)", "requested": "auto",
+         "nranks": 4, "nbytes": 4096, "time_us": 2.0, "correct": True}]
+    assert peers.best_rows(with_auto, 4)[("allgather", 4096)]["algorithm"] == "mcast"
     assert best[("allgather", 4096)]["busbw"] == pytest.approx(4096 / 5e3 * 3 / 4)
 
 
