@@ -238,7 +238,7 @@ def launch(nranks: int, command: list[str], *, port: int | None = None,
                                     env=rank_env(r, nranks, port, job_id, extra=extra,
                                                  torch_port=torch_port),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    stderr=subprocess.PIPE, process_group=0,
                                     preexec_fn=preexec)
             item = _Rank(r, proc)
             pre = f"[rank {r}] ".encode() if prefix else b""
