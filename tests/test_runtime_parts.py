@@ -144,6 +144,48 @@ def test_ring_roundtrip_with_pieces_and_pinning(tmp_path):
     assert [g for g in got] == [m.tobytes() for m in msgs]
 
 
+def test_ring_futex_bells_wake_a_sleeping_reader_and_a_blocked_writer(tmp_path):
+    """The counters a sleeper waits on: a flush that wrote bumps the data counter and asks
+    for a futex wake when the reader sleeps on it; freeing space bumps the space counter.
+    A thread sleeping on them (futex_waitv) wakes on the writer's FUTEX_WAKE."""
+    import threading
+
+    from polycast.runtime import futex
+    from polycast.runtime.shm import SLEEP_FUTEX, SLEEP_SELECT
+    if not futex.available():
+        pytest.skip(f"futex wake-ups unavailable: {futex.unavailable_reason()}")
+    path = str(tmp_path / "ring")
+    reader = Ring.create(path, 1 << 16)
+    writer = Ring.attach(path, 1 << 16)
+    reader.unlink()
+    ws = futex.WaitSet([(reader.data_bell_addr, False), (writer.space_bell_addr, False)])
+    d0, s0 = reader.data_bell(), writer.space_bell()
+    reader.set_sleeping(SLEEP_FUTEX)
+    woke = threading.Event()
+
+    def sleeper():
+        ws.wait([d0, s0], 30.0)
+        woke.set()
+    t = threading.Thread(target=sleeper)
+    t.start()
+    assert not woke.wait(0.2)                      # nothing happened yet: it sleeps
+    writer.enqueue(3, b"hdr", [np.ones(100, np.uint8)], 100, "tok")
+    done, bell = writer.flush()
+    assert done == ["tok"] and bell == SLEEP_FUTEX and reader.data_bell() == d0 + 1
+    futex.wake(writer.data_bell_addr)              # the writer's mapping, the same word
+    assert woke.wait(10)
+    t.join()
+    reader.set_sleeping(SLEEP_SELECT)
+    writer.enqueue(3, b"hdr", [], 0, None)
+    assert writer.flush()[1] == SLEEP_SELECT       # a select sleeper wants a doorbell frame
+    reader.set_sleeping(0)
+    frames = []
+    reader.poll(frames)
+    assert len(frames) == 2 and writer.space_bell() != s0       # space freed: bumped
+    writer.close()
+    reader.close()
+
+
 # -- TCP link ---------------------------------------------------------------------------
 def test_tcp_links_exchange_large_messages_both_ways_without_blocking():
     a, b = socket.socketpair()

@@ -16,10 +16,12 @@ would need both rings full of early messages, which the driver makes unlikely by
 messages to about 1 MiB). A message
 bigger than a quarter of the ring travels in pieces and is reassembled.
 
-Wake-ups: the reader raises ``reader_sleeping`` before it blocks in ``select``; a writer
-that sees it sends a one-frame doorbell over the peer's TCP connection. The driver also
-bounds every ``select`` so a doorbell lost to a memory-ordering race costs milliseconds,
-never a hang.
+Wake-ups: the reader raises ``reader_sleeping`` before it blocks, saying how it sleeps: in
+``select`` (a writer that sees it sends a one-frame doorbell over the peer's TCP
+connection) or on the ring's futex counter (the writer, which bumps that counter after
+every flush, makes one ``FUTEX_WAKE``: :mod:`polycast.runtime.futex`). A writer blocked on
+a full ring is woken the same two ways by the reader freeing space. The driver bounds
+every wait so a wake-up lost to a memory-ordering race costs milliseconds, never a hang.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ from .frames import (KIND_BASE, KIND_FRAG_FIRST, KIND_FRAG_MORE, PREFIX, PREFIX_
 KIND_WRAP = KIND_BASE + 10
 CTRL_NBYTES = 256
 HEAD, TAIL, READER_SLEEPING, WRITER_BLOCKED = 0, 8, 16, 24   # uint64 slots (x8 bytes)
+# Futex counters (their low 32 bits; :mod:`polycast.runtime.futex`): the writer bumps
+# DATA_BELL after each flush that wrote, the reader SPACE_BELL whenever it frees space.
+DATA_BELL, SPACE_BELL = 32, 40
+_U32 = 0xFFFFFFFF
+SLEEP_SELECT, SLEEP_FUTEX = 1, 2       # READER_SLEEPING: how the sleeping reader waits
 ALIGN = 16
 DEFAULT_RING_NBYTES = 8 << 20
 # Payloads up to this size are copied out of the ring at once (a 8-byte allreduce's
@@ -100,6 +107,9 @@ class Ring:
         self._ctl = memoryview(self._mm)[:CTRL_NBYTES].cast("Q")
         self.data = np.ndarray((capacity,), np.uint8, self._mm, CTRL_NBYTES)
         self._buf = memoryview(self._mm)[CTRL_NBYTES:]
+        base = self.ctrl.__array_interface__["data"][0]
+        self.data_bell_addr = base + DATA_BELL      # where a sleeping reader waits
+        self.space_bell_addr = base + SPACE_BELL    # where a writer blocked on space waits
         # reader state
         self._handed: collections.deque = collections.deque()   # [end, released]
         self.pinned_nbytes = 0
@@ -160,7 +170,8 @@ class Ring:
 
     def flush(self) -> tuple[list, bool]:
         """Copy queued frames into the ring while they fit. Returns (tokens of messages
-        fully written, whether the reader asked for a doorbell)."""
+        fully written, how the reader wants to be woken: 0 not at all, SLEEP_SELECT a
+        doorbell frame, SLEEP_FUTEX a futex wake on ``data_bell_addr``)."""
         done, wrote = [], False
         while self._out:
             entry = self._out[0]
@@ -175,8 +186,11 @@ class Ring:
                 self._out.popleft()
                 if entry[4] is not None:
                     done.append(entry[4])
-        bell = wrote and self._get(READER_SLEEPING) != 0
-        return done, bell
+        if not wrote:
+            return done, False
+        ctl = self._ctl
+        ctl[DATA_BELL >> 3] = (ctl[DATA_BELL >> 3] + 1) & _U32     # after HEAD: TSO
+        return done, ctl[READER_SLEEPING >> 3]
 
     def _reserve(self, frame_nbytes: int) -> int | None:
         """Position for a frame of ``frame_nbytes`` (padded), writing a wrap marker if it
@@ -342,13 +356,23 @@ class Ring:
             new_tail = self._handed.popleft()[0]
         if new_tail is not None:
             self._set(TAIL, new_tail)
+            ctl = self._ctl
+            ctl[SPACE_BELL >> 3] = (ctl[SPACE_BELL >> 3] + 1) & _U32
             if self._get(WRITER_BLOCKED):
                 self._set(WRITER_BLOCKED, 0)
                 return True
         return False
 
-    def set_sleeping(self, sleeping: bool) -> None:
-        self._set(READER_SLEEPING, 1 if sleeping else 0)
+    def set_sleeping(self, sleeping) -> None:
+        """The reader sleeps (True or SLEEP_SELECT: wake it with a doorbell frame;
+        SLEEP_FUTEX: with a futex wake) or is awake (False, 0)."""
+        self._set(READER_SLEEPING, int(sleeping))
+
+    def data_bell(self) -> int:
+        return self._ctl[DATA_BELL >> 3]
+
+    def space_bell(self) -> int:
+        return self._ctl[SPACE_BELL >> 3]
 
     def pending_input(self) -> bool:
         return self._ctl[0] > self._read_pos      # HEAD

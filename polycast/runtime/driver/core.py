@@ -70,6 +70,10 @@ class Driver:
         self.secret = self.config.secret
         self.buffers = Buffers()
         self.requests: dict[int, Request] = {}
+        # Outstanding requests whose schedule multicasts: while there are any, sleepers
+        # watch the multicast sockets (select), not only the rings' futex counters.
+        self.mcast_requests: set[int] = set()
+        self._mcast_of: dict[int, tuple] = {}
         self._comms: dict[int, CommState] = {}
         self._orphans: dict[int, list] = {}   # comm id -> held messages (comm not made yet)
         self._req_ids = itertools.count(1)
@@ -79,7 +83,7 @@ class Driver:
                             self._on_lost)
         self.mcast = mcast_io(self.progress.sel, self._on_datagram)
         self.runner = ActionRunner(self.buffers, self.requests, self.peers, self.mcast,
-                                   self.timers, self.secret, on_action)
+                                   self.timers, self.secret, self.mcast_requests, on_action)
         self._run = self.runner.run
         self.progress.start()
 
@@ -118,6 +122,8 @@ class Driver:
             raise PolycastError(f"the progress thread died: {self.error!r}")
         request.driver = self
         self.requests[request.req] = request
+        if self._multicasts(schedule):
+            self.mcast_requests.add(request.req)
         if (schedule.count * itemsize > INLINE_POST_MAX_NBYTES
                 or self.progress.has_commands()):
             # Large: the progress thread (or this thread, once it waits) runs it. Posts
@@ -139,6 +145,18 @@ class Driver:
             if cs is not None:
                 self._run(cs, cs.engine.refuse(why, time.monotonic()))
                 self.peers.flush_all()
+
+    def _multicasts(self, schedule) -> bool:
+        """schedule.uses_multicast (a scan of every rank's program), remembered for the
+        few schedules a process posts again and again."""
+        hit = self._mcast_of.get(id(schedule))
+        if hit is not None and hit[0] is schedule:
+            return hit[1]
+        if len(self._mcast_of) >= 64:
+            self._mcast_of.pop(next(iter(self._mcast_of)))
+        value = schedule.uses_multicast
+        self._mcast_of[id(schedule)] = (schedule, value)
+        return value
 
     def drive(self, request: Request, deadline: float) -> None:
         """Progress from the calling thread until ``request`` is done or the deadline."""

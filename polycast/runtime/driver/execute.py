@@ -35,8 +35,10 @@ class ActionRunner:
     being carried out wait behind the rest of it (the engine's contract)."""
 
     def __init__(self, buffers: Buffers, requests: dict, peers: PeerIO, mcast: MulticastIO,
-                 timers: Timers, secret: bytes | None, on_action=None) -> None:
+                 timers: Timers, secret: bytes | None, mcast_requests: set,
+                 on_action=None) -> None:
         self.buffers, self.requests = buffers, requests
+        self.mcast_requests = mcast_requests
         self.peers, self.mcast, self.timers = peers, mcast, timers
         self.secret = secret
         self.on_action = on_action          # fn(cs, action) for actions not handled here
@@ -84,6 +86,7 @@ class ActionRunner:
             elif t is Complete:
                 bufs.finalize(a.req)
                 bufs.unregister(a.req)
+                self.mcast_requests.discard(a.req)
                 req = self.requests.pop(a.req, None)
                 if req is not None:
                     req._finish()
@@ -102,6 +105,7 @@ class ActionRunner:
 
     def fail_request(self, req_id: int, error: BaseException) -> None:
         self.buffers.unregister(req_id)
+        self.mcast_requests.discard(req_id)
         req = self.requests.pop(req_id, None)
         if req is not None:
             req._finish(error)

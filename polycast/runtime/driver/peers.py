@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import selectors
 
+from .. import futex
 from ..frames import KIND_BYE, KIND_DOORBELL, is_driver_kind
+from ..shm import SLEEP_FUTEX
 from ..tcp import LinkClosed
 from ..world import World
 
@@ -40,6 +42,8 @@ class PeerIO:
         self.rings_out = [(p.rank, p.ring_out) for p in peers if p.ring_out]
         # Some peer has no ring: input can come on a socket only.
         self.tcp_only = any(p.ring_in is None for p in peers)
+        # Futex wake-ups work here (a sleeper may wait on the rings' counters).
+        self.futex = bool(self.rings_in) and futex.available()
         for p in peers:
             sel.register(p.tcp.sock, selectors.EVENT_READ, ("peer", p.rank))
 
@@ -89,6 +93,10 @@ class PeerIO:
             for r in bells:
                 peer = self.world.peers[r]
                 if r not in self.lost and r not in self.gone:
+                    # We freed space in the ring of a writer blocked on it: it sleeps in
+                    # select (the doorbell frame) or on the ring's space counter.
+                    if self.futex and peer.ring_in is not None:
+                        futex.wake(peer.ring_in.space_bell_addr)
                     peer.tcp.enqueue(KIND_DOORBELL, b"", [], 0, None)
                     self._flush_peer(r)
 
@@ -100,7 +108,9 @@ class PeerIO:
         if peer.ring_out is not None and peer.ring_out.want_write:
             toks, bell = peer.ring_out.flush()
             done.extend(toks)
-            if bell:
+            if bell == SLEEP_FUTEX:
+                futex.wake(peer.ring_out.data_bell_addr)
+            elif bell:
                 peer.tcp.enqueue(KIND_DOORBELL, b"", [], 0, None)
         if peer.tcp.want_write:
             try:
@@ -161,10 +171,21 @@ class PeerIO:
                 return True
         return False
 
-    def set_sleeping(self, sleeping: bool) -> None:
-        """Tell the writers of our rings whether we sleep (and so need a doorbell)."""
+    def set_sleeping(self, sleeping) -> None:
+        """Tell the writers of our rings whether we sleep, and how (shm.SLEEP_SELECT: a
+        doorbell frame wakes us; shm.SLEEP_FUTEX: a futex wake)."""
         for _, ring in self.rings_in:
             ring.set_sleeping(sleeping)
+
+    def bell_addrs(self) -> list[int]:
+        """The futex counters a sleeper waits on: every ring's data counter, then every
+        outgoing ring's space counter (for a writer blocked on a full ring)."""
+        return ([ring.data_bell_addr for _, ring in self.rings_in]
+                + [ring.space_bell_addr for _, ring in self.rings_out])
+
+    def bell_values(self) -> list[int]:
+        return ([ring.data_bell() for _, ring in self.rings_in]
+                + [ring.space_bell() for _, ring in self.rings_out])
 
     def read_peer(self, r: int) -> None:
         """Read what peer ``r``'s socket holds (its selector key was readable)."""

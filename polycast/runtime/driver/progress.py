@@ -10,6 +10,7 @@ one lock (engines, sockets, rings, timers are not thread-safe).
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import selectors
 import socket
@@ -17,6 +18,8 @@ import threading
 import time
 
 from ...errors import CollectiveTimeout, PolycastError
+from .. import futex
+from ..shm import SLEEP_FUTEX, SLEEP_SELECT
 
 IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost doorbells)
 # While requests are outstanding and input came recently, poll instead of sleeping in
@@ -60,10 +63,20 @@ class Progress:
         self._drive_cv = threading.Condition()
         self._last_activity = 0.0
         self.error: BaseException | None = None
+        # Futex sleeps (see _block): a counter of this process bumped to hand a sleeper a
+        # command, and the wait set, made once the peers are known (start()).
+        self._cmd_word = ctypes.c_uint32(0)
+        self._cmd_addr = ctypes.addressof(self._cmd_word)
+        self._waitset: futex.WaitSet | None = None
         self._thread = threading.Thread(target=self._main, name="polycast-progress",
                                         daemon=True)
 
     def start(self) -> None:
+        peers = self.d.peers
+        if peers.futex and not peers.tcp_only:
+            addrs = [(a, False) for a in peers.bell_addrs()] + [(self._cmd_addr, True)]
+            if len(addrs) <= futex.MAX_WAITERS:
+                self._waitset = futex.WaitSet(addrs)
         self._thread.start()
 
     @property
@@ -76,10 +89,16 @@ class Progress:
         if self.error is not None:
             raise PolycastError(f"the progress thread died: {self.error!r}")
         self._cmds.append((fn, args))
+        self._wake_futex_sleepers()
         try:
             self._wake_w.send(b"x")
         except (BlockingIOError, InterruptedError):
             pass            # already plenty of wake-ups pending
+
+    def _wake_futex_sleepers(self) -> None:
+        if self._waitset is not None:
+            self._cmd_word.value = (self._cmd_word.value + 1) & 0xFFFFFFFF
+            futex.wake_private(self._cmd_addr, 8)
 
     def has_commands(self) -> bool:
         return bool(self._cmds)
@@ -106,6 +125,7 @@ class Progress:
         self.stopping = True
         with self._drive_cv:
             self._drive_cv.notify_all()
+        self._wake_futex_sleepers()
         try:
             self._wake_w.send(b"x")
         except OSError:
@@ -192,17 +212,35 @@ class Progress:
         return self._select_timeout(busy)
 
     def _block(self, timeout: float) -> None:
-        """Sleep until some input may be ready (without ``lock``), at most ``timeout``."""
+        """Sleep until some input may be ready (without ``lock``), at most ``timeout``.
+
+        When every peer has rings and no multicast call is outstanding, input can only
+        come through the rings (the sockets carry doorbells and goodbyes, read at the next
+        round): sleep on the rings' futex counters, woken by one FUTEX_WAKE from the writer
+        instead of a doorbell frame. Otherwise sleep in select."""
         if timeout <= 0:
             return
-        peers = self.d.peers
-        peers.set_sleeping(True)
+        d = self.d
+        peers = d.peers
+        ws = self._waitset
+        if ws is not None and not d.mcast_requests:
+            values = peers.bell_values()
+            values.append(self._cmd_word.value)
+            peers.set_sleeping(SLEEP_FUTEX)
+            try:
+                if peers.rings_pending() or self._cmds or self.stopping:
+                    return
+                ws.wait(values, timeout)
+            finally:
+                peers.set_sleeping(0)
+            return
+        peers.set_sleeping(SLEEP_SELECT)
         try:
             if peers.rings_pending():
                 return
             self.sel.select(timeout)
         finally:
-            peers.set_sleeping(False)
+            peers.set_sleeping(0)
 
     def _spin(self, seconds: float) -> int:
         """Watch for input for up to ``seconds`` without sleeping, yielding the core
