@@ -186,6 +186,28 @@ def test_ring_futex_bells_wake_a_sleeping_reader_and_a_blocked_writer(tmp_path):
     reader.close()
 
 
+
+@pytest.mark.parametrize("how", ["env", "platform", "no-syscall"])
+def test_futex_unavailable_says_why_and_the_driver_keeps_doorbells(monkeypatch, how):
+    """Off Linux, with POLYCAST_FUTEX=0, or with no syscall() in the C library the probe
+    answers False with a reason (and the driver then sleeps in select on doorbells)."""
+    import ctypes
+
+    from polycast.runtime import futex
+    monkeypatch.setattr(futex, "_syscall", None)
+    monkeypatch.setattr(futex, "_why_not", None)
+    if how == "env":
+        monkeypatch.setenv("POLYCAST_FUTEX", "0")
+    elif how == "platform":
+        monkeypatch.setattr(futex.sys, "platform", "darwin")
+    else:
+        def no_libc(*a, **k):
+            raise OSError("no C library here")
+        monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    assert futex.available() is False
+    assert futex.unavailable_reason()
+
+
 # -- TCP link ---------------------------------------------------------------------------
 def test_tcp_links_exchange_large_messages_both_ways_without_blocking():
     a, b = socket.socketpair()

@@ -55,6 +55,8 @@ def _probe() -> str | None:
         return "POLYCAST_FUTEX=0"
     if not sys.platform.startswith("linux"):
         return f"futexes are Linux's; this is {sys.platform}"
+    if sys.byteorder != "little":
+        return "the rings' counters are the low half of a u64: little-endian only"
     nr = _SYS_FUTEX.get(platform.machine().lower())
     if nr is None:
         return f"no futex syscall number known for {platform.machine()}"

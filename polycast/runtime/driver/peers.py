@@ -108,9 +108,11 @@ class PeerIO:
         if peer.ring_out is not None and peer.ring_out.want_write:
             toks, bell = peer.ring_out.flush()
             done.extend(toks)
-            if bell == SLEEP_FUTEX:
+            if bell == SLEEP_FUTEX and self.futex:
                 futex.wake(peer.ring_out.data_bell_addr)
             elif bell:
+                # A doorbell also when the reader sleeps on its futex but this rank cannot
+                # wake one (POLYCAST_FUTEX=0 here only): the reader's bounded wait ends it.
                 peer.tcp.enqueue(KIND_DOORBELL, b"", [], 0, None)
         if peer.tcp.want_write:
             try:
