@@ -82,6 +82,17 @@ def test_placements():
             runner.placement(p, bad)
 
 
+
+def test_rank_env_paces_unless_the_user_chose(monkeypatch):
+    """The lab paces multicast at half the host link by default; a value the user set,
+    the empty string ("unpaced") included, is theirs (an unpaced run must stay unpaced)."""
+    p = LabPlan.parse(name="x", hosts=2, leaves=1, link="1Gbps")
+    monkeypatch.delenv("POLYCAST_PACING_GBPS", raising=False)
+    assert runner.rank_env(p, [0, 1])["POLYCAST_PACING_GBPS"] == "0.5"
+    for chosen in ("", "0.25"):
+        monkeypatch.setenv("POLYCAST_PACING_GBPS", chosen)
+        assert "POLYCAST_PACING_GBPS" not in runner.rank_env(p, [0, 1])
+
 # -- bad input through the CLI: one line, exit 2, nothing made -------------------------------
 
 @pytest.fixture

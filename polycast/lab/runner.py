@@ -5,9 +5,10 @@ leaves, so ring neighbours sit on different leaves, as a topology-blind schedule
 them; ``random:SEED``; or an explicit comma-separated host list). Each rank gets what
 ``polycast run`` gives a rank (POLYCAST_RANK, SIZE, JOB_ID, MASTER_ADDR/PORT — the
 master being rank 0's host address inside the lab), LOCAL_RANK 0 of LOCAL_SIZE 1 (one rank
-per host), and, unless already set, POLYCAST_PACING_GBPS = host link rate / 2: multicast
-is paced so the default two concurrent allgather streams fill, and do not overflow, a
-receiver's shaped link.
+per host), and, unless set in the environment, POLYCAST_PACING_GBPS = host link rate / 2:
+multicast is paced so the default two concurrent allgather streams fill, and do not overflow,
+a receiver's shaped link. Set to the empty string it means unpaced (as everywhere else), so a
+run can overflow the lab's queues on purpose.
 
 Counter marks: with ``marks=True`` the ranks find POLYCAST_LAB_MARKS (a directory) in their
 environment; :func:`polycast.lab.marks.mark` there makes the runner read every link's
@@ -68,7 +69,8 @@ def rank_env(plan: LabPlan, hosts: list[int], extra: dict | None = None) -> dict
     """What every rank gets on top of the launcher's per-rank variables."""
     env = {"POLYCAST_MASTER_ADDR": plan.addr(hosts[0]), "POLYCAST_LOCAL_RANK": "0",
            "POLYCAST_LOCAL_SIZE": "1"}
-    if plan.link_bps and not os.environ.get("POLYCAST_PACING_GBPS"):
+    # Present but empty means "unpaced": only an absent variable gets the lab's default.
+    if plan.link_bps and "POLYCAST_PACING_GBPS" not in os.environ:
         env["POLYCAST_PACING_GBPS"] = f"{plan.link_bps / 2e9:g}"
     env.update(extra or {})
     return env
