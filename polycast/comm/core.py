@@ -20,6 +20,10 @@ from ..runtime.driver import Driver, Request
 from . import choice
 from .buffers import dtype_name
 
+# The collectives that may take the staged symmetric-memory path (Comm.refuse).
+_SYMM_STAGED = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER,
+                Collective.BROADCAST)
+_NO_BUFFER = np.empty(0, np.uint8)
 UNDEFINED = -32766          # Split color for "not in any new communicator" (as MPI.UNDEFINED)
 
 
@@ -149,6 +153,24 @@ class CommCore:
             except PolycastError:
                 pass                            # a dead progress thread: nobody to tell
         return err
+
+    def refuse(self, coll, exc: BaseException, *, algorithm: str | None = None
+               ) -> BaseException:
+        """This rank cannot make its next ``coll`` call: a check made *outside* Comm
+        failed (polycast.torch's on a tensor). Takes the call's turn on the path every rank
+        takes for it (symmetric memory or the engine), so the peers raise at once naming
+        this rank and every rank's next call matches, as when Comm's own checks fail.
+        Returns the error to raise here."""
+        coll = Collective.parse(coll)
+        if coll in _SYMM_STAGED and _symm.auto_staged(self, coll, algorithm, _NO_BUFFER):
+            err = exc if isinstance(exc, InvalidArgument) else \
+                InvalidArgument(f"{coll}: {exc}")
+            try:
+                with _symm.common._telling_peers(self, coll.value):
+                    raise err       # joins the call's opening barrier as "cannot take part"
+            except InvalidArgument:
+                return err
+        return self._refused(coll.value, exc)
 
     # -- symmetric memory (one host) ------------------------------------------------------
     def takes_symm(self, coll: Collective, dtype, algorithm: str | None = None) -> bool:

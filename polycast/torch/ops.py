@@ -69,8 +69,14 @@ class Call:
     def then(self, fn) -> None:
         self._after.append(fn)
 
-    def post(self, request) -> None:
-        self.requests.append(request)
+    def post(self, method, *args, **kw) -> None:
+        """Call the Comm ``method`` and keep its request. Comm's own argument errors are
+        marked: Comm has already refused the call on every rank (see ProcessGroupPolycast)."""
+        try:
+            self.requests.append(method(*args, **kw))
+        except BaseException as exc:
+            exc.polycast_comm_refused = True
+            raise
 
     def work(self, result, submit: bool = True) -> Work:
         after = self._after
@@ -122,7 +128,8 @@ def broadcast(group, tensors, root: int, submit: bool = True) -> Work:
     t = _one(tensors, "broadcast")
     root = _root(call, root)
     buf = call.out(t, keep=True)
-    call.post(call.comm.Ibcast(raw(buf), root, algorithm=call.algorithm(Collective.BROADCAST)))
+    call.post(call.comm.Ibcast, raw(buf), root,
+              algorithm=call.algorithm(Collective.BROADCAST))
     return call.work([t], submit)
 
 
@@ -131,8 +138,8 @@ def _allreduce_into(call: Call, t: torch.Tensor, op_obj) -> None:
     wdt = widened(t.dtype, op)
     buf = call.out(t, wdt, keep=True)
     _premul(buf, factor, fresh=True)
-    call.post(call.comm.Iallreduce(IN_PLACE, raw(buf), op,
-                                   algorithm=call.algorithm(Collective.ALLREDUCE)))
+    call.post(call.comm.Iallreduce, IN_PLACE, raw(buf), op,
+                                   algorithm=call.algorithm(Collective.ALLREDUCE))
 
 
 def allreduce(group, tensors, op_obj, submit: bool = True) -> Work:
@@ -163,14 +170,14 @@ def reduce(group, tensors, root: int, op_obj, submit: bool = True) -> Work:
     if call.comm.rank == root:
         buf = call.out(t, wdt, keep=True)
         _premul(buf, factor, fresh=True)
-        call.post(call.comm.Ireduce(IN_PLACE, raw(buf), op, root, algorithm=algo))
+        call.post(call.comm.Ireduce, IN_PLACE, raw(buf), op, root, algorithm=algo)
     else:
         send = call.inp(t)
         fresh = send is not t
         if wdt != t.dtype:
             send, fresh = send.to(wdt), True
         send = _premul(send, factor, fresh)
-        call.post(call.comm.Ireduce(raw(send), None, op, root, algorithm=algo))
+        call.post(call.comm.Ireduce, raw(send), None, op, root, algorithm=algo)
     return call.work([t], submit)
 
 
@@ -248,12 +255,12 @@ def _allgather_into(call: Call, out: torch.Tensor, inp: torch.Tensor) -> None:
     flat = out.reshape(-1)
     mine = flat[me * n:(me + 1) * n]
     if n and same_storage_block(inp.reshape(-1) if inp.is_contiguous() else inp, mine):
-        call.post(call.comm.Iallgather(IN_PLACE, raw(flat), algorithm=algo))
+        call.post(call.comm.Iallgather, IN_PLACE, raw(flat), algorithm=algo)
         return
     send = call.inp(inp)
     if send is inp and overlaps(send, out):
         send = send.clone()        # a view into the output elsewhere than our block
-    call.post(call.comm.Iallgather(raw(send), raw(flat), algorithm=algo))
+    call.post(call.comm.Iallgather, raw(send), raw(flat), algorithm=algo)
 
 
 def all_gather_single(group, out, inp, submit: bool = True) -> Work:
@@ -316,9 +323,9 @@ def _reduce_scatter_into(call: Call, out: torch.Tensor, inp: torch.Tensor, op_ob
         send, fresh = send.clone(), True
     send = _premul(send, factor, fresh)
     buf = call.out(out, wdt)
-    call.post(call.comm.Ireduce_scatter_block(raw(send), raw(buf), op,
+    call.post(call.comm.Ireduce_scatter_block, raw(send), raw(buf), op,
                                               algorithm=call.algorithm(
-                                                  Collective.REDUCE_SCATTER)))
+                                                  Collective.REDUCE_SCATTER))
 
 
 def reduce_scatter_single(group, out, inp, op_obj, submit: bool = True) -> Work:
@@ -357,11 +364,11 @@ def gather(group, output_lists, inputs, root: int, submit: bool = True) -> Work:
         send = call.inp(inp)
         if overlaps(send, flat):
             send = send.clone()
-        call.post(comm.Igather(raw(send), raw(flat), root, algorithm=algo))
+        call.post(comm.Igather, raw(send), raw(flat), root, algorithm=algo)
         result = [outs]
     else:
         _not_root(call, output_lists, "output")
-        call.post(comm.Igather(raw(call.inp(inp)), None, root, algorithm=algo))
+        call.post(comm.Igather, raw(call.inp(inp)), None, root, algorithm=algo)
         result = []
     return call.work(result, submit)
 
@@ -378,10 +385,10 @@ def scatter(group, outputs, input_lists, root: int, submit: bool = True) -> Work
         flat = _scatter_buffer(ins)
         if overlaps(flat, buf):
             flat = flat.clone()
-        call.post(comm.Iscatter(raw(flat), raw(buf), root, algorithm=algo))
+        call.post(comm.Iscatter, raw(flat), raw(buf), root, algorithm=algo)
     else:
         _not_root(call, input_lists, "input")
-        call.post(comm.Iscatter(None, raw(buf), root, algorithm=algo))
+        call.post(comm.Iscatter, None, raw(buf), root, algorithm=algo)
     return call.work([out], submit)
 
 
@@ -395,8 +402,8 @@ def _alltoall_flat(call: Call, out: torch.Tensor, inp: torch.Tensor) -> None:
     send = call.inp(inp)
     if overlaps(send, out):
         send = send.clone()
-    call.post(call.comm.Ialltoall(raw(send), raw(out),
-                                  algorithm=call.algorithm(Collective.ALLTOALL)))
+    call.post(call.comm.Ialltoall, raw(send), raw(out),
+                                  algorithm=call.algorithm(Collective.ALLTOALL))
 
 
 def all_to_all_single(group, out, inp, out_splits, in_splits, submit: bool = True) -> Work:
@@ -442,5 +449,5 @@ def alltoall(group, outs, inps, submit: bool = True) -> Work:
 
 def barrier(group, submit: bool = True) -> Work:
     call = Call(group, "barrier")
-    call.post(call.comm.Ibarrier(algorithm=call.algorithm(Collective.BARRIER)))
+    call.post(call.comm.Ibarrier, algorithm=call.algorithm(Collective.BARRIER))
     return call.work([], submit)

@@ -19,12 +19,13 @@ import threading
 import torch.distributed as dist
 
 from ..collectives import Collective
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, PolycastError
 from . import ops
 from ..comm.lifecycle import close_comm
 from .rendezvous import open_comm
 
 BACKEND_NAME = "polycast"
+_C = Collective             # short, for the method table of ProcessGroupPolycast
 
 
 @dataclasses.dataclass
@@ -119,66 +120,86 @@ class ProcessGroupPolycast(dist.ProcessGroup):
     def abort(self) -> None:
         close_comm(self.comm)
 
+    def _guard(self, coll: _C, fn, *args):
+        """Run an op; if this rank's tensors fail a check before Comm was called, the call
+        is still refused on every rank (Comm.refuse), so the peers raise at once naming
+        this rank instead of waiting or pairing this call with our next one."""
+        try:
+            return fn(self, *args)
+        except (PolycastError, ValueError, TypeError) as exc:
+            if getattr(exc, "polycast_comm_refused", False) or self.comm._freed:
+                raise
+            raise self.comm.refuse(coll, exc, algorithm=self.options.algorithm(coll)) \
+                from None
+
     # -- collectives (torch's names; options objects as torch passes them) -----------------
     def broadcast(self, tensors, opts=None):
-        return ops.broadcast(self, tensors, opts.rootRank if opts else 0)
+        return self._guard(_C.BROADCAST, ops.broadcast, tensors, _root(opts))
 
     def allreduce(self, tensors, opts=None):
-        return ops.allreduce(self, tensors, _op(opts))
+        return self._guard(_C.ALLREDUCE, ops.allreduce, tensors, _op(opts))
 
     def allreduce_coalesced(self, tensors, opts=None):
-        return ops.allreduce_coalesced(self, tensors, _op(opts))
+        return self._guard(_C.ALLREDUCE, ops.allreduce_coalesced, tensors, _op(opts))
 
     def reduce(self, tensors, opts=None):
-        return ops.reduce(self, tensors, opts.rootRank if opts else 0, _op(opts))
+        return self._guard(_C.REDUCE, ops.reduce, tensors, _root(opts), _op(opts))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        return ops.allgather(self, output_tensors, input_tensors)
+        return self._guard(_C.ALLGATHER, ops.allgather, output_tensors, input_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return ops.allgather_coalesced(self, output_lists, input_list)
+        return self._guard(_C.ALLGATHER, ops.allgather_coalesced, output_lists, input_list)
 
     def all_gather_single(self, output, input, opts=None):
-        return ops.all_gather_single(self, output, input)
+        return self._guard(_C.ALLGATHER, ops.all_gather_single, output, input)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return ops.all_gather_single_coalesced(self, outputs, inputs)
+        return self._guard(_C.ALLGATHER, ops.all_gather_single_coalesced, outputs, inputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        return ops.reduce_scatter(self, output_tensors, input_tensors, _op(opts))
+        return self._guard(_C.REDUCE_SCATTER, ops.reduce_scatter, output_tensors,
+                           input_tensors, _op(opts))
 
     def reduce_scatter_single(self, output, input, opts=None):
-        return ops.reduce_scatter_single(self, output, input, _op(opts))
+        return self._guard(_C.REDUCE_SCATTER, ops.reduce_scatter_single, output, input,
+                           _op(opts))
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        return ops.reduce_scatter_single_coalesced(self, outputs, inputs, _op(opts))
+        return self._guard(_C.REDUCE_SCATTER, ops.reduce_scatter_single_coalesced, outputs,
+                           inputs, _op(opts))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        return ops.gather(self, output_tensors, input_tensors, opts.rootRank if opts else 0)
+        return self._guard(_C.GATHER, ops.gather, output_tensors, input_tensors, _root(opts))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        return ops.scatter(self, output_tensors, input_tensors, opts.rootRank if opts else 0)
+        return self._guard(_C.SCATTER, ops.scatter, output_tensors, input_tensors,
+                           _root(opts))
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return ops.alltoall(self, output_tensors, input_tensors)
+        return self._guard(_C.ALLTOALL, ops.alltoall, output_tensors, input_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes=None,
                           input_split_sizes=None, opts=None):
-        return ops.all_to_all_single(self, output, input, output_split_sizes,
-                                     input_split_sizes)
+        return self._guard(_C.ALLTOALL, ops.all_to_all_single, output, input,
+                           output_split_sizes, input_split_sizes)
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        return ops.barrier(self)
+        return self._guard(_C.BARRIER, ops.barrier)
+
+
+def _root(opts) -> int:
+    return opts.rootRank if opts is not None else 0
 
 
 def _op(opts):

@@ -31,8 +31,10 @@ _WIDENED = {torch.bfloat16: torch.float32}
 
 _RED = dist.ReduceOp.RedOpType
 _OPS = {_RED.SUM: "sum", _RED.AVG: "avg", _RED.PREMUL_SUM: "sum", _RED.MAX: "max",
-        _RED.MIN: "min", _RED.PRODUCT: "prod"}
-SUPPORTED_OPS = "SUM, AVG, PREMUL_SUM, MAX, MIN, PRODUCT"
+        _RED.MIN: "min", _RED.PRODUCT: "prod", _RED.BAND: "band", _RED.BOR: "bor",
+        _RED.BXOR: "bxor"}
+_BITWISE = ("band", "bor", "bxor")
+SUPPORTED_OPS = "SUM, AVG, PREMUL_SUM, MAX, MIN, PRODUCT, BAND, BOR, BXOR"
 
 
 def check(t, what: str) -> torch.Tensor:
@@ -93,6 +95,9 @@ def reducible(dtype: torch.dtype) -> bool:
 
 def widened(dtype: torch.dtype, op: str) -> torch.dtype:
     """The dtype a reduction of ``dtype`` runs in; raises for dtypes nobody reduces."""
+    if op in _BITWISE and (dtype.is_floating_point or dtype.is_complex):
+        raise Unsupported(f"reduction op {op.upper()} needs an integer or bool tensor, got "
+                          f"{dtype}")
     if dtype in _NUMPY:
         if dtype.is_complex and op in ("max", "min"):
             raise Unsupported(f"reduction op {op.upper()} is not defined for {dtype}")
