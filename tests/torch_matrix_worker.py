@@ -99,6 +99,7 @@ class Matrix:
                 self.all_to_all(tag, dtype, n)
             self.coalesced(dtype)
         self.non_contiguous()
+        self.fused()
         self.case("barrier", lambda g, a: (dist.barrier(group=g, async_op=a),
                                            lambda what: None))
 
@@ -320,6 +321,32 @@ class Matrix:
             w = dist.all_gather_into_tensor(out, inp, group=g, async_op=a)
             return w, lambda what: self.same(what, out.contiguous(), gw)
         self.case("all_gather_into_tensor non-contiguous", allgather)
+
+    def fused(self) -> None:
+        """allgather_matmul / matmul_reduce_scatter equal the unfused pair (gloo's)."""
+        P = self.P
+        for dtype in (torch.float32, torch.float64):
+            for m, k, n in ((5, 3, 4), (8, 16, 6), (0, 3, 2)):
+                x = self.data(m * k, dtype, 13).reshape(m, k)
+                w = self.data(k * n, dtype, 14, rank=0).reshape(k, n)     # same everywhere
+                full = torch.empty(P * m, k, dtype=dtype)
+                dist.all_gather_into_tensor(full, x, group=self.gloo)
+                want = full @ w
+                xs = self.data(P * m * k, dtype, 15).reshape(P * m, k)
+                part = xs @ w
+                rs_want = torch.empty(m, n, dtype=dtype)
+                dist.reduce_scatter_tensor(rs_want, part, group=self.gloo)
+                for gname, g in self.groups.items():
+                    for nchunks in (1, 3, None):
+                        what = f"fused {dtype} m={m} k={k} n={n} nchunks={nchunks} [{gname}]"
+                        try:
+                            self.same(f"allgather_matmul {what}",
+                                      pt.allgather_matmul(x, w, g, nchunks=nchunks), want)
+                            self.same(f"matmul_reduce_scatter {what}",
+                                      pt.matmul_reduce_scatter(xs, w, g, nchunks=nchunks),
+                                      rs_want)
+                        except Exception as exc:
+                            self.failures.append(f"rank {self.rank}: {what}: {exc!r}")
 
     # -- bad input: a clear error on every rank, and the group still works after ----------
     def bad_input(self) -> None:

@@ -18,12 +18,12 @@ fused               ``allgather_matmul`` / ``matmul_reduce_scatter`` (micro-pipe
 from __future__ import annotations
 
 try:
-    import torch  # noqa: F401
     import torch.distributed as dist
 except ImportError as exc:          # pragma: no cover - depends on the environment
     raise ImportError("polycast.torch needs PyTorch: pip install 'polycast[torch]' "
                       f"(torch==2.13.0, CPU build) ({exc})") from None
 
+from .fused import allgather_matmul, matmul_reduce_scatter
 from .process_group import BACKEND_NAME, Options, ProcessGroupPolycast, create
 from .work import Work
 
@@ -36,4 +36,5 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["BACKEND_NAME", "Options", "ProcessGroupPolycast", "Work"]
+__all__ = ["BACKEND_NAME", "Options", "ProcessGroupPolycast", "Work", "allgather_matmul",
+           "matmul_reduce_scatter"]
