@@ -359,9 +359,9 @@ class Matrix:
             ("unsupported op", lambda g: dist.all_reduce(torch.ones(4), R.BAND, group=g),
              ("BAND", "float32")),
             ("mismatched shapes", lambda g: dist.all_reduce(torch.ones(5 + me), group=g),
-             ("differently",)),
+             (_MISMATCH,)),
             ("mismatched all_gather", lambda g: dist.all_gather_into_tensor(
-                torch.empty(P * (3 + me)), torch.ones(3 + me), group=g), ("differently",)),
+                torch.empty(P * (3 + me)), torch.ones(3 + me), group=g), (_MISMATCH,)),
             ("wrong output size", lambda g: dist.all_gather_into_tensor(
                 torch.empty(P * 3 + 1), torch.ones(3), group=g), ("elements",)),
             ("uneven split sizes", lambda g: dist.all_to_all_single(
@@ -405,6 +405,9 @@ class Matrix:
                           torch.full((3,), float(sum(range(P)))))
 
 
+# The rank that finds the mismatch says "called collectives differently"; a rank that
+# learns it from that rank's abort quotes the other call and its signature.
+_MISMATCH = re.compile(r"differently|call signature")
 _RANK0 = re.compile(r"\branks? \[?0\b")      # "rank 0" (engine), "ranks [0]" (symm)
 
 
