@@ -79,6 +79,21 @@ def main(scenario: str) -> int:
         polycast.finalize()
         return 0
 
+    if scenario == "refuse":
+        # rank 0's arguments fail its own checks: it refuses the call, rank 1's raises too
+        try:
+            if r == 0:
+                drv.refuse(0, "rank 0's recvbuf is too small")
+                raise InvalidArgument("refused here")
+            comm.Allreduce(x, y)
+            print("RESULT no error", flush=True)
+        except polycast.PolycastError as exc:
+            print(f"RESULT refused {type(exc).__name__}: {exc}", flush=True)
+        comm.Allreduce(x, y)                    # the next call matches on every rank
+        print(f"RESULT after ok={y[0] == comm.size}", flush=True)
+        polycast.finalize()
+        return 0
+
     if scenario == "lossy":
         exact = True
         for count in (5000, 200000):

@@ -134,6 +134,15 @@ def test_unregistered_buffer_refused_when_staging_is_off():
         assert "RESULT after ok=True" in r.out
 
 
+def test_a_call_refused_on_one_rank_fails_on_all():
+    res = _scenario(2, "refuse", {"POLYCAST_TIMEOUT": "20"})
+    assert "RESULT refused InvalidArgument: refused here" in res[0].out, res[0].out
+    assert "RESULT refused" in res[1].out and "recvbuf is too small" in res[1].out, \
+        res[1].out + res[1].err[-2000:]
+    for r in res:
+        assert "RESULT after ok=True" in r.out, r.out + r.err[-2000:]
+
+
 def test_bad_settings_are_clear_errors():
     with pytest.raises(InvalidArgument, match="valid choices: thread, offload"):
         progress_mode("nic")

@@ -208,6 +208,13 @@ class OffloadClient:
                                           json.dumps(members).encode()))
         return answer.get("mcast_error")
 
+    def refuse(self, comm_id: int, why: str) -> None:
+        """This rank will not run its next call on ``comm_id``: the engine takes the call's
+        turn and aborts the peers' (:meth:`polycast.runtime.driver.Driver.refuse`)."""
+        if self.error is not None:
+            raise self.error
+        self.channel.send(D.refuse(comm_id), why.encode("utf-8", "replace"))
+
     def free_comm(self, comm_id: int) -> None:
         if self.error is None:
             self.channel.send(D.free_comm(comm_id))

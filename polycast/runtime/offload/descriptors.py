@@ -13,6 +13,7 @@ ADD_COMM    call id, comm, want multicast                          JSON member l
 FREE_COMM   comm                                                   -
 STATS       call id, comm                                          -
 OFFLOAD_STA call id                                                 -
+REFUSE      comm                                                   why (utf-8)
 BYE         -                                                      -
 DONE        request, status (0 ok), error class, lost rank         error text (utf-8)
 REPLY       call id, ok                                            JSON answer or error
@@ -28,7 +29,7 @@ import struct
 from ...errors import (CollectiveTimeout, InvalidArgument, MismatchError, OffloadLost,
                        PeerLost, PolycastError, ProtocolError, Unsupported)
 
-SCHEDULE, POST, ADD_COMM, FREE_COMM, STATS, BYE, OFFLOAD_STATS = 1, 2, 3, 4, 5, 6, 7
+SCHEDULE, POST, ADD_COMM, FREE_COMM, STATS, BYE, OFFLOAD_STATS, REFUSE = 1, 2, 3, 4, 5, 6, 7, 8
 DONE, REPLY = 16, 17
 
 _SCHEDULE = struct.Struct("<BxxxI")
@@ -85,6 +86,11 @@ def free_comm(comm: int) -> bytes:
 
 def parse_free_comm(blob: bytes) -> int:
     return _FREE_COMM.unpack_from(blob)[1]
+
+
+def refuse(comm: int) -> bytes:
+    """This rank will not run its next call on ``comm`` (Driver.refuse)."""
+    return _FREE_COMM.pack(REFUSE, comm)
 
 
 def stats(call: int, comm: int) -> bytes:

@@ -124,6 +124,8 @@ class RankHost:
             self.driver.free_comm(comm)
             if self.workers is not None:
                 self.workers.leave(comm)
+        elif kind == D.REFUSE:
+            self.driver.refuse(D.parse_free_comm(blob), payload.decode("utf-8", "replace"))
         elif kind == D.OFFLOAD_STATS:
             call, _ = D.parse_stats(blob)
             self._answer(call, self.server.stats)
