@@ -142,3 +142,51 @@ def test_sweep_bench_shows_where_a_nic_stops_keeping_up(tmp_path):
     slow = by[(3200, True)]
     assert not slow["model_keeps_up"] and slow["recovered_share"] > 0.5
     assert slow["recovered_nbytes"] == slow["dropped_nbytes"] and slow["time_vs_ideal"] > 10
+
+
+# -- sim sweep and sim fsdp -----------------------------------------------------------
+
+def test_sweep_has_link_and_nic_dimensions_and_rows_say_which_nic(tmp_path, capsys):
+    slow = SLOW + ",queue=64"
+    path = tmp_path / "sweep.csv"
+    assert main(["sim", "sweep", "--algos", "mcast", "--nodes", "4", "--sizes", "4MiB",
+                 "--topologies", "switch", "--link", "10Gbps,400Gbps", "--nic",
+                 f"none;{slow}", "--workers", "1", "--json", "--out", str(path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["link"], r["nic"]) for r in rows] == [
+        ("10Gbps", "none"), ("10Gbps", slow), ("400Gbps", "none"), ("400Gbps", slow)]
+    by = {(r["link"], r["nic"]): r for r in rows}
+    assert by[("400Gbps", "none")]["nic_gbps"] == "" and by[("400Gbps", slow)]["nic_gbps"] \
+        == pytest.approx(32.768)
+    assert by[("10Gbps", slow)]["nic_dropped_nbytes"] == 0        # the NIC keeps up at 10 G
+    fast_link = by[("400Gbps", slow)]
+    assert fast_link["nic_dropped_nbytes"] > 0
+    assert fast_link["recovered_nbytes"] == fast_link["nic_dropped_nbytes"]
+    assert fast_link["time_s"] > 5 * by[("400Gbps", "none")]["time_s"]
+    head, *lines = path.read_text().splitlines()
+    assert "nic" in head.split(",") and len(lines) == 4 and f'"{slow}"' in lines[1]
+    for bad in ("bf3-dpa;dpu", ";", "bf3-dpa:cores=0"):
+        assert main(["sim", "sweep", "--nodes", "4", "--nic", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("polycast sim:")
+    assert main(["sim", "sweep", "--nodes", "4", "--link", "10Gbps,fast"]) == 2
+    assert "fast" in capsys.readouterr().err
+
+
+def test_fsdp_with_a_slow_nic_recovers_what_its_queue_drops(capsys):
+    from polycast.sim.fsdp import compare_fsdp
+    P, N = 8, 4 * MIB
+    kw = dict(topology=_switch(P), layers=3, layer_bytes=N, compute_per_layer_s=1e-5)
+    base = compare_fsdp("llama2-7b", P, **kw)
+    slow = compare_fsdp("llama2-7b", P, nic=SLOW + ",queue=64", **kw)
+    for b, s in zip(base, slow):
+        assert b.nic is None and s.nic == SLOW + ",queue=64"
+        assert s.step_s > 5 * b.step_s               # 32.8 Gbit/s receivers on 400 G links
+        assert s.step_recovered_nbytes == s.step_nic_dropped_nbytes
+        assert (s.step_nic_dropped_nbytes > 0) == (s.ag == "mcast")   # p2p: flow control
+    assert main(["sim", "fsdp", "-n", "4", "--topology", "switch", "--layers", "2",
+                 "--layer-bytes", "1MiB", "--ag", "mcast", "--nic", "bf3-dpa", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nic"] == "bf3-dpa" and out["step_nic_dropped_nbytes"] == 0
+    assert main(["sim", "fsdp", "-n", "4", "--nic", "clock=1GHz"]) == 2
+    assert "missing cores, cycles" in capsys.readouterr().err

@@ -4,6 +4,7 @@
     polycast sim allgather --compare ring,mcast --nodes 188 --json
     polycast sim fsdp --model llama2-7b --nodes 188 --ag mcast --rs innet [--compare]
     polycast sim sweep --collective allgather --algos ring,mcast --nodes 16,64 --sizes 1MiB,64MiB
+    polycast sim sweep --algos mcast --link 100Gbps,400Gbps,1.6Tbps --nic 'bf3-dpa;host-python'
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def add_parser(sub) -> None:
                    help="multicast streams at a time (default: every rank)")
     f.add_argument("--compare", action="store_true",
                    help="the four rows ring/mcast x ring/innet of specs/measures.md")
+    f.add_argument("--nic", default=None, metavar="bf3-dpa|host-python|PARAMS",
+                   help="receivers behind this NIC's rate and bounded queue, as sim "
+                        "COLLECTIVE --nic (default: receivers keep up)")
     f.set_defaults(func=run_fsdp)
     w = ssub.add_parser("sweep", help="a grid of sizes x nodes x algorithms x topologies")
     w.add_argument("--collective", "-c", default="allgather")
@@ -97,7 +101,12 @@ def add_parser(sub) -> None:
     w.add_argument("--sizes", default="1MiB,64MiB", help="comma-separated sizes")
     w.add_argument("--topologies", default="fattree:radix=32",
                    help="semicolon-separated --topology strings")
-    w.add_argument("--link", default="400Gbps")
+    w.add_argument("--link", default="400Gbps",
+                   help="comma-separated host link rates (default 400Gbps)")
+    w.add_argument("--nic", default="none", metavar="NIC[;NIC...]",
+                   help="semicolon-separated receiver NICs, as sim COLLECTIVE --nic "
+                        "(bf3-dpa, host-python, bf3-dpa:cores=8, PARAMS) or none (receivers "
+                        "keep up; the default)")
     w.add_argument("--workers", type=int, default=None,
                    help="local processes (default: the CPU count)")
     w.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
@@ -234,11 +243,15 @@ def run_fsdp(args: argparse.Namespace) -> int:
         checks.algorithm_names(Collective.ALLGATHER, [args.ag], args.nodes)
         checks.algorithm_names(Collective.REDUCE_SCATTER, [args.rs], args.nodes)
     topo = parse_topology(args.topology, args.nodes, link=args.link)
+    nic = None
+    if args.nic is not None:
+        from ..models.nic import parse_nic
+        nic = parse_nic(args.nic)
     kw = dict(layers=args.layers,
               layer_bytes=parse_size(args.layer_bytes) if args.layer_bytes else None,
               compute_per_layer_s=(_seconds(args.compute_per_layer)
                                    if args.compute_per_layer else None),
-              tokens_per_rank=args.tokens, tflops=args.tflops, roots=args.roots)
+              tokens_per_rank=args.tokens, tflops=args.tflops, roots=args.roots, nic=nic)
     if args.compare:
         results = compare_fsdp(args.model, args.nodes, topology=topo, **kw)
     else:
@@ -254,18 +267,25 @@ def run_fsdp(args: argparse.Namespace) -> int:
     print(f"{topo.summary()}\nFSDP {r0.model}: {r0.layers} layers of {N / 1e6:.1f} MB, "
           f"compute {r0.compute_fwd_s * 1e3:.2f} ms fwd + {r0.compute_bwd_s * 1e3:.2f} ms bwd "
           f"per layer; N/B = {N / B * 1e3:.3f} ms")
+    if nic is not None:
+        print(f"receivers' NIC {r0.nic}: {r0.nic_gbps:.1f} Gbit/s, queue "
+              f"{nic.queue_chunks} x {format_size(nic.chunk_nbytes)}")
     cols = ["allgather", "reduce-scatter", "sent/rank (N)", "recv/rank (N)",
             "window (N/B)", "step (ms)", "bubble (ms)", "bubble %", "traffic/step (GB)"]
     rows = [[r.ag, r.rs, r.sent_per_rank_nbytes / N, r.recv_per_rank_nbytes / N,
              r.window_over_n_b, r.step_s * 1e3, r.bubble_s * 1e3,
              100 * r.bubble_s / r.step_s, r.step_link_bytes / 1e9] for r in results]
+    if nic is not None:
+        cols += ["NIC dropped/step (GB)", "recovered/step (GB)"]
+        for row, r in zip(rows, results):
+            row += [r.step_nic_dropped_nbytes / 1e9, r.step_recovered_nbytes / 1e9]
     print_table("one layer's allgather overlapped with the previous layer's reduce-scatter "
                 "(simulated)", cols, rows)
     return 0
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from ..sim.sweep import grid, run_grid, write_table
+    from ..sim.sweep import NO_NIC, grid, run_grid, write_table
     from ..sim.topology import parse_topology
     coll = Collective.parse(args.collective)
     try:
@@ -281,26 +301,46 @@ def run_sweep(args: argparse.Namespace) -> int:
     topologies = [t.strip() for t in args.topologies.split(";") if t.strip()]
     algos = checks.algorithm_names(coll, checks.names(args.algos, "algorithms"))
     checks.output_path(args.out, "--out", (".csv", ".json"))
+    links = checks.names(args.link, "link rates")
+    nics = _nics(args.nic)
     for t in topologies:        # syntax and names; capacity per node count is per point
-        parse_topology(t, min(nodes or [1]), link=args.link)
+        for link in links:
+            parse_topology(t, min(nodes or [1]), link=link)
     for n in nodes:
         for a in algos:
             if get(coll, a).unsupported_reason(n) is None:
                 checks.schedule_fits(coll, a, n)
-    points = grid(args.collective, algos, nodes, sizes, topologies, args.link)
+    points = grid(args.collective, algos, nodes, sizes, topologies, links, nics)
     rows = run_grid(points, workers=args.workers, ray=args.ray)
     if args.out:
         write_table(rows, args.out)
     if args.json:
         print(json.dumps(rows, indent=1))
         return _sweep_status(rows)
-    cols = ["collective", "algorithm", "nodes", "nbytes", "topology", "time_s", "busbw",
-            "link_bytes", "error"]
+    cols = ["collective", "algorithm", "nodes", "nbytes", "topology", "link", "time_s",
+            "busbw", "link_bytes", "error"]
+    if nics != [NO_NIC]:
+        cols[6:6] = ["nic"]
+        cols[-1:-1] = ["nic_dropped_nbytes", "recovered_nbytes"]
     print_table(f"sweep: {len(rows)} runs", cols,
                 [[r.get(c, "") for c in cols] for r in rows])
     if args.out:
         print(f"wrote {args.out}", file=sys.stderr)
     return _sweep_status(rows)
+
+
+def _nics(text: str) -> list[str]:
+    """``--nic`` of a sweep: each spec checked now (one line, exit 2), kept as given."""
+    from ..models.nic import parse_nic
+    from ..sim.sweep import NO_NIC
+    out = [t.strip() for t in text.split(";") if t.strip()]
+    if not out:
+        raise InvalidArgument(f"--nic: no NIC in {text!r} (give none for receivers that "
+                              "keep up)")
+    for spec in out:
+        if spec != NO_NIC:
+            parse_nic(spec)
+    return out
 
 
 def _sweep_status(rows: list[dict]) -> int:

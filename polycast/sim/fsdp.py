@@ -100,6 +100,11 @@ class FsdpResult:
     window_link_bytes_by_layer: dict = field(default_factory=dict)
     wall_s: float = 0.0
     events: int = 0
+    nic: str | None = None         # receivers' NIC model (sim fsdp --nic), None: keep up
+    nic_gbps: float | None = None  # ... its sustainable multicast receive rate
+    # one step, counted as step_link_bytes (L windows + L forward allgathers):
+    step_nic_dropped_nbytes: int = 0    # bytes the receivers' queues dropped
+    step_recovered_nbytes: int = 0      # multicast bytes the engines recovered
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -113,10 +118,10 @@ def _rank_link_bytes(topo, link_bytes) -> tuple[int, int]:
     return int(round(up)), int(round(down))
 
 
-def _run(topo, scheds, itemsize, engine, seed=0):
+def _run(topo, scheds, itemsize, engine, seed=0, nic=None):
     link_gbps = float(topo.host_link_bw * 8 / 1e9)
     engine = {"pacing_gbps": pacing_gbps_for(scheds, link_gbps), **engine}
-    cfg = SimConfig(seed=seed, engine=engine)
+    cfg = SimConfig(seed=seed, engine=engine, nic=nic)
     sim = Simulation(topo, cfg)
     reqs = [sim.post(s, itemsize) for s in scheds]
     sim.run()
@@ -127,11 +132,14 @@ def simulate_fsdp(model: str | None = "llama2-7b", nodes: int = 188, *, ag: str 
                   rs: str = "ring", topology=None, link=None, layers: int | None = None,
                   layer_bytes: int | None = None, compute_per_layer_s: float | None = None,
                   tokens_per_rank: int = 4096, tflops: float = 400.0, dtype: str = "bfloat16",
-                  roots: int | None = None, cache: dict | None = None) -> FsdpResult:
+                  roots: int | None = None, nic=None, cache: dict | None = None
+                  ) -> FsdpResult:
     """Simulate one FSDP step (see the module docstring). ``layer_bytes`` / ``layers`` /
     ``compute_per_layer_s`` (forward; backward is twice it) override the model preset.
     ``cache`` (a dict) shares the allgather-alone and reduce-scatter-alone runs between
-    calls with the same shape (``compare`` uses it).
+    calls with the same shape (``compare`` uses it). ``nic`` (a
+    :class:`~polycast.models.nic.NicModel` or a ``--nic`` string) puts every receiver behind
+    that NIC's rate and receive queue in all three runs (:mod:`polycast.sim.nic`).
 
     ``roots``: concurrent multicast streams of a multicast allgather. The default here is
     every rank at once (not the algorithm's 2): with an in-network reduce-scatter in the same
@@ -160,6 +168,9 @@ def simulate_fsdp(model: str | None = "llama2-7b", nodes: int = 188, *, ag: str 
     if compute_per_layer_s < 0:
         raise InvalidArgument(f"compute per layer must be >= 0 s, got {compute_per_layer_s}")
     c_f, c_b = compute_per_layer_s, 2.0 * compute_per_layer_s
+    if isinstance(nic, str):
+        from ..models.nic import parse_nic
+        nic = parse_nic(nic)
     topo = resolve_topology(topology, nodes, link)
     B = topo.host_link_bw
     engine = {"line_rate_gbps": float(B * 8 / 1e9)}
@@ -173,20 +184,21 @@ def simulate_fsdp(model: str | None = "llama2-7b", nodes: int = 188, *, ag: str 
     s_rs = build("reduce_scatter", rs, nodes, count_rs)
     cache = {} if cache is None else cache
     events = 0
-    key_ag = ("ag", ag, id(topo), N, tuple(ag_opts.items()))
+    key_ag = ("ag", ag, id(topo), N, tuple(ag_opts.items()), nic)
     if key_ag not in cache:
-        sim, (t,) = _run(topo, [s_ag], itemsize, engine)
-        cache[key_ag] = (t, sim.events, int(round(sim.net.link_bytes.sum())))
-    t_ag, ev, ag_bytes = cache[key_ag]
+        sim, (t,) = _run(topo, [s_ag], itemsize, engine, nic=nic)
+        cache[key_ag] = (t, sim.events, int(round(sim.net.link_bytes.sum())), _nic_bytes(sim))
+    t_ag, ev, ag_bytes, ag_nic = cache[key_ag]
     events += ev
-    key_rs = ("rs", rs, id(topo), N)
+    key_rs = ("rs", rs, id(topo), N, nic)
     if key_rs not in cache:
-        sim, (t,) = _run(topo, [s_rs], itemsize, engine)
+        sim, (t,) = _run(topo, [s_rs], itemsize, engine, nic=nic)
         cache[key_rs] = (t, sim.events)
     t_rs, ev = cache[key_rs]
     events += ev
-    sim, (t_wag, t_wrs) = _run(topo, [s_ag, s_rs], itemsize, engine)
+    sim, (t_wag, t_wrs) = _run(topo, [s_ag, s_rs], itemsize, engine, nic=nic)
     events += sim.events
+    win_nic = _nic_bytes(sim)
     t_win = max(t_wag, t_wrs)
     lb = sim.net.link_bytes
     sent, recv = _rank_link_bytes(topo, lb)
@@ -209,7 +221,16 @@ def simulate_fsdp(model: str | None = "llama2-7b", nodes: int = 188, *, ag: str 
         backward_s=backward, step_s=step, compute_s=compute, bubble_s=step - compute,
         step_link_bytes=step_bytes, window_link_bytes=win_bytes,
         window_link_bytes_by_layer=by_layer, wall_s=time.perf_counter() - wall,
-        events=events)
+        events=events, nic=nic.name if nic is not None else None,
+        nic_gbps=nic.bytes_per_s(nic.chunk_nbytes) * 8 / 1e9 if nic is not None else None,
+        step_nic_dropped_nbytes=L * (win_nic[0] + ag_nic[0]),
+        step_recovered_nbytes=L * (win_nic[1] + ag_nic[1]))
+
+
+def _nic_bytes(sim) -> tuple[int, int]:
+    """(bytes the receivers' NIC queues dropped, multicast bytes recovered) of one run."""
+    dropped = sim.nic.dropped_nbytes if sim.nic is not None else 0
+    return int(dropped), int(sim.engine_stats().get("recovered_bytes", 0))
 
 
 COMPARE_ROWS = (("ring", "ring"), ("mcast", "ring"), ("ring", "innet"), ("mcast", "innet"))

@@ -1,5 +1,5 @@
-"""Sweeps: a grid of collective x algorithms x nodes x sizes x topologies, simulated in
-parallel on local processes (concurrent.futures) or on a Ray cluster (the ``ray`` extra,
+"""Sweeps: a grid of collective x algorithms x nodes x sizes x topologies x link rates x
+receiver NICs, simulated in parallel on local processes (concurrent.futures) or on a Ray cluster (the ``ray`` extra,
 imported lazily), gathered into one tidy table (one row per run) written as CSV or JSON.
 
 A point that cannot run (an algorithm unsupported at that node count, a topology too small)
@@ -16,9 +16,12 @@ from dataclasses import asdict, dataclass
 
 from ..errors import InvalidArgument, PolycastError
 
-COLUMNS = ("collective", "algorithm", "nodes", "nbytes", "topology", "link", "time_s",
+COLUMNS = ("collective", "algorithm", "nodes", "nbytes", "topology", "link", "nic", "time_s",
            "algbw", "busbw", "link_bytes", "link_bytes_host_leaf", "link_bytes_leaf_spine",
-           "link_bytes_spine_core", "link_bytes_intra_host", "events", "wall_s", "error")
+           "link_bytes_spine_core", "link_bytes_intra_host", "nic_gbps", "nic_dropped_nbytes",
+           "recovered_nbytes", "events", "wall_s", "error")
+
+NO_NIC = "none"     # a sweep point whose receivers keep up (no NIC model)
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,17 @@ class Point:
     nbytes: int
     topology: str
     link: str
+    nic: str = NO_NIC            # receivers' NIC (a ``--nic`` spec) or none
 
 
-def grid(collective: str, algorithms, nodes, sizes, topologies, link: str = "400Gbps"
-         ) -> list[Point]:
-    pts = [Point(collective, a, n, s, t, link)
-           for t in topologies for n in nodes for s in sizes for a in algorithms]
+def grid(collective: str, algorithms, nodes, sizes, topologies, link="400Gbps",
+         nics=(NO_NIC,)) -> list[Point]:
+    """Every combination; ``link`` is a rate or a list of rates, ``nics`` ``--nic`` specs
+    (``none``: receivers keep up)."""
+    links = [link] if isinstance(link, str) else list(link)
+    pts = [Point(collective, a, n, s, t, ln, nic)
+           for t in topologies for ln in links for nic in nics for n in nodes for s in sizes
+           for a in algorithms]
     if not pts:
         raise InvalidArgument("the sweep grid is empty: give at least one algorithm, node "
                               "count, size and topology")
@@ -50,12 +58,15 @@ def run_point(pt: Point | dict) -> dict:
     row.update(asdict(pt))
     try:
         r = simulate(pt.collective, pt.algorithm, pt.nodes, pt.nbytes, pt.topology,
-                     link=pt.link)
+                     link=pt.link, nic=None if pt.nic == NO_NIC else pt.nic)
     except PolycastError as e:
         row["error"] = str(e)
         return row
     row.update(nbytes=r.nbytes, time_s=r.time_s, algbw=r.algbw, busbw=r.busbw,
-               link_bytes=r.link_bytes, events=r.events, wall_s=r.wall_s)
+               link_bytes=r.link_bytes, events=r.events, wall_s=r.wall_s,
+               recovered_nbytes=r.recovered_nbytes)
+    if r.nic:
+        row.update(nic_gbps=r.nic_gbps, nic_dropped_nbytes=r.nic_dropped_nbytes)
     for layer, n in r.link_bytes_by_layer.items():
         row["link_bytes_" + layer.replace("-", "_")] = n
     return row
