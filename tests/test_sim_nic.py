@@ -56,6 +56,24 @@ def test_fluid_queue_drops_the_excess_beyond_its_capacity():
     assert keep is None and delay[1] == pytest.approx(3 * 1000 / 1e9)
 
 
+def test_markers_back_to_back_at_a_full_queue_share_one_chance():
+    m = parse_nic("clock=1GHz,cores=1,cycles=1000,chunk=1000B,queue=50")   # 1e9 B/s
+    P = 401
+    q = ReceiveQueues(m, P, seed=5)
+    q.add(_flow(0, 10**7, 2e9), root=0)        # twice what the NIC takes: queues stay full
+    q.advance(1e-3)
+    keep, _ = q.take(None, 0, np.zeros(3, dtype=np.int64))     # three EOS back to back
+    got = keep[:, 1:].sum(axis=0)
+    assert got.max() == 1                       # never two of the three
+    assert 0.4 < got.mean() < 0.6               # one chance at rate / arrivals = 1/2 each
+    q.advance(1e-3 + 0.5e-6)                    # half a chunk's processing time later
+    keep, _ = q.take(None, 0, np.zeros(1, dtype=np.int64))
+    assert not keep[0, 1:].any()                # no room freed for markers yet
+    q.advance(1e-3 + 2e-6)                      # a chunk's time after the first chance
+    keep, _ = q.take(None, 0, np.zeros(1, dtype=np.int64))
+    assert 0.4 < keep[0, 1:].mean() < 0.6       # a fresh chance
+
+
 def test_queue_that_keeps_up_drops_nothing():
     m = parse_nic("clock=1GHz,cores=1,cycles=100,chunk=1000B,queue=4")   # 1e10 B/s
     q = ReceiveQueues(m, 4)

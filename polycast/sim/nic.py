@@ -23,7 +23,10 @@ What is modelled
 * **Datagrams without a flow** (end-of-stream markers) take one chunk's room each. A full
   queue still takes arrivals at ``rate``, shared by what arrives: a marker reaching a full
   queue gets in with probability ``rate / arrivals`` (seeded), always when nothing else
-  arrives then — the same odds a data byte has.
+  arrives then — the same odds a data byte has. Markers arriving back to back get one such
+  chance between them, not one each: a marker reaching a full queue less than one chunk's
+  processing time (``chunk / rate``) after another marker had its chance there gets none
+  (no room was freed meanwhile).
 * **Queueing delay.** A stream's datagrams reach the engine when the NIC has worked through
   the queue in front of them: ``backlog / rate`` after they arrived.
 * **Point-to-point data** (the reliable channel: recovery pulls, ring steps) is flow
@@ -70,6 +73,7 @@ class ReceiveQueues:
         self.dropped_datagrams = 0               # datagram receptions dropped
         self.peak_nbytes = 0.0                   # largest backlog seen
         self._rng = np.random.default_rng([seed, 0x41C])
+        self._chance_t = np.full(nranks, -np.inf)   # when a marker last had a full queue's chance
 
     # -- the driver's hooks ------------------------------------------------------------
     def add(self, flow, root: int) -> None:
@@ -162,7 +166,7 @@ class ReceiveQueues:
 
     def _admit(self, root: int, n: int):
         """End-of-stream markers: each takes a chunk of room in the queue; a full queue
-        takes it with the odds of any arrival."""
+        takes one of markers arriving back to back with the odds of any arrival."""
         c = self.chunk_nbytes
         keep = np.ones((n, self.P), dtype=bool)
         q = self.q
@@ -171,8 +175,11 @@ class ReceiveQueues:
             ok = q + c <= self.capacity
             full = ~ok & (lam > self.rate)
             ok |= ~full
-            if full.any():           # a full queue takes arrivals at `rate`, shared
-                ok[full] = self._rng.random(int(full.sum())) < self.rate / lam[full]
+            # a full queue takes arrivals at `rate`, shared; one chance per freed chunk
+            chance = full & (self.t - self._chance_t >= c / self.rate)
+            if chance.any():
+                ok[chance] = self._rng.random(int(chance.sum())) < self.rate / lam[chance]
+                self._chance_t[chance] = self.t
             ok[root] = False                     # a root does not receive its own
             q[ok] += c
             np.minimum(q, self.capacity, out=q)
