@@ -31,6 +31,7 @@ def test_no_loss_broadcast_sends_exactly_one_fin_per_rank(P):
     c = w.post_call(mcast_broadcast(P, 100, root=P // 2))
     w.run()
     w.check(c)
+    w.advance(1.0)                  # the spaced EOS repeats leave after the request is done
     for r in range(P):
         sent = [(peer, h.kind) for rank, peer, h in w.sent if rank == r]
         assert sent == [((r + 1) % P, MsgKind.FIN)], (r, sent)
@@ -56,6 +57,7 @@ def test_own_datagrams_are_dropped_and_counted():
     c = w.post_call(mcast_broadcast(3, 40))
     w.run()
     w.check(c)
+    w.advance(1.0)
     assert w.engines[0].stats.drops["own_datagram"] == 3 + 3
     assert "own_datagram" not in w.engines[1].stats.drops
 
@@ -127,6 +129,60 @@ def test_lost_eos_is_caught_by_the_coarse_timeout():
     w.check(c)
     assert 0.5 <= w.done[(3, 0)] < 1.0             # waited for the timeout, then recovered
     assert w.engines[3].stats.recovery_requests == 1
+
+
+def test_eos_burst_lost_to_a_full_queue_is_caught_by_a_spaced_repeat():
+    """Rank 3's receive queue is full as the stream ends (the first 0.1 ms): chunk 1 and the
+    EOS sent then are lost there. A repeat sent later finds room, so rank 3 pulls chunk 1
+    at once instead of waiting the coarse timeout (with the repeats back to back, all were
+    lost together: test_lost_eos_is_caught_by_the_coarse_timeout)."""
+    from polycast.engine.mcast import eos_delays
+    P = 4
+    cfg = EngineConfig(mtu_nbytes=64, recovery_timeout_s=0.5)
+    w = World(P, cfg)
+
+    def drop(h, dst):
+        full = w.now < 1e-4
+        return dst == 3 and full and (h.kind is MsgKind.MCAST_EOS or h.tag == 1)
+
+    w.net.drop = drop
+    c = w.post_call(mcast_broadcast(P, 64, root=1))
+    rto = w.engines[1]._reqs[0].rto
+    first, second = eos_delays(3, rto, (256 + 4 * 44) * 8 / 10e9)
+    w.run()
+    w.check(c)
+    assert rto > 0.5 and 1e-4 < first < second < rto / 2
+    assert first <= w.done[(3, 0)] < first + 1e-4 < rto / 100   # the first spaced repeat
+    assert w.engines[3].stats.recovery_requests == 1
+    assert w.engines[3].stats.recovered_bytes == 64
+    assert w.sends_of(MsgKind.FIN) == P
+    assert w.engines[1].stats.datagrams_out == 4 + 2          # the second repeat is due
+    w.advance(rto)
+    assert w.engines[1].stats.datagrams_out == 4 + 3          # ... after the request ended
+    assert w.engines[3].stats.drops == {"stale": 1}           # its request is over
+
+
+def test_eos_repeats_are_spaced_outlive_completion_and_die_with_a_failure():
+    from polycast.engine.actions import CancelTimer
+    from polycast.engine.mcast import eos_delays
+    assert eos_delays(1, 1.0, 1e-3) == []
+    assert eos_delays(3, 1.0, 1e-3) == [2e-3, 8e-3]             # 2 and 8 stream times
+    assert eos_delays(5, 1.0, 0.01) == [0.02, 0.08, 0.32, 0.5]  # at most rto/2
+    assert eos_delays(3, 1.0, 0.0) == [1 / 1024, 4 / 1024]      # tiny streams: rto/1024
+    e = Engine(0, 3, config=EngineConfig(mtu_nbytes=64, eos_repeats=4, pacing_gbps=1.0))
+    acts = e.post(0, mcast_broadcast(3, 40, root=0), 4, 0.0)
+    rto = e._reqs[0].rto
+    eos_at = [a.not_before for a in acts if isinstance(a, Multicast)
+              and a.header.kind is MsgKind.MCAST_EOS]
+    span = (160 + 3 * 44) * 8 / 1e9                           # 3 datagrams at 1 Gbit/s
+    assert eos_at == [pytest.approx(span)]
+    timers = [a for a in acts if isinstance(a, SetTimer) and a.deadline < rto / 2 + 1e-3]
+    eos_timers = timers[:3]
+    assert [t.deadline - span for t in eos_timers] == pytest.approx(eos_delays(4, rto, span))
+    out = e.on_peer_lost(1, 1e-3)                            # the request fails
+    cancelled = {a.timer for a in out if isinstance(a, CancelTimer)}
+    assert {t.timer for t in eos_timers} <= cancelled
+    assert e.on_timer(eos_timers[0].timer, 1.0) == []
 
 
 def test_stream_wholly_lost_is_recovered():
@@ -240,11 +296,12 @@ def test_pacing_spaces_datagrams_and_delays_the_token():
     s = mcast_allgather(3, 2500, roots=1)      # rank 0 streams 10000 bytes, then a token
     acts = e.post(0, s, 4, 0.0)
     times = [a.not_before for a in acts if isinstance(a, Multicast)]
-    assert len(times) == 10 + 3
+    assert len(times) == 10 + 1                 # the data, then the first EOS
     gaps = np.diff(times[:10])
     np.testing.assert_allclose(gaps, (1000 + 44) * 8 / 1e9)
     assert not any(a.__class__.__name__ == "Send" for a in acts)    # token waits
-    timer = next(a for a in acts if isinstance(a, SetTimer) and a.deadline < 1.0)
+    timer = min((a for a in acts if isinstance(a, SetTimer)), key=lambda a: a.deadline)
+    assert timer.deadline == pytest.approx(times[-1] + 44 * 8 / 1e9)   # after the first EOS
     later = e.on_timer(timer.timer, timer.deadline)
     sends = [a for a in later if a.__class__.__name__ == "Send"]
     assert len(sends) == 1 and sends[0].peer == 1 and sends[0].header.length == 0

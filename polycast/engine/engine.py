@@ -84,7 +84,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         self._reqs: dict[int, Request] = {}
         self._by_seq: dict[int, Request] = {}
         self._early = EarlyBuffer(self.config.max_early_nbytes, self.stats)
-        self._timers: dict[int, tuple] = {}         # timer id -> (kind, request, arg)
+        self._timers: dict[int, tuple] = {}         # timer id -> (kind, request|None, arg)
         self._tokens: dict[int, tuple] = {}         # token -> (request or None, step index)
         self._next_token = 0
         self._next_timer = 0
@@ -275,6 +275,8 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         if ent is None:
             return []
         kind, r, arg = ent
+        if kind == "eos":
+            return self._eos_repeat(arg, now)
         out: list[Action] = []
         if self._reqs.get(r.req) is not r:
             return out
@@ -476,6 +478,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         if self._reqs.get(r.req) is not r:
             return
         self._adapt_pacing(r)
+        r.eos_timers.clear()            # done here; receivers may still need the repeats
         self._cleanup(r, out)
         self.stats.completed += 1
         out.append(_complete(r.req))
@@ -484,11 +487,12 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         self._remember_request(r)
         del self._reqs[r.req]
         self._by_seq.pop(r.seq, None)
-        for tid in [r.op_timer, r.rec_timer, r.mis_timer, *r.pace_timers]:
+        for tid in [r.op_timer, r.rec_timer, r.mis_timer, *r.pace_timers, *r.eos_timers]:
             if tid is not None and tid in self._timers:
                 self._cancel_timer(out, tid)
         r.op_timer = r.rec_timer = r.mis_timer = None
         r.pace_timers.clear()
+        r.eos_timers.clear()
         for token in r.tokens:
             self._tokens.pop(token, None)
         r.tokens.clear()

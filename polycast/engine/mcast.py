@@ -2,7 +2,8 @@
 deferral, FIN and pacing.
 
 An MCAST step cuts its region into chunks of at most ``mtu_nbytes`` (whole elements), sends
-one datagram per chunk (paced), then an end-of-stream datagram ``eos_repeats`` times. An
+one datagram per chunk (paced), then an end-of-stream datagram (EOS), and ``eos_repeats - 1``
+more EOS spaced out after it (:func:`eos_delays`). An
 MRECV step keeps a bitmap of chunks. Loss is detected at EOS or by a coarse timer; the
 missing chunk ranges are pulled from the ring successor (rank+1), which answers from its own
 copy or defers until it holds the data; the root always holds it. A rank holding all
@@ -46,6 +47,26 @@ _MCAST_DATA, _MCAST_EOS = MsgKind.MCAST_DATA, MsgKind.MCAST_EOS    # enum lookup
 # pulling it early would make every successor send the whole stream again over the
 # reliable channel once it arrives. Such streams wait this many coarse timeouts.
 SILENT_RTO_FACTOR = 4
+
+# A receiver whose queue is full as a stream ends loses what arrives then: EOS repeats sent
+# back to back are lost together and cost it the coarse timeout. So the repeats after the
+# first are spaced: the first of them EOS_SPACING_SPANS stream send times later (a queue the
+# stream overfilled has drained by then when the receiver is at least half as fast as the
+# stream), each next one EOS_SPACING_GROWTH times later again (slower receivers, longer
+# overloads), never sooner than the coarse timeout / EOS_SPACING_MIN_RTO (small streams) nor
+# later than half of it. Measured with polycast sim --nic (notes: issue 11, nic): rto
+# fractions alone (rto/8, rto/4) cost a fast link 20x its time when the first EOS is lost.
+EOS_SPACING_SPANS = 2
+EOS_SPACING_GROWTH = 4
+EOS_SPACING_MIN_RTO = 1024
+
+
+def eos_delays(repeats: int, rto_s: float, span_s: float) -> list[float]:
+    """Seconds after a stream's first EOS at which its other ``repeats - 1`` EOS leave;
+    ``span_s``: the stream's send time (its bytes at the pacing rate), ``rto_s``: the
+    request's coarse recovery timeout."""
+    first = max(EOS_SPACING_SPANS * span_s, rto_s / EOS_SPACING_MIN_RTO)
+    return [min(first * EOS_SPACING_GROWTH ** i, rto_s / 2) for i in range(repeats - 1)]
 
 
 def gaps(held: bytearray, asked: bytearray, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -358,11 +379,17 @@ class ReliableMulticast:
             if rate:
                 t += (nb + HEADER_NBYTES) * 8 * per_bit
         eos = Header(MsgKind.MCAST_EOS, comm, seq, me, s.nchunks, s.nbytes, 0, sig, ordinal)
-        for _ in range(self.config.eos_repeats):
-            out.append(Multicast(eos, None, t))
-            st.datagrams_out += 1
-            if rate:
-                t += HEADER_NBYTES * 8 * per_bit
+        out.append(Multicast(eos, None, t))
+        st.datagrams_out += 1
+        # The repeats go by timer, outside the pacing: they must not hold up this step or
+        # the next stream. They outlive the request when it completes (a receiver may still
+        # need them after this rank is done); a failed request cancels them.
+        span = (s.nbytes + s.nchunks * HEADER_NBYTES) * 8 / (
+            (rate or self.config.line_rate_gbps) * 1e9)
+        for d in eos_delays(self.config.eos_repeats, r.rto, span):
+            r.eos_timers.append(self._set_timer(out, t + d, "eos", None, eos))
+        if rate:
+            t += HEADER_NBYTES * 8 * per_bit
         if rate:
             pacer.next_t = t
             if t > now:
@@ -557,4 +584,11 @@ class ReliableMulticast:
         self.stats.pacing_gbps = self._pacer.rate_gbps
 
 
-__all__ = ["Stream", "Pacer", "ReliableMulticast", "gaps", "chunk_runs", "SILENT_RTO_FACTOR"]
+    def _eos_repeat(self, eos: Header, now: float) -> list:
+        """A spaced EOS repeat is due (its request may be over: see _start_mcast)."""
+        self.stats.datagrams_out += 1
+        return [Multicast(eos, None, now)]
+
+
+__all__ = ["Stream", "Pacer", "ReliableMulticast", "gaps", "chunk_runs", "eos_delays",
+           "SILENT_RTO_FACTOR"]

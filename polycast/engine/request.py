@@ -16,9 +16,10 @@ class Request:
     __slots__ = ("req", "seq", "sched", "prog", "plan", "itemsize", "sig", "_desc", "state",
                  "ndeps", "ndone", "ready", "held", "held_nbytes", "streams", "mrecv_left",
                  "multicast", "fin_sent", "fin_received", "outstanding", "op_timer",
-                 "rec_timer", "pace_timers", "rto", "mcast_bytes_in", "recovered_nbytes",
-                 "mcast_bytes_out", "served_own_nbytes", "tokens", "mismatch", "mis_timer",
-                 "rts_wait", "rdv", "granted", "cts_early", "cts_ahead")
+                 "rec_timer", "pace_timers", "eos_timers", "rto", "mcast_bytes_in",
+                 "recovered_nbytes", "mcast_bytes_out", "served_own_nbytes", "tokens",
+                 "mismatch", "mis_timer", "rts_wait", "rdv", "granted", "cts_early",
+                 "cts_ahead")
 
     def __init__(self, req, seq, sched, plan, itemsize, sig, desc):
         self.req, self.seq, self.sched, self.plan = req, seq, sched, plan
@@ -37,6 +38,7 @@ class Request:
         self.outstanding = 0            # Sends not yet reported done
         self.op_timer = self.rec_timer = None
         self.pace_timers = {}           # timer -> step index (paced MCAST completions)
+        self.eos_timers = []            # our streams' spaced EOS repeats still to send
         self.rto = 0.0
         self.mcast_bytes_in = 0
         self.recovered_nbytes = 0
