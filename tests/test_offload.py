@@ -27,8 +27,13 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 OFFLOAD = {"POLYCAST_PROGRESS": "offload"}
 
 
-def _leftovers() -> list[str]:
-    return glob.glob("/dev/shm/polycast-off-*")
+def _leftovers(results) -> list[str]:
+    """This run's shared files still in /dev/shm: the names carry their creator's pid (a
+    rank's rings and arena; the offload process's worker rings), so other jobs on the
+    machine (other test runs, other users) are not counted."""
+    ours = {r.pid for r in results} | _server_pids(results)
+    return [p for p in glob.glob("/dev/shm/polycast-off-*")
+            if int(os.path.basename(p).split("-")[2]) in ours]
 
 
 def _gone(pid: int, within: float = 10.0) -> bool:
@@ -65,7 +70,7 @@ def test_every_collective_and_algorithm(nranks, workers, secret):
     res = selftest(nranks, "all", env=env, timeout=180)
     _ok(res, "all")
     assert "algos=" in res[0].out and int(res[0].out.split("algos=")[1].split()[0]) > 30
-    assert not _leftovers()
+    assert not _leftovers(res)
 
 
 def test_loss_recovered_through_the_workers():
@@ -79,7 +84,7 @@ def test_loss_recovered_through_the_workers():
         assert "RESULT lossy exact=True" in r.out, r.out
     recovered = [int(m) for r in res for m in re.findall(r"recovered=(\d+)", r.out)]
     assert sum(recovered) > 0, [r.out for r in res]
-    assert not _leftovers()
+    assert not _leftovers(res)
 
 
 def test_mismatch_is_the_engines_error_on_every_rank():
@@ -94,7 +99,7 @@ def test_a_rank_killed_is_peer_lost_on_the_others():
     for r in res:
         if r.returncode == 0:
             assert "SELFTEST death OK" in r.out, r.out + r.err[-2000:]
-    assert not _leftovers()
+    assert not _leftovers(res)
 
 
 def _scenario(nranks: int, name: str, env: dict):
@@ -103,7 +108,7 @@ def _scenario(nranks: int, name: str, env: dict):
     pids = _server_pids(res)
     assert len(pids) == 1, [r.out for r in res]
     assert _gone(pids.pop()), "the offload process outlived its ranks"
-    assert not _leftovers()
+    assert not _leftovers(res)
     return res
 
 

@@ -18,6 +18,7 @@ class RankResult:
     returncode: int
     out: str
     err: str
+    pid: int = 0            # the rank's process id (names what it left behind, if anything)
 
 
 def spawn_ranks(nranks: int, argv: list[str], *, env: dict | None = None,
@@ -37,7 +38,7 @@ def spawn_ranks(nranks: int, argv: list[str], *, env: dict | None = None,
         results = []
         for r, p in enumerate(procs):
             out, err = p.communicate(timeout=timeout)
-            results.append(RankResult(r, p.returncode, out, err))
+            results.append(RankResult(r, p.returncode, out, err, p.pid))
         return results
     finally:
         for p in procs:
