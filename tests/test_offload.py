@@ -161,3 +161,21 @@ def test_bad_settings_are_clear_errors():
     with pytest.raises(InvalidArgument, match="at least 1 MiB"):
         arena_nbytes({"POLYCAST_OFFLOAD_ARENA": "1000"})
     assert arena_nbytes({}) == 1 << 30
+
+
+def test_a_missing_offload_process_is_a_clear_error():
+    """A rank whose host has no offload process (its local rank 0 is not in offload mode, or
+    never came) gets OffloadLost naming what to check, within its timeout, not a hang."""
+    from polycast.errors import OffloadLost
+    from polycast.runtime.env import JobEnv
+    from polycast.runtime.launch import free_port
+    from polycast.runtime.offload.client import attach
+
+    job = JobEnv(rank=1, size=2, local_rank=1, local_size=2, master_addr="127.0.0.1",
+                 master_port=free_port(), launcher="polycast", job_id="", timeout_seconds=1.0)
+    before = set(glob.glob(f"/dev/shm/polycast-off-{os.getpid()}-*"))
+    t0 = time.monotonic()
+    with pytest.raises(OffloadLost, match="no offload process for this host.*local rank 0"):
+        attach(job)
+    assert time.monotonic() - t0 < 5.0
+    assert set(glob.glob(f"/dev/shm/polycast-off-{os.getpid()}-*")) == before

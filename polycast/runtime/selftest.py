@@ -296,6 +296,10 @@ def suite_death(ck: Checker) -> None:
     victim = P - 1
     comm.Barrier()
     if r == victim:
+        # its last barrier message may still be in its send queue when its Barrier returns
+        # (a send completes once handed to the transport): let it leave, or a peer still
+        # waiting on it sees the death in the barrier instead of in the call below
+        time.sleep(0.3)
         os._exit(17)            # dies without a word: no goodbye, no flush
     x = np.ones(10, np.float32)
     y = np.empty_like(x)
