@@ -8,6 +8,7 @@ module              what it holds
 =================== =====================================================================
 process_group       ``ProcessGroupPolycast`` (torch's interface), ``Options``, the creator
 ops                 each collective as calls on the group's polycast ``Comm``
+p2p                 send/recv/isend/irecv (and so batch_isend_irecv) as Comm.Isend/Irecv
 work                ``Work`` and its future, completed when polycast's requests complete
 tensors             tensors as zero-copy numpy views; dtype and reduce-op mapping; checks
 rendezvous          the group's ``Comm``, connected through the store torch hands us

@@ -69,6 +69,10 @@ class Call:
     def then(self, fn) -> None:
         self._after.append(fn)
 
+    def first(self, fn) -> None:
+        """A last step that runs before the others (a check before copies out)."""
+        self._after.insert(0, fn)
+
     def post(self, method, *args, **kw) -> None:
         """Call the Comm ``method`` and keep its request. Comm's own argument errors are
         marked: Comm has already refused the call on every rank (see ProcessGroupPolycast)."""
@@ -78,14 +82,14 @@ class Call:
             exc.polycast_comm_refused = True
             raise
 
-    def work(self, result, submit: bool = True) -> Work:
+    def work(self, result, submit: bool = True, source_rank=-1) -> Work:
         after = self._after
 
         def finish():
             for fn in after:
                 fn()
         w = Work(self.requests, finish if after else None, result, desc=self.what,
-                 timeout_seconds=self.comm.timeout_seconds)
+                 timeout_seconds=self.comm.timeout_seconds, source_rank=source_rank)
         return w._submit() if submit else w
 
 

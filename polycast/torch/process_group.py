@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..collectives import Collective
 from ..errors import InvalidArgument, PolycastError
-from . import ops
+from . import ops, p2p
 from ..comm.lifecycle import close_comm
 from .rendezvous import open_comm
 
@@ -196,6 +196,16 @@ class ProcessGroupPolycast(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         return self._guard(_C.BARRIER, ops.barrier)
+
+    # -- point to point: not collective, so no _guard (bad input raises on this rank) ----
+    def send(self, tensors, dstRank: int, tag: int = 0):
+        return p2p.send(self, tensors, dstRank, tag)
+
+    def recv(self, tensors, srcRank: int, tag: int = 0):
+        return p2p.recv(self, tensors, srcRank, tag)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        return p2p.recv(self, tensors, None, tag)
 
 
 def _root(opts) -> int:

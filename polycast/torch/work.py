@@ -35,14 +35,14 @@ class Work(dist._Work):
     """One torch call's requests, its last step and its future."""
 
     def __init__(self, requests: list, finish=None, result=None, *, desc: str = "",
-                 timeout_seconds: float = 60.0, source_rank: int = -1) -> None:
+                 timeout_seconds: float = 60.0, source_rank=-1) -> None:
         super().__init__()
         self._requests = requests
         self._finish = finish
         self._result = [] if result is None else result
         self._desc = desc
         self._timeout = timeout_seconds
-        self._source_rank = source_rank
+        self._source = source_rank      # an int, or a function asked once done (recv)
         # torch's Future.set_exception stores the exception as the future's *value*, which
         # C++ readers take for a result: DDP's reducer reads it as a tensor list and
         # crashes (torch 2.13). So the outcome (result or exception) goes into _outcome,
@@ -148,7 +148,12 @@ class Work(dist._Work):
         return self._result
 
     def source_rank(self) -> int:
-        return self._source_rank
+        """The sender of a receive's message (torch's ``dist.recv`` without ``src``
+        returns it); -1 for other calls."""
+        self.wait()
+        return self._source() if callable(self._source) else self._source
+
+    _source_rank = source_rank      # the name torch's Python calls (the C++ one can't see us)
 
     def synchronize(self) -> None:
         self.wait()
