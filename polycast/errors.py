@@ -9,7 +9,12 @@ from __future__ import annotations
 
 
 class PolycastError(Exception):
-    """Base class of every polycast error."""
+    """Base class of every polycast error.
+
+    ``caused_by``: the rank whose failure made this one happen (it aborted the collective
+    here, or was lost), or None when the error is this rank's own."""
+
+    caused_by: int | None = None
 
 
 class InvalidArgument(PolycastError, ValueError):
@@ -47,7 +52,7 @@ class PeerLost(PolycastError):
     """A peer rank died or stopped answering."""
 
     def __init__(self, rank: int, detail: str = "") -> None:
-        self.rank = rank
+        self.rank = self.caused_by = rank
         super().__init__(f"lost rank {rank}" + (f": {detail}" if detail else ""))
 
 

@@ -94,6 +94,9 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         self._plans: dict[tuple, tuple] = {}        # (id(schedule), rank) -> (schedule, plan)
         self._grant_wait: deque = deque()           # (request, (src, tag)): RTS refused a grant
         self._recent: dict[int, tuple] = {}         # seq -> (sig, description thunk): over
+        # What the driver knows of peers beyond the protocol ("stopped", "not running"),
+        # for error messages only: rank -> note.
+        self.peer_notes: dict[int, str] = {}
 
     # -- public state ---------------------------------------------------------------------
     @property

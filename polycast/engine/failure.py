@@ -140,6 +140,9 @@ class Failure:
                        abort=None)
             return
         what = f"rank {self.rank}: {r.desc} aborted by rank {src}: {text}"
+        if reason in (AbortReason.TIMEOUT, AbortReason.PEER_LOST):
+            # Every rank says what it was waiting on, not only the one that timed out.
+            what += f" (rank {self.rank} was waiting on {self._stuck(r)})"
         if mismatch:
             if h.sig == r.sig:
                 # A rank that called as we did found a rank that called otherwise: wait a
@@ -166,6 +169,8 @@ class Failure:
                                   f"run it: {text}")
         else:
             err = ProtocolError(what)
+        if err.caused_by is None:
+            err.caused_by = src
         self._fail(r, err, out, abort=None)
 
     def _mismatch(self, r: Request, detail: str, now: float, out: list) -> None:
@@ -191,9 +196,10 @@ class Failure:
 
     def _timed_out(self, r: Request, out: list) -> None:
         self.stats.timeouts += 1
+        notes = "".join(f"; rank {p} {note}" for p, note in sorted(self.peer_notes.items()))
         self._fail(r, CollectiveTimeout(
             f"rank {self.rank}: {r.desc} not done after {self.config.op_timeout_s:g} s; "
-            f"waiting on {self._stuck(r)}"), out, abort=AbortReason.TIMEOUT)
+            f"waiting on {self._stuck(r)}{notes}"), out, abort=AbortReason.TIMEOUT)
 
     def _stuck(self, r: Request) -> str:
         """The first unfinished steps, for error messages."""
@@ -203,17 +209,23 @@ class Failure:
                 continue
             if r.ndeps[idx] and r.state[idx] == PENDING:
                 continue            # waiting on an earlier step: not the root cause
+            nbytes = r.plan.nelems[idx] * r.itemsize
             what = f"step {idx} ({step.kind}"
             if step.kind is Kind.SEND:
-                what += f" to rank {step.peer}"
+                what += f" of {nbytes} bytes to rank {step.peer}"
                 if r.rts_wait and r.rts_wait.get((step.peer, step.tag)) == idx:
                     what += ": waiting for its clear-to-send (CTS)"
-            elif step.kind in (Kind.RECV, Kind.MRECV):
+            elif step.kind is Kind.RECV:
+                what += f" of {nbytes} bytes from rank {step.peer}"
+            elif step.kind is Kind.MRECV:
                 what += f" from rank {step.peer}"
-            if step.kind is Kind.MRECV:
                 s = r.streams.get((step.peer, step.tag))
                 if s is not None and s.bitmap is not None:
-                    what += f": {s.nchunks - s.have} of {s.nchunks} chunks missing"
+                    missing = nbytes * (s.nchunks - s.have) // max(s.nchunks, 1)
+                    what += (f": {s.nchunks - s.have} of {s.nchunks} chunks missing, about "
+                             f"{missing} of {nbytes} bytes")
+                else:
+                    what += f": {nbytes} bytes, none received"
             parts.append(what + ")")
             if len(parts) == 4:
                 break

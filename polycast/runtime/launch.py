@@ -355,9 +355,13 @@ class _Supervisor:
             self._poll()
             failed = self._failed()
         still = self._running()
+        stopped = {i.rank: report.process_state(i.proc.pid) for i in still}
         for item in still:
             item.ended_by_us = True
         _end_all(self.ranks)
+        for r, state in sorted(stopped.items()):
+            if state and "stopped" in state:    # what the others waited for, most likely
+                _say(self.err, self.lock, f"rank {r} {state} while the others failed")
         failed = self._failed()
         causes = self._causes(failed)
         reports = {i.rank: report.read_report(self.reports, i.rank) for i in failed}
@@ -425,6 +429,7 @@ def _end_all(ranks: list[_Rank]) -> None:
     running = [item for item in ranks if item.proc.poll() is None]
     for item in running:
         _signal_group(item, signal.SIGTERM)
+        _signal_group(item, signal.SIGCONT)     # a stopped rank acts on it at once
     deadline = time.monotonic() + GRACE_SECONDS
     for item in running:
         try:

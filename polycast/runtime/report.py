@@ -1,7 +1,8 @@
 """What a rank started by ``polycast run`` tells its launcher about how it ended.
 
 When one rank fails, the others usually fail a moment later because of it (they raise
-:class:`PeerLost` naming the rank that went away). The launcher can only see exit statuses,
+:class:`PeerLost` naming the rank that went away, or an error saying which rank aborted the
+collective: ``PolycastError.caused_by``). The launcher can only see exit statuses,
 and under load the consequences may exit before the cause. So each rank that dies of an
 uncaught exception leaves a small JSON report in the directory named by
 ``POLYCAST_RUN_REPORT`` (set by the launcher): which exception, and whether it was a
@@ -34,13 +35,14 @@ def report_path(directory: str, rank: int) -> str:
 
 
 def lost_rank(exc: BaseException) -> int | None:
-    """The rank whose loss caused ``exc`` (a :class:`PeerLost` in it or its causes), or None."""
-    from ..errors import PeerLost
+    """The rank whose failure caused ``exc`` (``caused_by`` of a polycast error in it or its
+    causes: a lost peer, or a rank that aborted the collective), or None."""
+    from ..errors import PolycastError
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, PeerLost):
-            return exc.rank
+        if isinstance(exc, PolycastError) and exc.caused_by is not None:
+            return exc.caused_by
         exc = exc.__cause__ or exc.__context__
     return None
 
@@ -113,3 +115,18 @@ def install() -> None:
 
 def dump_marker(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank-{rank}.stacks")
+
+
+def process_state(pid: int) -> str | None:
+    """How a local process is, when that explains a silent rank: stopped, exited, or None
+    (running, or not knowable here: no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "is not running" if os.path.isdir("/proc/self") else None
+    if state in ("T", "t"):
+        return "is stopped (SIGSTOP, SIGTSTP or a debugger)"
+    if state in ("Z", "X"):
+        return "has exited"
+    return None

@@ -44,6 +44,7 @@ class Peer:
     ring_in: Ring | None = None       # this peer -> us
     ring_out: Ring | None = None      # us -> this peer
     same_host: bool = False
+    pid: int = 0                      # its process id (meaningful on the same host)
 
     @property
     def transport(self) -> str:
@@ -86,6 +87,22 @@ def _local_ip_towards(addr: str) -> str:
             return s.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _peer_pid(theirs: dict, mine: dict) -> int:
+    """The peer's pid if it means the same process here (same host, same pid namespace:
+    diagnostics look it up in /proc), else 0."""
+    if theirs.get("host") != mine["host"] or not mine["pidns"] or \
+            theirs.get("pidns") != mine["pidns"]:
+        return 0
+    return int(theirs.get("pid", 0))
 
 
 def _barrier(store: StoreClient, name: str, size: int, timeout: float) -> None:
@@ -131,7 +148,7 @@ def connect(env: JobEnv, transport: str | None = None,
         listener.bind((my_ip if loopback else "0.0.0.0", 0))
         listener.listen(max(16, env.size))
         me = {"addr": my_ip, "port": listener.getsockname()[1], "host": host_id(),
-              "pid": os.getpid()}
+              "pid": os.getpid(), "pidns": _pid_namespace()}
         store.set(f"rank/{env.rank}", json.dumps(me))
         info = {}
         for r in range(env.size):
@@ -165,7 +182,7 @@ def connect(env: JobEnv, transport: str | None = None,
             ring.unlink()          # both sides have it mapped: nothing can leak now
         for r, sock in socks.items():
             world.peers[r] = Peer(r, TcpLink(sock, r), rings_in.get(r), rings_out.get(r),
-                                  r in same)
+                                  r in same, _peer_pid(info[r], me))
         _barrier(store, "connected", env.size, max(0.1, deadline - time.monotonic()))
         if not own_store:
             return world            # the caller's store outlives us: nothing to close

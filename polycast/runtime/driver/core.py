@@ -19,6 +19,7 @@ from ...engine import wire
 from ...engine.engine import Engine, EngineConfig
 from ...errors import InvalidArgument, PolycastError
 from ...memory import Buffers
+from ..report import process_state
 from ..world import World
 from .datagrams import MulticastIO
 from .execute import ActionRunner, CommState
@@ -28,6 +29,7 @@ from .request import Request
 from .timers import Timers
 
 MAX_ORPHANS = 100000        # messages held per communicator not made yet
+NOTES_SECONDS = 0.5         # how often timers may refresh the peers' process states
 # A post moving more than this many bytes is handed to the progress thread instead of run
 # on the caller's: its first actions copy the input (a 64 MiB ring allreduce's post copied
 # 64 MiB and filled an 8 MiB ring: ~40 ms in a non-blocking call). Below it, no hand-off.
@@ -77,6 +79,7 @@ class Driver:
         self._comms: dict[int, CommState] = {}
         self._orphans: dict[int, list] = {}   # comm id -> held messages (comm not made yet)
         self._req_ids = itertools.count(1)
+        self._notes_at = 0.0
         self.progress = Progress(self)
         self.timers = Timers()
         self.peers = PeerIO(world, self.progress.sel, self._on_frame, self._on_sent,
@@ -287,7 +290,23 @@ class Driver:
                 return
             cs = self._comms.get(due[0])
             if cs is not None:
+                if now - self._notes_at > NOTES_SECONDS:
+                    self._note_peers(now)
                 self._run(cs, cs.engine.on_timer(due[1], now))
+
+    def _note_peers(self, now: float) -> None:
+        """Tell the engines which same-host peers are stopped or gone, so a timeout names
+        the rank that holds everyone up (a SIGSTOPped rank keeps its connections open)."""
+        self._notes_at = now
+        notes = {}
+        for r, peer in self.world.peers.items():
+            if peer.same_host and peer.pid:
+                note = process_state(peer.pid)
+                if note:
+                    notes[r] = note
+        for cs in self._comms.values():
+            cs.engine.peer_notes = {cs.local_of[r]: n for r, n in notes.items()
+                                    if r in cs.local_of}
 
     def _shutdown(self) -> None:
         self.mcast.close_all()

@@ -5,7 +5,8 @@ Fire and forget, as the engine's reliable-multicast protocol expects: a datagram
 kernel refuses (ENOBUFS) is simply lost and recovered by the protocol. A datagram the
 engine paces (``not_before`` in the future) waits in a heap and leaves when due. Received
 datagrams go to ``on_datagram(comm_id, data)``; :meth:`MulticastIO.read` is the one place
-datagrams are read.
+datagrams are read, and where ``POLYCAST_FAULTS`` (:mod:`polycast.runtime.faults`) injects
+loss, duplicates, reordering and replays.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import itertools
 import selectors
 import time
 
+from .. import faults as _faults
 from ..mcast import MulticastUnavailable, drop_own_datagrams, open_group
 
 READ_BATCH = 256            # datagrams read per readable event before other work
@@ -40,6 +42,8 @@ class MulticastIO:
         self._groups: dict[int, _Group] = {}
         self._paced: list = []                  # (not_before, n, comm id, datagram)
         self._counter = itertools.count()
+        self.faults: _faults.Faults | None = None   # POLYCAST_FAULTS, set up by open()
+        self._faults_read = False
 
     def open(self, comm_id: int, job_id: str, single_host: bool, own_rank: int) -> str | None:
         """Join the communicator's group; returns why multicast is unavailable, or None."""
@@ -48,6 +52,9 @@ class MulticastIO:
         except MulticastUnavailable as exc:
             return str(exc)
         drop_own_datagrams(sock, own_rank)
+        if not self._faults_read:
+            self._faults_read = True
+            self.faults = _faults.from_env(own_rank)
         self._sel.register(sock, selectors.EVENT_READ, ("mcast", comm_id))
         self._groups[comm_id] = _Group(sock, addr)
         return None
@@ -130,14 +137,18 @@ class MulticastIO:
         if g is None:
             return
         on_datagram = self._on_datagram
+        faults = self.faults
         for _ in range(READ_BATCH):
             try:
                 data = g.sock.recv(DATAGRAM_MAX_NBYTES)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            on_datagram(comm_id, data)
+            except OSError:             # BlockingIOError: drained
+                break
+            if faults is None:
+                on_datagram(comm_id, data)
+            else:
+                faults.feed(comm_id, data, on_datagram)
+        if faults is not None:
+            faults.release(comm_id, on_datagram)
 
 
 def _own_queued(q) -> None:

@@ -18,6 +18,7 @@ import os
 import time
 
 from ...errors import CollectiveTimeout, MismatchError, PeerLost, PolycastError
+from ..report import process_state
 
 CTRL_NBYTES = 4096
 EPOCH, SIG0 = 0, 8              # uint64 slots of a rank's control block: epoch, 2 descriptors
@@ -92,12 +93,23 @@ class EpochBarrier:
                 raise CollectiveTimeout(
                     f"rank {self.rank}: {what}: ranks {pending} {missing} within "
                     f"{self.comm.timeout_seconds:g} s (did every rank call it, with "
-                    "symmetric buffers?)")
+                    "symmetric buffers?)" + self._notes(pending))
             if now - start < self.yield_seconds:
                 os.sched_yield()
             else:
                 time.sleep(nap)
                 nap = min(MAX_NAP_SECONDS, nap * 2)
+
+    def _notes(self, pending: list[int]) -> str:
+        """"; rank 2 is stopped (...)" for pending ranks whose process explains it."""
+        peers = self.comm._driver.world.peers
+        out = ""
+        for p in pending:
+            peer = peers.get(self.world_ranks[p])
+            state = process_state(peer.pid) if peer is not None and peer.pid else None
+            if state:
+                out += f"; rank {p} {state}"
+        return out
 
     def check_sigs(self, sigs: list[int], what: str) -> None:
         if len(set(sigs)) == 1:

@@ -1,0 +1,58 @@
+"""Rank script for tests/test_dead_peer.py: ranks loop a collective on one path (shm, tcp,
+mcast or symm) until rank 2 SIGKILLs or SIGSTOPs itself in the middle of one. Survivors
+print ``SURVIVOR {json}`` (their error, and seconds from the signal to it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import polycast
+from polycast.errors import PolycastError
+
+VICTIM = 2
+DELAY_S = 0.4
+
+
+def main() -> None:
+    mode, path = sys.argv[1], sys.argv[2]
+    comm = polycast.init()
+    n = 1 << 18                                     # 1 MiB of float32
+    send = np.full(n, comm.rank + 1, np.float32)
+    recv = np.empty(n * comm.size, np.float32)
+
+    def one():
+        if path == "mcast":
+            comm.Allgather(send[: n // 4], recv[: n // 4 * comm.size], algorithm="mcast")
+        elif path == "symm":
+            comm.Allreduce(send, recv[:n])          # auto: staged through symmetric memory
+        else:
+            comm.Allreduce(send, recv[:n], algorithm="ring")
+    one()
+    if path == "symm":
+        assert comm.takes_symm(polycast.Collective.ALLREDUCE, send.dtype), "symm not taken"
+    print("JOB " + comm._driver.world.job_id, flush=True)
+    comm.Barrier()
+    t_signal = time.monotonic() + DELAY_S
+    if comm.rank == VICTIM:
+        sig = signal.SIGKILL if mode == "kill" else signal.SIGSTOP
+        threading.Timer(DELAY_S, os.kill, (os.getpid(), sig)).start()
+    try:
+        while time.monotonic() < t_signal + 120:
+            one()
+    except PolycastError as exc:
+        print("SURVIVOR " + json.dumps({"rank": comm.rank, "error": type(exc).__name__,
+                                        "message": str(exc),
+                                        "seconds": time.monotonic() - t_signal}), flush=True)
+        sys.exit(1)
+    print("NO ERROR", flush=True)
+
+
+if __name__ == "__main__":
+    main()
