@@ -48,7 +48,7 @@ from ..errors import InvalidArgument
 from . import auth, report
 
 GRACE_SECONDS = 3.0
-SETTLE_SECONDS = 2.0        # how long a consequence waits for its cause to exit
+SETTLE_SECONDS = 2.0        # after a failure, how long the others may take to fail too
 STACK_DUMP_SECONDS = 0.5    # between SIGUSR1 (stack dump) and SIGTERM on a timeout
 TIMEOUT_STATUS = 124
 
@@ -344,16 +344,13 @@ class _Supervisor:
         _end_all(self.ranks)
 
     def _failure(self, failed: list[_Rank]) -> int:
-        """Someone failed. Wait (briefly) for the cause if only consequences exited yet,
+        """Someone failed. Wait briefly for the others to fail too (the cause, if only
+        consequences exited yet; and the survivors' own errors, which name the cause),
         end the rest, and name the cause."""
         deadline = time.monotonic() + SETTLE_SECONDS
-        while True:
-            causes = self._causes(failed)
-            if causes or not self._running() or time.monotonic() > deadline:
-                break
+        while self._running() and time.monotonic() < deadline:
             time.sleep(0.02)
             self._poll()
-            failed = self._failed()
         still = self._running()
         stopped = {i.rank: report.process_state(i.proc.pid) for i in still}
         for item in still:
