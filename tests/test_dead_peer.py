@@ -42,3 +42,26 @@ def test_survivors_name_the_dead_or_stopped_rank(mode, path):
     job = next(ln.split("JOB ", 1)[1].strip() for ln in res.stdout.splitlines() if "JOB " in ln)
     left = [f for f in os.listdir("/dev/shm") if job in f]
     assert not left, left
+
+
+def test_a_timeout_names_collective_sequence_step_peer_and_bytes():
+    """Issue 14 item 7: a timeout says what the rank waits for."""
+    import numpy as np
+    from polycast.engine import EngineConfig
+    from polycast.errors import CollectiveTimeout
+    from world import World, mcast_broadcast, ring_allgather
+    errors = []
+    for rank, schedule, send, recv in (
+            (0, ring_allgather(3, 8), np.ones(8, np.float32), np.zeros(24, np.float32)),
+            (1, mcast_broadcast(3, 64, root=2), None, np.zeros(64, np.float32))):
+        w = World(3, EngineConfig(op_timeout_s=1.0))       # only this rank calls
+        w.post(rank, schedule, send, recv)
+        w.run(max_time_s=5.0, until_finished=False)
+        errors.append(w.errors[(rank, 0)])
+    assert all(isinstance(e, CollectiveTimeout) for e in errors), errors
+    ring, bcast = map(str, errors)
+    assert ("allgather ring" in ring and "seq 0" in ring
+            and "(recv from rank 2) with 32 bytes outstanding" in ring), ring
+    assert ("broadcast mcast" in bcast
+            and "(mrecv from rank 2: 1 of 1 chunks missing) with about 256 of 256 bytes "
+            "outstanding" in bcast), bcast

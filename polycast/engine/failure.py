@@ -211,22 +211,23 @@ class Failure:
                 continue            # waiting on an earlier step: not the root cause
             nbytes = r.plan.nelems[idx] * r.itemsize
             what = f"step {idx} ({step.kind}"
+            left = f"{nbytes} bytes"
             if step.kind is Kind.SEND:
-                what += f" of {nbytes} bytes to rank {step.peer}"
+                what += f" to rank {step.peer}"
                 if r.rts_wait and r.rts_wait.get((step.peer, step.tag)) == idx:
                     what += ": waiting for its clear-to-send (CTS)"
             elif step.kind is Kind.RECV:
-                what += f" of {nbytes} bytes from rank {step.peer}"
+                what += f" from rank {step.peer}"
             elif step.kind is Kind.MRECV:
                 what += f" from rank {step.peer}"
                 s = r.streams.get((step.peer, step.tag))
                 if s is not None and s.bitmap is not None:
+                    what += f": {s.nchunks - s.have} of {s.nchunks} chunks missing"
                     missing = nbytes * (s.nchunks - s.have) // max(s.nchunks, 1)
-                    what += (f": {s.nchunks - s.have} of {s.nchunks} chunks missing, about "
-                             f"{missing} of {nbytes} bytes")
+                    left = f"about {missing} of {nbytes} bytes"
                 else:
-                    what += f": {nbytes} bytes, none received"
-            parts.append(what + ")")
+                    what += ": none received"
+            parts.append(f"{what}) with {left} outstanding")
             if len(parts) == 4:
                 break
         if r.multicast and r.ndone == len(r.state):
