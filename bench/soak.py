@@ -1,0 +1,128 @@
+"""Soak: many mixed collectives (random collective, algorithm, size, root, op, dtype; up to
+8 outstanding at once) on real ranks under ``polycast run`` with faults injected in the UDP
+receive path, every result exact (issue 14 item 6; bench/soak_rank.py is the rank script).
+
+    python bench/soak.py                         # 10,000 calls, 4 ranks, loss injected
+    python bench/soak.py --calls 500 --ranks 2   # quick
+
+Measures: collectives per second, resident memory and open file descriptors after a warm-up
+(every collective x algorithm once), half-way and at the end, faults injected and survived, forged and
+replayed (stale / foreign) packets dropped. Prints a table and writes bench/results/soak.json.
+The peer in the same run is the same soak without faults (``--compare-clean``), so the cost of
+recovery is a ratio, not an absolute time on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+DEFAULT_FAULTS = "loss=0.05,dup=0.02,reorder=0.05,replay=0.02,seed=11"
+
+
+def run_soak(ranks: int, calls: int, outstanding: int, max_count: int, seed: int,
+             faults: str, timeout_s: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", REPO),
+               POLYCAST_FAULTS=faults, POLYCAST_TIMEOUT=os.environ.get("POLYCAST_TIMEOUT",
+                                                                       "60"))
+    cmd = [sys.executable, "-m", "polycast.cli.main", "run", "-n", str(ranks), "--timeout",
+           str(int(timeout_s)), os.path.join(HERE, "soak_rank.py"), "--calls", str(calls),
+           "--outstanding", str(outstanding), "--max-count", str(max_count),
+           "--seed", str(seed)]
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 30,
+                         env=env, cwd=REPO)
+    wall = time.monotonic() - t0
+    reports = [json.loads(ln.split("SOAK ", 1)[1]) for ln in res.stdout.splitlines()
+               if "SOAK " in ln]
+    reports.sort(key=lambda x: x["rank"])
+    out = {"ranks": ranks, "calls": calls, "faults": faults, "returncode": res.returncode,
+           "wall_s": round(wall, 2), "per_rank": reports}
+    if res.returncode != 0 or len(reports) != ranks:
+        out["error"] = (res.stdout[-2000:] + res.stderr[-2000:]).strip()
+        return out
+    inj = {}
+    drops = {}
+    for x in reports:
+        for k, v in (x["faults"] or {}).items():
+            inj[k] = inj.get(k, 0) + v
+        for k, v in x["drops"].items():
+            drops[k] = drops.get(k, 0) + v
+    out.update(
+        failed=sum(x["nfailed"] for x in reports),
+        calls_per_s=min(x["calls_per_s"] for x in reports),
+        rss_start_mib=max(x["rss_start"] for x in reports) / 2**20,
+        rss_end_mib=max(x["rss_end"] for x in reports) / 2**20,
+        rss_growth_mib=max(x["rss_end"] - x["rss_start"] for x in reports) / 2**20,
+        rss_growth_second_half_mib=max(x["rss_end"] - x["rss_mid"] for x in reports) / 2**20,
+        fds_start=max(x["fds_start"] for x in reports),
+        fds_end=max(x["fds_end"] for x in reports),
+        fds_growth=max(x["fds_end"] - x["fds_start"] for x in reports),
+        fds_growth_second_half=max(x["fds_end"] - x["fds_mid"] for x in reports),
+        injected=inj, drops=drops,
+        recovered_bytes=sum(x["recovered_bytes"] for x in reports),
+        mcast=all(x["mcast"] for x in reports))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=10_000)
+    ap.add_argument("--ranks", default="4", help="comma list, e.g. 2,4")
+    ap.add_argument("--outstanding", type=int, default=8)
+    ap.add_argument("--max-count", type=int, default=65_536)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--faults", default=DEFAULT_FAULTS, help="POLYCAST_FAULTS spec")
+    ap.add_argument("--compare-clean", action="store_true",
+                    help="also run without faults (the peer for the rate ratio)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "soak.json"))
+    args = ap.parse_args(argv)
+    try:
+        ranks = [int(x) for x in args.ranks.split(",")]
+    except ValueError:
+        ap.error(f"--ranks {args.ranks!r}: expected a comma list of integers")
+    if args.calls < 1 or args.outstanding < 1 or args.max_count < 1 or min(ranks) < 2:
+        ap.error("--calls, --outstanding and --max-count must be >= 1, --ranks >= 2")
+    load = os.getloadavg()
+    runs = []
+    for P in ranks:
+        for faults in ([args.faults, ""] if args.compare_clean else [args.faults]):
+            runs.append(run_soak(P, args.calls, args.outstanding, args.max_count, args.seed,
+                                 faults, args.timeout))
+    print(f"{'ranks':>5s} {'faults':>7s} {'calls':>6s} {'failed':>6s} {'calls/s':>8s} "
+          f"{'rss MiB start->end':>19s} {'fds':>8s} {'injected':>9s} {'dropped':>8s} "
+          f"{'recovered':>10s}")
+    for x in runs:
+        if "error" in x:
+            print(f"{x['ranks']:5d} {'yes' if x['faults'] else 'no':>7s} {x['calls']:6d}  "
+                  f"ERROR (status {x['returncode']}): {x['error'][-600:]}")
+            continue
+        inj = sum(v for k, v in x["injected"].items() if k != "read")
+        print(f"{x['ranks']:5d} {'yes' if x['faults'] else 'no':>7s} {x['calls']:6d} "
+              f"{x['failed']:6d} {x['calls_per_s']:8.1f} "
+              f"{x['rss_start_mib']:8.1f} -> {x['rss_end_mib']:6.1f} "
+              f"{x['fds_start']:3d}->{x['fds_end']:<3d} {inj:9d} "
+              f"{sum(x['drops'].values()):8d} {x['recovered_bytes']:10d}")
+    for x in runs:
+        if "error" not in x and x["faults"]:
+            print(f"  P={x['ranks']} injected {x['injected']}; drops {x['drops']}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"bench": "soak", "args": vars(args), "load_before": load,
+                   "load_after": os.getloadavg(), "python": platform.python_version(),
+                   "runs": runs}, f, indent=1)
+    print(f"wrote {args.out}; load {load[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+    ok = all("error" not in x and x["failed"] == 0 and x["fds_growth"] == 0 for x in runs)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
