@@ -132,3 +132,17 @@ def test_the_wire_fuzzer_mutates():
     outs = {ft.mutate(rng, CORPUS[0], CORPUS) for _ in range(200)}
     assert len(outs) > 150
     assert any(len(o) < wire.HEADER_NBYTES for o in outs)
+
+
+def test_a_payload_kind_claiming_no_payload_is_refused():
+    """Found by bench/fuzz.py: a DATA message with F_NO_PAYLOAD (so the channel framed no
+    payload bytes) reached the engine, which delivered 0 bytes to a 16-element region and
+    crashed the executor. The parser refuses it; the engine drops it if it gets one."""
+    h = wire.make_header(wire.MsgKind.DATA, 0, 0, 0, 0, 0, 64, 1, 0, wire.F_NO_PAYLOAD)
+    with pytest.raises(wire.WireError, match="F_NO_PAYLOAD"):
+        wire.parse_header(h.pack())
+    case = ft.EngineCase(4, secret=False)               # allreduce ring: rank 1 gets DATA
+    h = wire.make_header(wire.MsgKind.DATA, 0, 0, 0, 0, 0, 64, case.sig, 0, wire.F_NO_PAYLOAD)
+    case.world.inject_message(1, 0, h, b"")
+    assert case.world.engines[1].stats.drops.get("bad_flags") == 1
+    assert case.finish(exact=False) == "done"

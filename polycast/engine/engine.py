@@ -44,8 +44,8 @@ from .mcast import Pacer, ReliableMulticast
 from .plan import Plan, make_plan
 from .request import DONE, PENDING, STARTED, Request
 from .rendezvous import Rendezvous
-from .wire import AbortReason, Header, MsgKind, WireError, call_signature, make_header, \
-    parse_datagram
+from .wire import F_NO_PAYLOAD, AbortReason, Header, MsgKind, WireError, call_signature, \
+    make_header, parse_datagram
 
 _region = new_region
 _deliver = new_deliver
@@ -333,6 +333,9 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
             self._early.hold(True, src, h, payload, h.payload_nbytes, self._next_seq)
             return
         kind = h.kind
+        if h.flags & F_NO_PAYLOAD and kind is not _RTS and kind is not _RECOVER_REQ:
+            st.drop("bad_flags")        # a payload kind that says it has none (malformed)
+            return
         if kind is _ABORT:
             self._on_abort(r, src, h, payload, now, out)
             return

@@ -177,6 +177,7 @@ def _mac(secret: bytes, fixed: bytes | memoryview, payload) -> bytes:
 
 
 _KINDS = {int(k): k for k in MsgKind}
+_COUNT_KINDS = (MsgKind.RECOVER_REQ, MsgKind.RTS)     # whose ``length`` is a count
 _MCAST_DATA, _MCAST_EOS = MsgKind.MCAST_DATA, MsgKind.MCAST_EOS
 
 
@@ -212,6 +213,9 @@ def parse_header(data: bytes | bytearray | memoryview, secret: bytes | None = No
                         + ", ".join(f"{int(x)}={x.name}" for x in MsgKind))
     if flags & ~(F_MAC | F_NO_PAYLOAD):
         raise WireError("bad_flags", f"unknown flag bits 0x{flags:02x}")
+    if flags & F_NO_PAYLOAD and k not in _COUNT_KINDS:
+        raise WireError("bad_flags", f"{k} carries a payload: F_NO_PAYLOAD is for "
+                        "RECOVER_REQ and RTS only")
     payload_nbytes = 0 if flags & F_NO_PAYLOAD else length
     if payload_nbytes > MAX_PAYLOAD_NBYTES:
         raise WireError("oversized", f"payload length {length} exceeds {MAX_PAYLOAD_NBYTES}")
