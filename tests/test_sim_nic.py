@@ -160,6 +160,11 @@ def test_sweep_bench_shows_where_a_nic_stops_keeping_up(tmp_path):
     slow = by[(3200, True)]
     assert not slow["model_keeps_up"] and slow["recovered_share"] > 0.5
     assert slow["recovered_nbytes"] == slow["dropped_nbytes"] and slow["time_vs_ideal"] > 10
+    # "as a plot": the figure the bench writes (time and recovered share vs link rate)
+    pytest.importorskip("matplotlib", reason="the sweep plot needs matplotlib (extra 'plot')")
+    png = tmp_path / "sweep.png"
+    nic_sweep.plot(rows, str(png), "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 # -- sim sweep and sim fsdp -----------------------------------------------------------
