@@ -187,6 +187,36 @@ def test_ring_futex_bells_wake_a_sleeping_reader_and_a_blocked_writer(tmp_path):
 
 
 
+
+def test_blocked_writer_waits_on_the_space_counter_it_saw_when_the_ring_was_full(tmp_path):
+    """The writer found the ring full; the reader then frees space (bumping the counter,
+    its wake-up coming before the writer sleeps). The value the writer sleeps on is the
+    one from before the re-check, so the wait ends at once rather than at its timeout
+    (the lost wake-up that cost 16 MiB broadcasts ~50 ms per call)."""
+    path = str(tmp_path / "ring")
+    reader = Ring.create(path, 1 << 16)
+    writer = Ring.attach(path, 1 << 16)
+    reader.unlink()
+    assert writer.space_seen is None and writer.space_wait_value() == writer.space_bell()
+    for i in range(8):
+        writer.enqueue(3, b"hdr", [np.full(12000, i, np.uint8)], 12000, i)
+    done, _ = writer.flush()
+    assert writer.want_write and len(done) < 8          # full: the rest waits
+    seen = writer.space_wait_value()
+    assert seen == writer.space_seen
+    frames = []
+    reader.poll(frames)                                 # copies out and frees space
+    frames.clear()
+    assert writer.space_bell() != seen                  # a sleeper would not sleep
+    assert writer.space_wait_value() == seen            # still blocked: the stale value
+    while writer.want_write:
+        writer.flush()
+        reader.poll(frames)
+    assert writer.space_seen is None
+    writer.close()
+    reader.close()
+
+
 @pytest.mark.parametrize("how", ["env", "platform", "no-syscall"])
 def test_futex_unavailable_says_why_and_the_driver_keeps_doorbells(monkeypatch, how):
     """Off Linux, with POLYCAST_FUTEX=0, or with no syscall() in the C library the probe

@@ -118,6 +118,7 @@ class Ring:
         self.want_bell = False     # a writer blocked on us needs a doorbell
         # writer state
         self._out: collections.deque = collections.deque()
+        self.space_seen: int | None = None  # space counter when a frame last did not fit
 
     @classmethod
     def create(cls, path: str, capacity: int) -> "Ring":
@@ -166,6 +167,7 @@ class Ring:
         """Forget every frame not yet (fully) written (the reader is gone); their tokens."""
         tokens = [entry[4] for entry in self._out if entry[4] is not None]
         self._out.clear()
+        self.space_seen = None
         return tokens
 
     def flush(self) -> tuple[list, bool]:
@@ -176,11 +178,16 @@ class Ring:
         while self._out:
             entry = self._out[0]
             if not self._write_piece(entry):
+                # The space counter as it was before the re-check below: a writer that
+                # sleeps waits for it to change, so space freed between the re-check and
+                # the sleep (whose FUTEX_WAKE came too early) still ends the wait at once.
+                self.space_seen = self._ctl[SPACE_BELL >> 3]
                 self._set(WRITER_BLOCKED, 1)
                 # Re-check: the reader may have freed space before it saw the flag.
                 if not self._write_piece(entry):
                     break
                 self._set(WRITER_BLOCKED, 0)
+            self.space_seen = None
             wrote = True
             if entry[5] >= entry[3]:
                 self._out.popleft()
@@ -367,6 +374,12 @@ class Ring:
         """The reader sleeps (True or SLEEP_SELECT: wake it with a doorbell frame;
         SLEEP_FUTEX: with a futex wake) or is awake (False, 0)."""
         self._set(READER_SLEEPING, int(sleeping))
+
+    def space_wait_value(self) -> int:
+        """The space counter value a sleeping writer waits to change: the one seen when
+        it found the ring full, if it is blocked (else the current one)."""
+        seen = self.space_seen
+        return self._ctl[SPACE_BELL >> 3] if seen is None else seen
 
     def data_bell(self) -> int:
         return self._ctl[DATA_BELL >> 3]

@@ -187,7 +187,7 @@ class PeerIO:
 
     def bell_values(self) -> list[int]:
         return ([ring.data_bell() for _, ring in self.rings_in]
-                + [ring.space_bell() for _, ring in self.rings_out])
+                + [ring.space_wait_value() for _, ring in self.rings_out])
 
     def read_peer(self, r: int) -> None:
         """Read what peer ``r``'s socket holds (its selector key was readable)."""
