@@ -61,13 +61,14 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
     st0 = comm.stats()
     rec0 = st0.recovered_bytes if st0 is not None else 0
     drops0 = st0.dropped if st0 is not None else 0
-    bsend = send.copy() if send is not None else None
+    if coll is Collective.BROADCAST and r == root:
+        # Bcast works in place and only reads the root's buffer: fill it once, as
+        # nccl-tests and the MPI peers do (a copy per call added a full-size memcpy to
+        # every root's time that no peer pays). The check below uses its own buffers.
+        recv[...] = send
 
     def once():
         if coll is Collective.BROADCAST:
-            # Bcast works in place: the root re-sends its input, others overwrite recv.
-            if r == root:
-                recv[...] = bsend
             comm.Bcast(recv, root, algorithm=how)
         else:
             call(comm, coll, send, recv, root, op, how)
