@@ -23,3 +23,26 @@ def test_every_collective_equals_gloo(nranks, tmp_path):
         assert r["nfailures"] == 0, "\n".join(r["failures"])
         assert r["checks"] > 1500, r         # the matrix ran in full
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+try:
+    from polycast.comm import Comm
+    HAVE_VECTOR = hasattr(Comm, "Ialltoallv") and hasattr(Comm, "Iallgatherv")
+except ImportError:
+    HAVE_VECTOR = False
+
+
+@pytest.mark.skipif(not HAVE_VECTOR, reason="polycast's Comm has no vector collectives "
+                    "(Ialltoallv/Iallgatherv) in this tree")
+def test_split_and_per_rank_sizes(tmp_path):
+    """all_to_all_single with split sizes (vs gloo), all_to_all and all_gather with one
+    size per rank (gloo refuses those: vs the senders' values), 3 ranks, sync and async;
+    split sizes the ranks disagree on raise on every rank."""
+    proc = polycast_run(3, ROOT / "tests" / "torch_matrix_worker.py", MATRIX_UNEVEN=1,
+                        RESULT_DIR=tmp_path)
+    got = results(tmp_path)
+    assert len(got) == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for r in got:
+        assert r["nfailures"] == 0, "\n".join(r["failures"])
+        assert r["checks"] >= 3 * 4 * 2 * 2 + 2, r
+    assert proc.returncode == 0, proc.stderr[-3000:]

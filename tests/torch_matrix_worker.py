@@ -254,6 +254,56 @@ class Matrix:
             return w, lambda what: self.same(what, out, want_l)
         self.case(f"all_to_all list {tag}", as_list)
 
+    def uneven(self) -> None:
+        """Split sizes and tensors of different sizes per rank: all_to_all_single with
+        split sizes (against gloo), all_to_all and all_gather with one size per rank
+        (gloo refuses those: against the values the senders hold)."""
+        me, P = self.rank, self.P
+
+        def rows(src, dst):            # rows of 2 elements rank src sends rank dst (0 too)
+            return (2 * src + dst) % 3
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            in_splits = [rows(me, j) for j in range(P)]
+            out_splits = [rows(j, me) for j in range(P)]
+            inp = self.data(2 * sum(in_splits), dtype, 21).reshape(-1, 2)
+            want = torch.empty(sum(out_splits), 2, dtype=dtype)
+            dist.all_to_all_single(want, inp, out_splits, in_splits, group=self.gloo)
+
+            def single(g, a, inp=inp, want=want, ins=in_splits, outs=out_splits):
+                out = torch.full(want.shape, 9, dtype=want.dtype)
+                w = dist.all_to_all_single(out, inp.clone(), outs, ins, group=g, async_op=a)
+                return w, lambda what: self.same(what, out, want)
+            self.case(f"all_to_all_single split sizes {dtype}", single)
+
+            even = self.data(3 * P, dtype, 4)
+            want_e = torch.empty(3 * P, dtype=dtype)
+            dist.all_to_all_single(want_e, even, [3] * P, [3] * P, group=self.gloo)
+
+            def equal_splits(g, a, even=even, want=want_e):
+                out = torch.full((3 * P,), 9, dtype=want.dtype)
+                w = dist.all_to_all_single(out, even.clone(), [3] * P, [3] * P, group=g,
+                                           async_op=a)
+                return w, lambda what: self.same(what, out, want)
+            self.case(f"all_to_all_single equal split sizes {dtype}", equal_splits)
+
+            ins_l = [self.data(rows(me, j) + 1, dtype, 5 + j) for j in range(P)]
+            want_l = [self.data(rows(j, me) + 1, dtype, 5 + me, rank=j) for j in range(P)]
+
+            def as_list(g, a, ins_l=ins_l, want_l=want_l, dtype=dtype):
+                out = [torch.full((rows(j, me) + 1,), 9, dtype=dtype) for j in range(P)]
+                w = dist.all_to_all(out, [t.clone() for t in ins_l], group=g, async_op=a)
+                return w, lambda what: self.same(what, out, want_l)
+            self.case(f"all_to_all list, sizes per rank {dtype}", as_list)
+
+            mine = self.data(me + 1, dtype, 13)
+            want_g = [self.data(j + 1, dtype, 13, rank=j) for j in range(P)]
+
+            def gather_list(g, a, mine=mine, want_g=want_g, dtype=dtype):
+                out = [torch.full((j + 1,), 9, dtype=dtype) for j in range(P)]
+                w = dist.all_gather(out, mine.clone(), group=g, async_op=a)
+                return w, lambda what: self.same(what, out, want_g)
+            self.case(f"all_gather list, sizes per rank {dtype}", gather_list)
+
     def coalesced(self, dtype) -> None:
         P, me = self.P, self.rank
         shapes = [5, 0, 33]
@@ -349,7 +399,7 @@ class Matrix:
                             self.failures.append(f"rank {self.rank}: {what}: {exc!r}")
 
     # -- bad input: a clear error on every rank, and the group still works after ----------
-    def bad_input(self) -> None:
+    def bad_input(self, only_uneven: bool = False) -> None:
         P, me = self.P, self.rank
         cases = [
             ("sparse", lambda g: dist.all_reduce(torch.ones(4).to_sparse(), group=g),
@@ -364,7 +414,7 @@ class Matrix:
                 torch.empty(P * (3 + me)), torch.ones(3 + me), group=g), (_MISMATCH,)),
             ("wrong output size", lambda g: dist.all_gather_into_tensor(
                 torch.empty(P * 3 + 1), torch.ones(3), group=g), ("elements",)),
-            ("uneven split sizes", lambda g: dist.all_to_all_single(
+            ("split sizes that do not add up", lambda g: dist.all_to_all_single(
                 torch.empty(P), torch.ones(P), [1] * P, [2] * P, group=g),
              ("input_split_sizes",)),
         ]
@@ -382,6 +432,12 @@ class Matrix:
                 [torch.empty(2) for _ in range(P)] if me == 1 else None, 1, group=g),
              (one,)),
         ]
+        if only_uneven:
+            # Every rank sends 1 row to each; every rank expects 2 from rank 0 (and none
+            # from rank 1): the counts agreement refuses it on every rank.
+            cases = [("split sizes the ranks disagree on", lambda g: dist.all_to_all_single(
+                torch.empty(P), torch.ones(P), [2, 0] + [1] * (P - 2), [1] * P, group=g),
+                ("counts",))]
         for gname, g in self.groups.items():
             for name, call, words in cases:
                 what = f"bad input {name} [{gname}]"
@@ -431,9 +487,13 @@ def main() -> None:
             reduce_scatter="ring", scatter="linear", gather="linear", alltoall="pairwise")),
     }
     m = Matrix(gloo, groups)
-    m.run()
-    if os.environ.get("MATRIX_BAD_INPUT") == "1":
-        m.bad_input()
+    if os.environ.get("MATRIX_UNEVEN") == "1":          # needs Comm's vector collectives
+        m.uneven()
+        m.bad_input(only_uneven=True)
+    else:
+        m.run()
+        if os.environ.get("MATRIX_BAD_INPUT") == "1":
+            m.bad_input()
     report({"rank": m.rank, "checks": m.checks, "failures": m.failures[:20],
             "nfailures": len(m.failures)}, m.rank)
     dist.destroy_process_group()

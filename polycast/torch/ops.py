@@ -22,13 +22,15 @@ requests do; its last step copies staging buffers out.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..collectives import Collective
 from ..comm import IN_PLACE
 from ..errors import InvalidArgument, Unsupported
-from .tensors import (adjacent, check, check_list, flat_over, overlaps, raw, reduce_op,
-                      same_storage_block, widened)
+from .tensors import (adjacent, check, check_list, flat_over, overlaps, raw, raw_units,
+                      reduce_op, same_storage_block, widened)
 from .work import Work
 
 
@@ -185,15 +187,19 @@ def reduce(group, tensors, root: int, op_obj, submit: bool = True) -> Work:
     return call.work([t], submit)
 
 
-def _gather_buffer(call: Call, outs: list, n: int, dtype) -> torch.Tensor:
-    """One flat buffer of len(outs) x n elements whose blocks end up in ``outs``."""
-    if adjacent(outs) and all(o.numel() == n for o in outs):
+def _gather_buffer(call: Call, outs: list, dtype) -> torch.Tensor:
+    """One flat buffer holding ``outs`` back to back, whose blocks end up in them (a view
+    of them when they already lie so)."""
+    if adjacent(outs):
         return flat_over(outs)
-    flat = torch.empty(len(outs) * n, dtype=dtype)
+    sizes = [o.numel() for o in outs]
+    flat = torch.empty(sum(sizes), dtype=dtype)
 
     def copy_out():
-        for i, o in enumerate(outs):
-            o.copy_(flat[i * n:(i + 1) * n].view(o.shape))
+        at = 0
+        for o, n in zip(outs, sizes):
+            o.copy_(flat[at:at + n].view(o.shape))
+            at += n
     call.then(copy_out)
     return flat
 
@@ -208,8 +214,19 @@ def _scatter_buffer(ins: list) -> torch.Tensor:
 def _even(ts: list, n: int, what: str) -> None:
     sizes = [t.numel() for t in ts]
     if any(s != n for s in sizes):
-        raise Unsupported(f"{what}: tensors of different sizes ({sizes} elements) need "
-                          "polycast's vector collectives, not yet available here")
+        raise Unsupported(f"{what}: tensors of different sizes ({sizes} elements): the "
+                          "polycast backend takes them in all_gather (list), all_to_all "
+                          "and all_to_all_single only")
+
+
+def _vector(call: Call, method: str):
+    """The Comm's vector collective ``method`` (Iallgatherv, Ialltoallv), or a clear
+    error when this polycast has none."""
+    fn = getattr(call.comm, method, None)
+    if fn is None:
+        raise Unsupported(f"{call.what}: uneven sizes need polycast's Comm.{method}, not "
+                          "in this polycast version")
+    return fn
 
 
 def _one_list(call: Call, lists, what: str) -> list:
@@ -220,16 +237,18 @@ def _one_list(call: Call, lists, what: str) -> list:
     return check_list(lists[0], f"{call.what} {what}")
 
 
-def _per_rank(call: Call, ts: list, like: torch.Tensor, what: str) -> list:
-    """Check a list of one tensor per rank against ``like`` (dtype, and the same size:
-    tensors of other sizes need the vector collectives)."""
+def _per_rank(call: Call, ts: list, like: torch.Tensor, what: str,
+              even: bool = True) -> list:
+    """Check a list of one tensor per rank against ``like`` (dtype; and, if ``even``,
+    the same size)."""
     P = call.comm.size
     if len(ts) != P:
         raise InvalidArgument(f"{call.what}: {what} list has {len(ts)} tensors, the group "
                               f"has {P} ranks")
     for t in ts:
         _same_dtype(t, like, call.what)
-    _even(ts + [like], like.numel(), call.what)
+    if even:
+        _even(ts + [like], like.numel(), call.what)
     return ts
 
 
@@ -285,8 +304,24 @@ def all_gather_single_coalesced(group, outs, inps, submit: bool = True) -> Work:
 
 
 def _allgather_list(call: Call, outs: list, inp: torch.Tensor) -> None:
-    _per_rank(call, outs, inp, "output")
-    _allgather_into(call, _gather_buffer(call, outs, inp.numel(), inp.dtype), inp)
+    """All-gather into one tensor per rank; outputs of different sizes (rank i's tensor
+    has rank i's size, the same list on every rank) go through Allgatherv."""
+    _per_rank(call, outs, inp, "output", even=False)
+    flat = _gather_buffer(call, outs, inp.dtype)
+    sizes = [o.numel() for o in outs]
+    if all(n == inp.numel() for n in sizes):
+        _allgather_into(call, flat, inp)
+        return
+    me = call.comm.rank
+    if sizes[me] != inp.numel():
+        raise InvalidArgument(f"{call.what}: output[{me}] has {sizes[me]} elements, this "
+                              f"rank's input {inp.numel()}")
+    allgatherv = _vector(call, "Iallgatherv")
+    send = call.inp(inp)
+    if overlaps(send, flat):
+        send = send.clone()
+    unit = raw_units(inp.dtype)
+    call.post(allgatherv, raw(send), [raw(flat), [n * unit for n in sizes]])
 
 
 def allgather(group, output_lists, inputs, submit: bool = True) -> Work:
@@ -364,7 +399,7 @@ def gather(group, output_lists, inputs, root: int, submit: bool = True) -> Work:
     algo = call.algorithm(Collective.GATHER)
     if comm.rank == root:
         outs = _per_rank(call, _one_list(call, output_lists, "output"), inp, "output")
-        flat = _gather_buffer(call, outs, inp.numel(), inp.dtype)
+        flat = _gather_buffer(call, outs, inp.dtype)
         send = call.inp(inp)
         if overlaps(send, flat):
             send = send.clone()
@@ -425,14 +460,43 @@ def all_to_all_single(group, out, inp, out_splits, in_splits, submit: bool = Tru
                 raise InvalidArgument(f"all_to_all_single: {name}_split_sizes {splits} "
                                       f"sum to {sum(splits)}, the {name} has "
                                       f"{t.shape[0] if t.dim() else 1} rows")
-    even_in = not in_splits or len(set(in_splits)) == 1
-    even_out = not out_splits or len(set(out_splits)) == 1
-    if not (even_in and even_out):
-        raise Unsupported("all_to_all_single with uneven split sizes needs polycast's "
-                          "Alltoallv, not yet available here")
     buf = call.out(out)
-    _alltoall_flat(call, buf, inp)
+    even = len(set(in_splits + out_splits)) <= 1
+    if not (in_splits or out_splits) or (even and not hasattr(call.comm, "Ialltoallv")):
+        _alltoall_flat(call, buf, inp)
+    else:
+        # Split sizes (even or not) always go through Alltoallv, so that every rank
+        # makes the same call whatever its own sizes (with equal sizes, Alltoallv moves
+        # the data as Alltoall does, after its count agreement).
+        _alltoallv(call, buf, inp, _counts(call, in_splits, inp, "input"),
+                   _counts(call, out_splits, out, "output"))
     return call.work([out], submit)
+
+
+def _counts(call: Call, splits: list, t: torch.Tensor, name: str) -> list:
+    """Elements per rank of ``t`` split along its first dimension (evenly without
+    ``splits``)."""
+    P = call.comm.size
+    rows, row = (t.shape[0], math.prod(t.shape[1:])) if t.dim() else (1, 1)
+    if not splits:
+        if rows % P:
+            raise InvalidArgument(f"{call.what}: the {name} has {rows} rows, not divisible "
+                                  f"by {P} ranks (give {name}_split_sizes)")
+        splits = [rows // P] * P
+    return [s * row for s in splits]
+
+
+def _alltoallv(call: Call, out: torch.Tensor, inp: torch.Tensor, scounts: list,
+               rcounts: list) -> None:
+    """Alltoallv of flat contiguous tensors, counts in elements per rank."""
+    _same_dtype(inp, out, call.what)
+    alltoallv = _vector(call, "Ialltoallv")
+    send = call.inp(inp)
+    if overlaps(send, out):
+        send = send.clone()
+    unit = raw_units(inp.dtype)
+    call.post(alltoallv, [raw(send), [n * unit for n in scounts]],
+              [raw(out), [n * unit for n in rcounts]])
 
 
 def alltoall(group, outs, inps, submit: bool = True) -> Work:
@@ -443,11 +507,17 @@ def alltoall(group, outs, inps, submit: bool = True) -> Work:
     if len(outs) != P or len(inps) != P:
         raise InvalidArgument(f"all_to_all: {len(inps)} inputs and {len(outs)} outputs, "
                               f"the group has {P} ranks")
-    n = inps[0].numel() if inps else 0
-    _even(inps + outs, n, call.what)
+    for t in inps + outs:
+        _same_dtype(t, inps[0], call.what)
     send = _scatter_buffer(inps)
-    flat = _gather_buffer(call, outs, n, outs[0].dtype)
-    _alltoall_flat(call, flat, send)
+    flat = _gather_buffer(call, outs, outs[0].dtype)
+    if hasattr(call.comm, "Ialltoallv"):
+        # Always Alltoallv (a rank's sizes may be even while another's are not: every
+        # rank must make the same call); equal sizes move as Alltoall does.
+        _alltoallv(call, flat, send, [t.numel() for t in inps], [t.numel() for t in outs])
+    else:
+        _even(inps + outs, inps[0].numel(), call.what)
+        _alltoall_flat(call, flat, send)
     return call.work(list(outs), submit)
 
 

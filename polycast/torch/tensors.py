@@ -88,6 +88,12 @@ def raw(t: torch.Tensor) -> np.ndarray:
     return np.frombuffer(view, dtype)
 
 
+def raw_units(dtype: torch.dtype) -> int:
+    """Elements of :func:`raw`'s array per tensor element (bytes, for dtypes numpy
+    lacks): what counts given to polycast's vector collectives are multiplied by."""
+    return 1 if dtype in _NUMPY else torch.empty(0, dtype=dtype).element_size()
+
+
 def reducible(dtype: torch.dtype) -> bool:
     """Whether numpy reduces this dtype in place (else :func:`widened` says in what)."""
     return dtype in _NUMPY
