@@ -74,9 +74,11 @@ def test_every_collective_and_algorithm(nranks, workers, secret):
 
 
 def test_loss_recovered_through_the_workers():
-    """Datagrams the workers drop are pulled by the engines and placed by the workers
-    (StreamData): exact results, recovered bytes counted."""
-    env = {**OFFLOAD, "POLYCAST_OFFLOAD_WORKERS": "2", "POLYCAST_OFFLOAD_DROP_EVERY": "5",
+    """Datagrams lost, duplicated and reordered where the workers read them (POLYCAST_FAULTS)
+    are pulled by the engines and placed by the workers (StreamData): exact results,
+    recovered bytes counted."""
+    env = {**OFFLOAD, "POLYCAST_OFFLOAD_WORKERS": "2",
+           "POLYCAST_FAULTS": "loss=0.2,dup=0.05,reorder=0.1,seed=3",
            "POLYCAST_TIMEOUT": "30"}
     res = spawn_ranks(3, ["tests/offload_rank.py", "lossy"], env=env, timeout=90)
     for r in res:
@@ -148,7 +150,7 @@ def test_a_call_refused_on_one_rank_fails_on_all():
         assert "RESULT after ok=True" in r.out, r.out + r.err[-2000:]
 
 
-def test_bad_settings_are_clear_errors():
+def test_bad_settings_are_clear_errors(monkeypatch):
     with pytest.raises(InvalidArgument, match="valid choices: thread, offload"):
         progress_mode("nic")
     with pytest.raises(InvalidArgument, match="POLYCAST_PROGRESS"):
@@ -158,6 +160,12 @@ def test_bad_settings_are_clear_errors():
         offload_workers({"POLYCAST_OFFLOAD_WORKERS": "-1"})
     with pytest.raises(InvalidArgument, match="POLYCAST_OFFLOAD_WORKERS='x'"):
         offload_workers({"POLYCAST_OFFLOAD_WORKERS": "x"})
+    from polycast.runtime.env import JobEnv
+    from polycast.runtime.offload.client import attach
+    monkeypatch.setenv("POLYCAST_FAULTS", "loss=2")
+    with pytest.raises(InvalidArgument, match="POLYCAST_FAULTS='loss=2'"):
+        attach(JobEnv(0, 1, 0, 1, "127.0.0.1", 1, "single", "", 1.0))    # before any start
+    monkeypatch.delenv("POLYCAST_FAULTS")
     with pytest.raises(InvalidArgument, match="at least 1 MiB"):
         arena_nbytes({"POLYCAST_OFFLOAD_ARENA": "1000"})
     assert arena_nbytes({}) == 1 << 30

@@ -28,6 +28,7 @@ import numpy as np
 from ...errors import InvalidArgument, OffloadLost, PolycastError
 from ...memory import Buffers, buffers_used
 from ..driver.request import Request
+from .. import faults as _faults
 from ..env import JobEnv
 from ..shm import Ring, shm_unavailable_reason
 from . import descriptors as D
@@ -372,6 +373,7 @@ def attach(job: JobEnv, transport: str | None = None, *, mtu_nbytes: int | None 
     workers = offload_workers()
     nbytes = arena_nbytes()
     staging_allowed()
+    _faults.from_env()          # a bad POLYCAST_FAULTS here, not as a worker dying at start
     name = socket_name(job.master_addr, job.master_port)
     deadline = time.monotonic() + job.timeout_seconds
     server = _start_server(job, name, workers) if job.local_rank == 0 else None

@@ -29,6 +29,7 @@ import time
 
 from ...engine.mcast import Stream
 from ...engine.wire import MsgKind, WireError, parse_datagram
+from .. import faults as _faults
 from ..shm import Ring
 from . import descriptors as D
 from .channel import Channel
@@ -80,10 +81,10 @@ class Worker:
         self.counters = {"datagrams": 0, "placed": 0, "placed_nbytes": 0, "dropped": 0,
                          "held_dropped": 0, "recovered_placed": 0}
         self.running = True
-        # Tests of recovery through the workers: drop every N-th data datagram received
-        # (until POLYCAST_FAULTS exists, this is the offload path's only loss injection).
-        self.drop_every = int(os.environ.get("POLYCAST_OFFLOAD_DROP_EVERY", "0") or 0)
-        self._ndata = 0
+        # POLYCAST_FAULTS applies where the workers read datagrams, as the driver's
+        # MulticastIO does in-process (the rank checked the spec before it started us)
+        self.faults = _faults.from_env(rank=1000 + self.index)
+        self._fed = lambda _comm, data: self.datagram(data)
 
     # -- commands -------------------------------------------------------------------------
     def command(self, blob: bytes, payload: bytes) -> None:
@@ -186,11 +187,6 @@ class Worker:
         except (WireError, Exception):      # noqa: BLE001 - hostile input: count, drop
             self.counters["dropped"] += 1
             return
-        if self.drop_every and h.kind is _DATA:
-            self._ndata += 1
-            if self._ndata % self.drop_every == 0:
-                self.counters["dropped"] += 1
-                return
         key = (h.comm, h.seq, h.src, h.stream)
         e = self.entries.get(key)
         if e is None:
@@ -277,7 +273,8 @@ class Worker:
             for blob, payload in ch.poll():
                 busy = True
                 self.command(blob, payload)
-            for socks in list(self.socks.values()):
+            faults = self.faults
+            for comm, socks in list(self.socks.items()):
                 for sock in socks:
                     for _ in range(READ_BATCH):
                         try:
@@ -287,7 +284,12 @@ class Worker:
                         except OSError:
                             break
                         busy = True
-                        self.datagram(data)
+                        if faults is None:
+                            self.datagram(data)
+                        else:
+                            faults.feed(comm, data, self._fed)
+                if faults is not None:
+                    faults.release(comm, self._fed)
             if self.dirty:
                 self.report()
             if busy:
