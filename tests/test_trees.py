@@ -182,7 +182,9 @@ def test_binomial_properties():
 
 # --------------------------------------------------------------------------- hierarchical
 
-PATTERN_LINKS = {"tree": (0, 0), "split": (1, 1), "balanced": (0, 1)}
+# (local rank carrying the child0 host link, ... child1); balanced is NCCL's ncclTopoPreset:
+# child0Index = 1, child1Index = 0 (specs/dbtree.md).
+PATTERN_LINKS = {"tree": (0, 0), "split": (1, 1), "balanced": (1, 0)}
 
 
 @pytest.mark.parametrize("pattern", ["tree", "split", "balanced"])
@@ -226,9 +228,11 @@ def test_hierarchical_one_rank_per_host_is_flat(pattern):
 
 def test_hierarchical_balanced_example():
     t0, t1 = hierarchical_dbtree(3, 3, "balanced_tree")
-    # hosts: tree 0 is 0 -> (child1) 2 -> (child0) 1
-    assert t0.children(0) == [1] and t0.children(1) == [2, 6] and t0.children(6) == [7, 3]
-    assert t0.depth() == 5
+    # hosts: tree 0 is 0 -> (child1) 2 -> (child0) 1. The child1 link leaves from local 0
+    # (rank 0 -> host 2's rank 6), the child0 link from local 1 (rank 7 -> host 1's rank 3).
+    assert t0.children(0) == [1, 6] and t0.children(1) == [2]
+    assert t0.children(6) == [7] and t0.children(7) == [8, 3]
+    assert t0.parent(3) == 7 and t0.depth() == 5
 
 
 def test_pattern_names():

@@ -36,7 +36,7 @@ NONE = -1
 TREE_PATTERNS: dict[str, tuple[int, int]] = {
     "tree": (0, 0),        # NCCL_TOPO_PATTERN_TREE
     "split": (1, 1),       # NCCL_TOPO_PATTERN_SPLIT_TREE
-    "balanced": (0, 1),    # NCCL_TOPO_PATTERN_BALANCED_TREE
+    "balanced": (1, 0),    # NCCL_TOPO_PATTERN_BALANCED_TREE: child0Index = 1, child1Index = 0
 }
 _PATTERN_ALIASES = {"split_tree": "split", "balanced_tree": "balanced"}
 
@@ -322,7 +322,8 @@ def hierarchical_dbtree(hosts: int, ranks_per_host: int,
 
     * ``"tree"``: local 0 for both child hosts;
     * ``"split"``: local 1 for both (local 0 if R == 1);
-    * ``"balanced"``: local 0 for child0, local 1 for child1 (0 if R == 1).
+    * ``"balanced"``: local 1 for child0 (0 if R == 1), local 0 for child1 -- NCCL's
+      ``ncclTopoPreset`` (``child0Index = 1``, ``child1Index = 0``).
 
     Ranks are host-major (rank = host*R + local). Each rank's children are ordered as
     NCCL fills its ``down[]`` array: the next rank on the chain first, then the child0
