@@ -41,14 +41,17 @@ def add_parser(sub) -> None:
         c = ssub.add_parser(coll.value, help=f"simulate one {coll.value}")
         _common(c)
         c.add_argument("--algo", "-a", default=None,
-                       help="algorithm (default: the first registered; see polycast algos)")
+                       help="algorithm, or auto (the planner's choice for this size, ranks "
+                            "and topology); default: the first registered (polycast algos)")
         c.add_argument("--compare", default=None,
-                       help="comma-separated algorithms to run side by side, with ratios")
+                       help="comma-separated algorithms to run side by side, with ratios "
+                            "(auto allowed)")
         c.add_argument("--size", "-s", default="64MiB",
                        help="nccl-tests size S (total buffer; default 64MiB)")
         c.add_argument("--dtype", default="float32")
         c.add_argument("--root", type=int, default=0)
-        c.add_argument("--nchunks", type=int, default=1, help="pipelining chunks per part")
+        c.add_argument("--nchunks", type=int, default=None,
+                       help="pipelining chunks per part (default 1; auto: the planner's)")
         c.add_argument("--channels", type=int, default=1)
         c.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                        help="algorithm option (e.g. roots=4); repeatable")
@@ -142,13 +145,14 @@ def run_collective(args: argparse.Namespace) -> int:
     else:
         names = [algorithms(coll)[0].name]
     checks.positive_int("--nodes", args.nodes)
-    checks.positive_int("--nchunks", args.nchunks)
+    if args.nchunks is not None:
+        checks.positive_int("--nchunks", args.nchunks)
     checks.positive_int("--channels", args.channels)
     checks.probability("--loss", args.loss)
     checks.root(coll, args.root, args.nodes)
     if args.placement not in PLACEMENTS:
         raise UnknownName("placement", args.placement, PLACEMENTS)
-    checks.algorithm_names(coll, names, args.nodes)
+    checks.algorithm_names(coll, names, args.nodes, allow_auto=True)
     options = checks.algorithm_options(coll, names, _options(args.opt))
     checks.output_path(args.trace, "--trace", (".json",))
     checks.output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
@@ -164,19 +168,34 @@ def run_collective(args: argparse.Namespace) -> int:
     notes: list[str] = []
     _, nbytes = checks.sized(coll, args.nodes, args.size, args.dtype, notes)
     topo = parse_topology(args.topology, args.nodes, link=args.link)
+    auto = None
+    if "auto" in names:
+        from ..planner import choose_on_topology
+        choice = choose_on_topology(coll, nbytes, topo, args.root)
+        auto = (choice.algorithm, choice.nchunks)
+        if not args.json:
+            notes.append(f"auto: {choice.algorithm}"
+                         + (f" nchunks {choice.nchunks}" if choice.nchunks > 1 else "")
+                         + f" ({'; '.join(choice.reasons[1:])})")
     for name in names:
-        checks.schedule_fits(coll, name, args.nodes, args.nchunks, args.channels,
+        name, k = (auto[0], args.nchunks or auto[1]) if name == "auto" else \
+            (name, args.nchunks or 1)
+        checks.schedule_fits(coll, name, args.nodes, k, args.channels,
                              **algorithm_options(coll, name, topo, options))
     checks.print_notes("sim", notes)
     record = bool(args.trace or args.plot)
     results = []
     for name in names:
-        results.append(simulate(coll, name, args.nodes, nbytes, topo,
-                                dtype=args.dtype, root=args.root, nchunks=args.nchunks,
-                                channels=args.channels, options=options,
-                                loss=args.loss, seed=args.seed, record=record,
-                                placement=args.placement, nic=nic,
-                                host_gbps=args.host_gbps, host_latency_s=host_latency_s))
+        nchunks, label = args.nchunks or 1, None
+        if name == "auto":
+            name, nchunks, label = auto[0], args.nchunks or auto[1], f"auto({auto[0]})"
+        r = simulate(coll, name, args.nodes, nbytes, topo, dtype=args.dtype, root=args.root,
+                     nchunks=nchunks, channels=args.channels, options=options,
+                     loss=args.loss, seed=args.seed, record=record, placement=args.placement,
+                     nic=nic, host_gbps=args.host_gbps, host_latency_s=host_latency_s)
+        if label:
+            r.algorithm = label
+        results.append(r)
     if args.trace:
         from ..sim.trace import write_chrome_trace
         write_chrome_trace(args.trace, results)

@@ -33,6 +33,7 @@ class Point:
     topology: str
     link: str
     nic: str = NO_NIC            # receivers' NIC (a ``--nic`` spec) or none
+    nchunks: int = 1             # pipelining; with algorithm "auto" the planner's
 
 
 def grid(collective: str, algorithms, nodes, sizes, topologies, link="400Gbps",
@@ -57,8 +58,12 @@ def run_point(pt: Point | dict) -> dict:
     row = {c: "" for c in COLUMNS}
     row.update(asdict(pt))
     try:
-        r = simulate(pt.collective, pt.algorithm, pt.nodes, pt.nbytes, pt.topology,
-                     link=pt.link, nic=None if pt.nic == NO_NIC else pt.nic)
+        algo, nchunks = pt.algorithm, pt.nchunks
+        if algo == "auto":
+            algo, nchunks = _auto(pt)
+            row["algorithm"] = f"auto({algo})"
+        r = simulate(pt.collective, algo, pt.nodes, pt.nbytes, pt.topology,
+                     link=pt.link, nic=None if pt.nic == NO_NIC else pt.nic, nchunks=nchunks)
     except PolycastError as e:
         row["error"] = str(e)
         return row
@@ -70,6 +75,18 @@ def run_point(pt: Point | dict) -> dict:
     for layer, n in r.link_bytes_by_layer.items():
         row["link_bytes_" + layer.replace("-", "_")] = n
     return row
+
+
+def _auto(pt: Point) -> tuple[str, int]:
+    """The planner's choice for a point (``--algos auto``)."""
+    from ..collectives import Collective
+    from ..planner import choose_on_topology
+    from .simulate import count_for, resolve_topology
+    coll = Collective.parse(pt.collective)
+    topo = resolve_topology(pt.topology, pt.nodes, pt.link)
+    nbytes = coll.total_elements(pt.nodes, count_for(coll, pt.nodes, pt.nbytes, 4)) * 4
+    c = choose_on_topology(coll, nbytes, topo)
+    return c.algorithm, c.nchunks
 
 
 def run_grid(points: list[Point], workers: int | None = None, ray: str | None = None
