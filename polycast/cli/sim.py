@@ -153,7 +153,8 @@ def run_collective(args: argparse.Namespace) -> int:
     if args.placement not in PLACEMENTS:
         raise UnknownName("placement", args.placement, PLACEMENTS)
     checks.algorithm_names(coll, names, args.nodes, allow_auto=True)
-    options = checks.algorithm_options(coll, names, _options(args.opt))
+    options = checks.algorithm_options(coll, [n for n in names if n != "auto"],
+                                       _options(args.opt))
     checks.output_path(args.trace, "--trace", (".json",))
     checks.output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
     from ..sim.topology import parse_seconds
@@ -181,16 +182,20 @@ def run_collective(args: argparse.Namespace) -> int:
         name, k = (auto[0], args.nchunks or auto[1]) if name == "auto" else \
             (name, args.nchunks or 1)
         checks.schedule_fits(coll, name, args.nodes, k, args.channels,
-                             **algorithm_options(coll, name, topo, options))
+                             **algorithm_options(coll, name, topo, {
+                                 o: v for o, v in options.items()
+                                 if o in get(coll, name).options}))
     checks.print_notes("sim", notes)
     record = bool(args.trace or args.plot)
     results = []
     for name in names:
         nchunks, label = args.nchunks or 1, None
+        opts = options
         if name == "auto":
             name, nchunks, label = auto[0], args.nchunks or auto[1], f"auto({auto[0]})"
+            opts = {k: v for k, v in options.items() if k in get(coll, name).options}
         r = simulate(coll, name, args.nodes, nbytes, topo, dtype=args.dtype, root=args.root,
-                     nchunks=nchunks, channels=args.channels, options=options,
+                     nchunks=nchunks, channels=args.channels, options=opts,
                      loss=args.loss, seed=args.seed, record=record, placement=args.placement,
                      nic=nic, host_gbps=args.host_gbps, host_latency_s=host_latency_s)
         if label:
