@@ -1,51 +1,24 @@
-"""Which engine schedule a call runs, and how finely it is pipelined: the one place a
-communicator chooses (the planner replaces these rules; nothing else in polycast.comm
-decides an algorithm).
+"""How a communicator's call is planned: an explicit algorithm runs as asked; ``auto`` asks
+the planner (:mod:`polycast.planner`), which is the one place choices are made -- engine
+schedule or symmetric memory, and how finely it is pipelined.
 
-The ``auto`` tuner for the engine's schedules (rules, first supported one wins; but see
-"Symmetric memory" below, which comes first on one host). Multicast: broadcasts of 1 MiB and
-more use ``mcast`` when every rank is on one host and the multicast group was joined;
-otherwise multicast and hierarchical algorithms are only used when asked for:
+``auto`` on a communicator:
 
-=============== ============================ ==================================
-collective      below 64 KiB per rank          64 KiB and above
-=============== ============================ ==================================
-broadcast       binomial                       scatter_ring, chain
-reduce          binomial                       chain
-allreduce       recdoubling, binomial          ring
-allgather       recdoubling, bruck, ring       ring
-reduce_scatter  rechalving, ring               ring
-scatter/gather  binomial                       linear
-alltoall        bruck, pairwise                pairwise
-barrier         dissemination                  (no data)
-=============== ============================ ==================================
+* the candidates are the engine algorithms of the collective that run on its ranks, plus
+  multicast ones when its multicast group is up and every rank is on one host, plus the
+  symmetric-memory path (``symm``) for allgather, reduce-scatter, allreduce and broadcast
+  when every rank is on one host and POLYCAST_SYMM is not 0 (:mod:`polycast.runtime.symm`);
+* each is estimated on this machine's fabric: the calibration profile written by
+  ``polycast tune --calibrate``, or the built-in model (:mod:`polycast.planner.local`);
+* the fastest runs. Choices are made per power-of-two size class, from what every rank
+  of the communicator shares (its size, one host or not, its multicast and symmetric
+  memory, the host's profile), so every rank makes the same one;
+* ``POLYCAST_DEBUG=INFO`` prints each choice once per class with the reason,
+  ``POLYCAST_DEBUG=TRACE`` every call (:mod:`polycast.planner.debug`).
 
-Symmetric memory comes first under ``auto`` when every rank of the communicator is on one
-host (see :mod:`polycast.runtime.symm`):
-
-* Allgather, Reduce_scatter_block and Allreduce whose buffers come from ``comm.symm_empty``
-  use ``symm``: peers read each other's arrays directly (every rank must pass such
-  buffers; which ones: :func:`polycast.runtime.symm.wanted`).
-* Allgather, Reduce_scatter_block, Allreduce and Bcast of ordinary arrays go *staged*: the
-  input is copied into a per-communicator symmetric staging buffer (allocated collectively
-  by the first such call, grown to the next power of two when a call needs more, freed
-  with the communicator) and the symm collective runs from there
-  (:func:`polycast.runtime.symm.auto_staged`). The choice depends only on what every rank
-  shares (one host, the collective, POLYCAST_SYMM), never on a rank's buffers, so ranks
-  never take different paths; ranks passing different sizes all raise MismatchError.
-  Measured with 4 ranks on 2 cores at 16 MiB (bench/symm.py, bench/peers.py): see
-  :mod:`polycast.runtime.symm`.
-* ``POLYCAST_SYMM=0`` turns both off; an explicit ``algorithm=`` (or
-  POLYCAST_<COLLECTIVE>_ALGO) other than ``auto`` always runs that engine schedule; a
-  communicator whose ranks are on several hosts, or whose symmetric memory failed (an
-  allocation refused, a peer lost), uses the table above.
-* The ``I``-variants return at once with a pending request; the collective runs on the
-  communicator's symm worker thread meanwhile (:mod:`polycast.runtime.symm.queue`).
-
-Otherwise ``auto`` picks the engine's schedule by these rules.
-
-Large messages are pipelined: ``nchunks`` is chosen so a block is about 1 MiB (at most 32;
-finer pipelining measured slower with 4 ranks on 2 cores).
+An explicit ``algorithm=`` (or POLYCAST_<COLLECTIVE>_ALGO) other than ``auto`` always
+runs that engine schedule, pipelined as the planner would pipeline it; ``symm`` asks for
+the user's symmetric buffers (:func:`polycast.runtime.symm.wanted`).
 """
 
 from __future__ import annotations
@@ -53,33 +26,14 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Callable
 
 from ..algorithms import build, get, supported
 from ..collectives import Collective
 from ..errors import PolycastError
-
-SMALL_NBYTES = 64 << 10
-BLOCK_NBYTES = 1 << 20
-MAX_NCHUNKS = 32
-
-# On one host with a working multicast group, multicast broadcast measured 1.04-1.13 GB/s
-# busbw against scatter_ring's 0.82-0.97 at 16 MiB with 4 ranks on 2 cores (polycast bench);
-# multicast allreduce and allgather lost to ring there, so they stay opt-in.
-_AUTO_MCAST = (Collective.BROADCAST,)
-MCAST_MIN_NBYTES = 1 << 20
-
-_AUTO_RULES = {
-    Collective.BROADCAST: (("binomial",), ("scatter_ring", "chain", "binomial")),
-    Collective.REDUCE: (("binomial",), ("chain", "binomial")),
-    Collective.ALLREDUCE: (("recdoubling", "binomial"), ("ring",)),
-    Collective.ALLGATHER: (("recdoubling", "bruck", "ring"), ("ring",)),
-    Collective.REDUCE_SCATTER: (("rechalving", "ring"), ("ring",)),
-    Collective.SCATTER: (("binomial",), ("linear",)),
-    Collective.GATHER: (("binomial",), ("linear",)),
-    Collective.ALLTOALL: (("bruck", "pairwise"), ("pairwise",)),
-    Collective.BARRIER: (("dissemination",), ("dissemination",)),
-}
+from ..planner import CommShape, choose, estimate
+from ..planner import debug as _debug
+from ..planner import profile as _profile
+from ..planner.local import local_fabric
 
 
 @functools.lru_cache(maxsize=256)
@@ -87,10 +41,62 @@ def is_multicast(coll: Collective, name: str) -> bool:
     return get(coll, name).multicast        # cached: the registry is fixed once loaded
 
 
+def _one_host(comm) -> bool:
+    world = getattr(comm._driver, "world", None)
+    if world is None:
+        return True
+    if world.single_host:
+        return True
+    peers = world.peers
+    return all(w == world.rank or (w in peers and peers[w].same_host) for w in comm.members)
+
+
+def fabric(comm, symm: bool):
+    """The communicator's fabric (cached on it; ``symm``: whether symmetric memory is
+    still on offer -- it goes when an allocation was refused on every rank)."""
+    key = ("_planner_fabric", symm, comm.mcast_error is None)
+    fab = comm.__dict__.get(key)
+    if fab is None:
+        one = _one_host(comm)
+        try:
+            kinds = set(comm.transports().values()) if comm.size > 1 else {"shm"}
+        except AttributeError:      # a driver without transports (tests): shared memory
+            kinds = {"shm"}
+        transport = "shm" if kinds <= {"shm"} else "tcp"
+        fab = local_fabric(single_host=one, transport=transport,
+                           multicast=one and comm.mcast_error is None, symm=symm,
+                           prof=_profile.load() if one else None)
+        comm.__dict__[key] = fab
+    return fab
+
+
+def shape(comm) -> CommShape:
+    """Hosts x ranks per host as every rank sees it: one host, or (ranks of other hosts
+    being grouped in ways this rank cannot see) one rank per host."""
+    key = "_planner_shape"
+    sh = comm.__dict__.get(key)
+    if sh is None:
+        sh = comm.__dict__[key] = CommShape(comm.size, comm.size if _one_host(comm) else 1)
+    return sh
+
+
+def plan(comm, coll: Collective, nbytes: int, symm: bool):
+    """The planner's choice for a call of ``nbytes`` (nccl-tests' S) on ``comm``, cached
+    per power-of-two size class (the estimate is made at the class's middle)."""
+    k = nbytes.bit_length()
+    key = (coll, k, symm, comm.mcast_error is None)
+    cache = comm.__dict__.setdefault("_planner_choices", {})
+    hit = cache.get(key)
+    if hit is None:
+        rep = 0 if nbytes == 0 else (3 << (k - 2) if k >= 2 else nbytes)
+        hit = choose(coll, rep, shape(comm), fabric(comm, symm))
+        cache[key] = hit
+    return hit
+
+
 def choose_algorithm(comm, coll: Collective, nbytes: int, algorithm: str | None) -> str:
-    """The engine schedule a call of ``comm`` would use (see the module docstring for
-    ``auto``). Under ``auto`` on one host, calls of ordinary arrays take the staged symm
-    path first: :meth:`Comm.takes_symm` says whether they do."""
+    """The engine schedule a call of ``nbytes`` (S) would use. Under ``auto`` on one host,
+    calls of ordinary arrays may take the symm path first (:func:`symm_wins`)."""
     name = algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO") or "auto"
     name = name.lower()
     P = comm.size
@@ -108,27 +114,48 @@ def choose_algorithm(comm, coll: Collective, nbytes: int, algorithm: str | None)
                           RuntimeWarning, stacklevel=5)
             return fallback
         return name
-    if (coll in _AUTO_MCAST and nbytes >= MCAST_MIN_NBYTES and "mcast" in ok
-            and comm.mcast_error is None
-            and getattr(getattr(comm._driver, "world", None), "single_host", False)):
-        return "mcast"
-    small, large = _AUTO_RULES[coll]
-    for cand in (small if nbytes < SMALL_NBYTES else large):
-        if cand in ok:
-            return cand
-    plain = [a for a in ok if not is_multicast(coll, a) and not get(coll, a).hierarchical]
-    if not plain:
-        raise PolycastError(f"no point-to-point {coll} algorithm for {P} ranks "
-                            f"(registered: {', '.join(ok) or 'none'})")
-    return plain[0]
+    c = plan(comm, coll, nbytes, symm=False)
+    if not c.candidates:
+        raise PolycastError(f"no {coll} algorithm for {P} ranks")
+    return c.algorithm
 
 
-def pipeline_nchunks(coll: Collective, algo: str, total_nbytes: int,
-                     parts: Callable[[], int]) -> int:
-    """How many chunks a part of the largest buffer (``total_nbytes``) is cut into;
-    ``parts()`` is the number of parts the unpipelined schedule cuts it into (P for a
-    ring, 2 for a double tree, 1 for a chain), asked only when pipelining is considered."""
-    if total_nbytes > 2 * BLOCK_NBYTES and not is_multicast(coll, algo):
-        # Pipeline in messages of about BLOCK_NBYTES.
-        return int(min(MAX_NCHUNKS, max(1, total_nbytes // (parts() * BLOCK_NBYTES))))
-    return 1
+def pipeline_nchunks(comm, coll: Collective, algo: str, nbytes: int) -> int:
+    """How finely ``algo`` is pipelined for a call of ``nbytes`` (S): the planner's depth
+    for ``auto``'s choice, and the planner's best depth for an algorithm asked by name."""
+    c = plan(comm, coll, nbytes, symm=False)
+    if c.algorithm == algo:
+        return c.nchunks
+    key = ("nchunks", coll, algo, nbytes.bit_length())
+    cache = comm.__dict__.setdefault("_planner_choices", {})
+    k = cache.get(key)
+    if k is None:
+        fab = fabric(comm, False)
+        try:
+            k = estimate(coll, algo, nbytes, shape(comm), fab).nchunks
+        except PolycastError:
+            k = 1
+        cache[key] = k
+    return k
+
+
+def symm_wins(comm, coll: Collective, nbytes: int) -> bool:
+    """Whether ``auto`` runs this call (ordinary arrays, one host, symmetric memory on
+    offer) through symmetric memory rather than an engine schedule."""
+    return plan(comm, coll, nbytes, symm=True).algorithm == "symm"
+
+
+debug_level = _debug.level
+
+
+def log(comm, coll: Collective, nbytes: int, algorithm: str, nchunks: int,
+        auto: bool) -> None:
+    """POLYCAST_DEBUG: the choice of this call (INFO once per size class, TRACE always)."""
+    lvl = _debug.level()
+    if not lvl:
+        return
+    detail = "asked for"
+    if auto:
+        c = plan(comm, coll, nbytes, symm=algorithm == "symm")
+        detail = f"est {c.estimate_seconds * 1e6:.1f} us; " + "; ".join(c.reasons[1:])
+    _debug.log_choice(comm.rank, comm.id, coll, nbytes, algorithm, nchunks, detail, lvl)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import os
 import threading
 
 import numpy as np
@@ -62,16 +63,18 @@ class CommCore:
 
     # -- algorithm choice -----------------------------------------------------------------
     def choose_algorithm(self, coll: Collective, nbytes: int, algorithm: str | None) -> str:
-        """The engine schedule a call would use (:func:`.choice.choose_algorithm`)."""
+        """The engine schedule a call of ``nbytes`` (the collective's size S, as
+        nccl-tests counts it) would use (:func:`.choice.choose_algorithm`)."""
         return choice.choose_algorithm(self, coll, nbytes, algorithm)
 
-    def _schedule(self, coll: Collective, algo: str, count: int, root: int,
-                  total_nbytes: int):
-        """The schedule for this call; ``total_nbytes`` is the collective's largest buffer."""
-        nchunks = choice.pipeline_nchunks(
-            coll, algo, total_nbytes,
-            lambda: max(lay.parts for lay in
-                        self._built(coll, algo, count, root, 1).layouts.values()))
+    def plan(self, coll, nbytes: int, symm: bool = True):
+        """The planner's :class:`~polycast.planner.Choice` for an ``auto`` call of
+        ``nbytes`` (S), with every candidate's estimate (``.explain()``)."""
+        return choice.plan(self, Collective.parse(coll), nbytes, symm)
+
+    def _schedule(self, coll: Collective, algo: str, count: int, root: int, nbytes: int):
+        """The schedule for this call of ``nbytes`` (S), pipelined as the planner says."""
+        nchunks = choice.pipeline_nchunks(self, coll, algo, nbytes)
         return self._built(coll, algo, count, root, nchunks)
 
     def _built(self, coll: Collective, algo: str, count: int, root: int, nchunks: int):
@@ -105,9 +108,13 @@ class CommCore:
         dt = np.dtype(dtype if dtype is not None else
                       (send.dtype if send is not None else
                        (recv.dtype if recv is not None else np.uint8)))
-        algo = self.choose_algorithm(coll, count * dt.itemsize, algorithm)
-        sched = self._schedule(coll, algo, count, root if coll.rooted else 0,
-                               coll.total_elements(self.size, count) * dt.itemsize)
+        nbytes = coll.total_elements(self.size, count) * dt.itemsize
+        algo = self.choose_algorithm(coll, nbytes, algorithm)
+        sched = self._schedule(coll, algo, count, root if coll.rooted else 0, nbytes)
+        if choice.debug_level():
+            choice.log(self, coll, nbytes, algo, sched.options.get("nchunks", 1),
+                       auto=algo == choice.plan(self, coll, nbytes, False).algorithm
+                       and not (algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO")))
         drv = self._driver
         req_id = drv.new_request_id()
         drv.buffers.register(req_id, sched, self.rank, send, recv, opname or None)
@@ -173,12 +180,15 @@ class CommCore:
         return self._refused(coll.value, exc)
 
     # -- symmetric memory (one host) ------------------------------------------------------
-    def takes_symm(self, coll: Collective, dtype, algorithm: str | None = None) -> bool:
-        """Whether an ``auto`` call of ``coll`` on ordinary arrays of ``dtype`` runs through
-        symmetric memory (staged) rather than an engine schedule. Collective the first time
-        on a communicator (it may set up the symmetric state): call it on every rank."""
+    def takes_symm(self, coll: Collective, dtype, algorithm: str | None = None,
+                   nbytes: int | None = None) -> bool:
+        """Whether an ``auto`` call of ``coll`` on ordinary arrays of ``dtype`` (of
+        ``nbytes``, the collective's size S; None: of any size the planner sends there)
+        runs through symmetric memory (staged) rather than an engine schedule. Collective
+        the first time on a communicator (it may set up the symmetric state): call it on
+        every rank."""
         return _symm.auto_staged(self, Collective.parse(coll), algorithm,
-                                 np.empty(0, np.dtype(dtype)))
+                                 np.empty(0, np.dtype(dtype)), nbytes)
 
     def symm_empty(self, shape, dtype=np.float32) -> np.ndarray:
         """A new array in shared memory that every rank of this (single-host) communicator

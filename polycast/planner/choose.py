@@ -149,18 +149,19 @@ def choose(collective, nbytes: int, shape: CommShape, fabric: Fabric, *, root: i
 def symm_estimate(coll: Collective, nbytes: int, shape: CommShape, fabric: Fabric
                   ) -> Estimate:
     """The symmetric-memory path's time from the fabric's calibration: ``a + b * S`` per
-    collective measured at some rank counts, the nearest one scaled to this P (fixed costs
-    grow with the ranks a barrier waits for, copies with the bytes each rank moves)."""
-    costs = dict(fabric.symm_costs)
+    collective, measured at some rank counts; the nearest one is scaled to this P (the
+    fixed cost grows with the ranks a barrier waits for; the copies with the ranks that
+    share the host's cores)."""
+    table = {int(p): ab for p, ab in dict(fabric.symm_costs).get(str(coll), ())}
     P = shape.nranks
-    table = costs.get(str(coll))
     if not table:
         return Estimate(SYMM, 1, math.inf, math.inf, 0.0, "uncalibrated", "no calibration",
                         SYMM)
-    measured = sorted(int(p) for p in table)
-    near = min(measured, key=lambda p: (abs(p - P), p))
-    a, b = table[str(near)] if str(near) in table else table[near]
+    near = min(table, key=lambda p: (abs(p - P), p))
+    a, b = table[near]
+    cores = fabric.cores or P
     a *= P / near
+    b *= max(1.0, P / cores) / max(1.0, near / cores)
     secs = a + b * nbytes
     gbps = 8 / b / 1e9 if b > 0 else math.inf
     how = f"calibrated at P={near}" + (f", scaled to P={P}" if near != P else "")

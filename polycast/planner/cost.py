@@ -254,7 +254,7 @@ def estimate(coll: Collective, algorithm: str, nbytes: int, shape: CommShape,
 
 def _nchunks_choices(coll: Collective, algorithm: str, nbytes: int, P: int, options: dict,
                      fabric: Fabric) -> tuple[int, ...]:
-    if get(coll, algorithm).multicast:
+    if get(coll, algorithm).multicast or nbytes <= 0:
         return (1,)         # multicast streams are cut into datagrams already
     minimum = fabric.min_chunk_nbytes or MIN_CHUNK_NBYTES
     part = nbytes / parts(coll, algorithm, P, options)
@@ -270,7 +270,7 @@ def parts(coll: Collective, algorithm: str, P: int, options: dict) -> int:
     if hit is None:
         if P <= 16:
             s = build(coll, algorithm, P, _count(coll, P, 1), **options)
-            hit = max(lay.parts for lay in s.layouts.values())
+            hit = max((lay.parts for lay in s.layouts.values()), default=1)
         else:
             q = smaller(coll, algorithm, P, options, 1, most=16)
             small = parts(coll, algorithm, q[0], _scaled(options, q[0])) if q else 1

@@ -1,7 +1,7 @@
 """The rank side of ``polycast bench`` (one process per rank, started by the launcher).
 
 Rank 0 prints one ``BENCHROW <json>`` line per (size, algorithm) and ``BENCHPROGRESS i n``
-lines (``auto`` rows that ran through symmetric memory say ``auto(symm)``); the parent (:mod:`polycast.cli.bench`) turns them into the table.
+lines (``auto`` rows say what the planner ran: ``auto(symm)``, ``auto(ring)``); the parent (:mod:`polycast.cli.bench`) turns them into the table.
 
 Timing follows nccl-tests: ``warmup`` untimed calls, a barrier, ``iters`` calls back to
 back; the time is the slowest rank's average. The correctness check runs one more call on
@@ -53,11 +53,13 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
         recv = None
     if coll is Collective.BARRIER:
         send = recv = None
-    # Under auto on one host, ordinary arrays go through symmetric memory (staged): label
-    # the row "auto(symm)" and call with auto, so the row says which path ran.
-    staged = algo is None and comm.takes_symm(coll, dt)
-    name = "auto(symm)" if staged else comm.choose_algorithm(coll, count * dt.itemsize, algo)
-    how = None if staged else name
+    # Under auto the planner may send ordinary arrays through symmetric memory (staged):
+    # call with auto and label the row with what it runs, e.g. "auto(symm)", "auto(ring)".
+    nbytes = coll.total_elements(P, count) * dt.itemsize
+    staged = algo is None and comm.takes_symm(coll, dt, nbytes=nbytes)
+    name = comm.choose_algorithm(coll, nbytes, algo)
+    name = "auto(symm)" if staged else (f"auto({name})" if algo is None else name)
+    how = algo
     st0 = comm.stats()
     rec0 = st0.recovered_bytes if st0 is not None else 0
     drops0 = st0.dropped if st0 is not None else 0

@@ -90,21 +90,40 @@ def route(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
                 or coll is Collective.ALLREDUCE and st.find(recvbuf) is not None):
             return SYMM
     buf = recvbuf if coll is not Collective.BROADCAST else sendbuf
+    if coll in _STAGED and not _planner_wants(comm, coll, getattr(
+            recvbuf if in_place or coll is not Collective.REDUCE_SCATTER else sendbuf,
+            "nbytes", None)):
+        return None
     return STAGED if _staged_ok(comm, coll, buf) else None
 
 
-def auto_staged(comm, coll: Collective, algorithm: str | None, buf) -> bool:
+def _planner_wants(comm, coll: Collective, nbytes: int | None) -> bool:
+    """Whether the planner (polycast.planner: the one place choices are made) runs an
+    ``auto`` call of ``nbytes`` (S) through symmetric memory; None: any size may."""
+    if nbytes is None or comm.size < 2 or not _members_on_one_host(comm):
+        return nbytes is None
+    from ...comm import choice
+    return choice.symm_wins(comm, coll, nbytes)
+
+
+def auto_staged(comm, coll: Collective, algorithm: str | None, buf,
+                nbytes: int | None = None) -> bool:
     """Whether an ``auto`` call with ordinary arrays takes the staged symm path: the
     collective is allgather, reduce-scatter, allreduce or broadcast, the communicator has
     2+ ranks all on one host, POLYCAST_SYMM is not 0, and symmetric memory has not been
     refused on this communicator (other hosts, a failed allocation, a lost peer). All of it
     is the same on every rank (``buf`` only gives the dtype, which ranks share), so ranks
     never take different paths. The first such call makes the communicator's symmetric
-    state (collective: every rank is making the same call)."""
+    state (collective: every rank is making the same call). The planner decides whether
+    the call's size (``nbytes``, S; else ``buf``'s) is faster there than on the engine."""
     if algorithm is not None and algorithm.lower() != "auto":
         return False
     env = os.environ.get(_ENV_ALGO[coll])
     if env and env.lower() != "auto" or auto_disabled():
+        return False
+    if nbytes is None and isinstance(buf, np.ndarray) and buf.size:
+        nbytes = buf.nbytes
+    if coll in _STAGED and not _planner_wants(comm, coll, nbytes):
         return False
     return _staged_ok(comm, coll, buf)
 
