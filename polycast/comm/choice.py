@@ -17,8 +17,9 @@ schedule or symmetric memory, and how finely it is pipelined.
   ``POLYCAST_DEBUG=TRACE`` every call (:mod:`polycast.planner.debug`).
 
 An explicit ``algorithm=`` (or POLYCAST_<COLLECTIVE>_ALGO) other than ``auto`` always
-runs that engine schedule, pipelined as the planner would pipeline it; ``symm`` asks for
-the user's symmetric buffers (:func:`polycast.runtime.symm.wanted`).
+runs that engine schedule, pipelined as the planner would pipeline it (POLYCAST_NCHUNKS=K
+forces K chunks per part on every call: experiments, calibration); ``symm`` asks for the
+user's symmetric buffers (:func:`polycast.runtime.symm.wanted`).
 """
 
 from __future__ import annotations
@@ -123,6 +124,13 @@ def choose_algorithm(comm, coll: Collective, nbytes: int, algorithm: str | None)
 def pipeline_nchunks(comm, coll: Collective, algo: str, nbytes: int) -> int:
     """How finely ``algo`` is pipelined for a call of ``nbytes`` (S): the planner's depth
     for ``auto``'s choice, and the planner's best depth for an algorithm asked by name."""
+    forced = os.environ.get("POLYCAST_NCHUNKS")
+    if forced:
+        try:
+            return max(1, int(forced))
+        except ValueError:
+            raise PolycastError(f"POLYCAST_NCHUNKS={forced!r} is not a positive integer") \
+                from None
     c = plan(comm, coll, nbytes, symm=False)
     if c.algorithm == algo:
         return c.nchunks

@@ -68,7 +68,8 @@ class Terms:
         return max(b for _, b in self.lines)
 
     def time(self, nbytes: float, fabric) -> float:
-        t = max(a + b * nbytes for a, b in self.lines)
+        ls, bs = fabric.latency_scale, fabric.bandwidth_scale
+        t = max(a * ls + b * bs * nbytes for a, b in self.lines)
         if fabric.cores and fabric.msg_overhead_s:
             t = max(t, self.host_messages * fabric.msg_overhead_s / fabric.cores)
         if fabric.host_gbps < math.inf:

@@ -49,6 +49,8 @@ class Fabric:
     cores: int = 0                      # cores per host (0: a core per rank)
     mcast_pacing: float = 1.0           # share of the port a multicast stream may use
     min_chunk_nbytes: int = 64 << 10    # smallest block worth pipelining
+    latency_scale: float = 1.0          # calibration of a modelled fabric (simulation)
+    bandwidth_scale: float = 1.0
     symm_costs: tuple = ()              # (name, value) pairs: the symm path's calibration
     source: str = "built-in"            # where the numbers come from (for --explain)
     extra: tuple = field(default=(), compare=True)   # (name, value) pairs, shown by explain
@@ -77,6 +79,10 @@ class Fabric:
         return (self.port_gbps, self.levels, self.multicast, self.innet, self.msg_overhead_s,
                 self.reduce_gbps, self.host_gbps, self.cores, self.mcast_pacing,
                 self.min_chunk_nbytes)
+
+    @property
+    def scales(self) -> tuple[float, float]:
+        return self.latency_scale, self.bandwidth_scale
 
     def describe(self) -> str:
         parts = [f"port {self.port_gbps:g} Gbit/s"]
@@ -163,8 +169,22 @@ def from_topology(topo, name: str | None = None) -> Fabric:
         node, prev = parent, hi - lo
     if not levels:                      # one rank: nothing to cross
         levels.append(Level("fabric", TOP, 0.0))
+    scales, source = _modelled_calibration(topo.description)
     return Fabric(name or topo.description, float(port_bw * 8 / 1e9), tuple(levels),
-                  multicast=True, innet=True, symm=False, source="simulated topology")
+                  multicast=True, innet=True, symm=False, source=source,
+                  latency_scale=scales[0], bandwidth_scale=scales[1])
+
+
+def _modelled_calibration(description: str) -> tuple[tuple[float, float], str]:
+    """The scales ``polycast tune --calibrate --topology`` fitted for this kind of
+    fabric, if the profile has them."""
+    from . import profile
+    prof = profile.load()
+    entry = (prof or {}).get("modelled", {}).get(description)
+    if not entry:
+        return (1.0, 1.0), "simulated topology"
+    return ((float(entry["latency_scale"]), float(entry["bandwidth_scale"])),
+            f"simulated topology, calibrated {prof.get('created', '?')}")
 
 
 _LEVEL_NAMES = {"fattree": ("leaf", "pod", "core"), "leafspine": ("leaf", "spine"),

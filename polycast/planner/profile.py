@@ -128,8 +128,14 @@ def validate(data) -> dict:
     pacing = mc.get("pacing", 1.0)
     if not isinstance(pacing, (int, float)) or not 0 < pacing <= 1:
         raise ProfileError(f"multicast.pacing = {pacing!r} is not in (0, 1]")
-    if not isinstance(data.get("modelled", {}), dict):
+    modelled = data.get("modelled", {})
+    if not isinstance(modelled, dict):
         raise ProfileError("'modelled' is not an object")
+    for name, entry in modelled.items():
+        for key in ("latency_scale", "bandwidth_scale"):
+            v = entry.get(key) if isinstance(entry, dict) else None
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ProfileError(f"modelled[{name!r}].{key} = {v!r} is not a positive number")
     return data
 
 
