@@ -41,7 +41,7 @@ from functools import lru_cache
 from ..schedule.graph import global_order, match_messages
 from ..schedule.ir import Kind, Schedule
 
-MAX_LINES = 6          # lines kept per step: the envelope of a few paths is plenty
+MAX_LINES = 5          # lines kept per step: the envelope of a few paths is plenty
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ def analyze(s: Schedule, fabric, innet: bool = False) -> Terms:
     channel: dict[tuple[int, int], int] = {}
     phases: dict[int, _Phase] = {}
     crossed: dict[tuple[int, int], list] = {}    # message -> uplink groups it loads
+    size_of: dict[tuple[int, int], float] = {}   # message -> its bytes, per byte of S
     sender = m.sender
     for rank, idx in order:
         st = progs[rank][idx]
@@ -119,7 +120,8 @@ def analyze(s: Schedule, fabric, innet: bool = False) -> Terms:
             ph = phases.get(h)
             if ph is None:
                 ph = phases[h] = _Phase()
-            x = s.step_nelems(st) * inv
+            x = s.step_nelems(st) * inv if st.blocks else 0.0
+            size_of[(rank, idx)] = x
             if kind is Kind.SEND:
                 crossed[(rank, idx)] = ph.send(rank, st.peer, x, nlev, sizes, innet)
             else:
@@ -138,17 +140,26 @@ def analyze(s: Schedule, fabric, innet: bool = False) -> Terms:
     for rank, idx in order:
         st = progs[rank][idx]
         row = done[rank]
-        start = _merge([row[d] for d in st.deps]) if st.deps else zero
+        deps = st.deps
+        if not deps:
+            start = zero
+        elif len(deps) == 1:
+            start = row[deps[0]]
+        else:
+            start = _merge([row[d] for d in deps])
         kind = st.kind
         if kind is Kind.SEND or kind is Kind.MCAST:
             key = (rank, st.peer if kind is Kind.SEND else -1)
             free = chan_free.get(key)
             if free is not None:
-                start = _merge([start, free])
-            x = s.step_nelems(st) * inv
-            per_byte = phases[phase[rank][idx]].per_byte(rank, st.peer, kind is Kind.MCAST,
-                                                         crossed[(rank, idx)])
-            end = tuple((a, b + x * per_byte) for a, b in start) if x else start
+                start = _merge2(start, free) if start is not free else start
+            x = size_of[(rank, idx)]
+            if x:
+                per_byte = phases[phase[rank][idx]].per_byte(
+                    rank, st.peer, kind is Kind.MCAST, crossed[(rank, idx)]) * x
+                end = tuple((a, b + per_byte) for a, b in start)
+            else:
+                end = start
             chan_free[key] = end
             drained[(rank, idx)] = end
             row[idx] = end              # a send completes when its last byte has left
@@ -156,13 +167,20 @@ def analyze(s: Schedule, fabric, innet: bool = False) -> Terms:
             snode = sender.get((rank, idx))
             if snode is not None:
                 lat = lat_of[level_of(snode[0], rank)]
-                arrive = tuple((a + lat, b) for a, b in drained[snode])
-                start = _merge([start, arrive])
+                got = drained[snode]
+                arrive = ((got[0][0] + lat, got[0][1]),) if len(got) == 1 else \
+                    tuple((a + lat, b) for a, b in got)
+                start = arrive if start is zero else _merge2(start, arrive)
             row[idx] = start
         else:
             row[idx] = start
-    final = _merge([row[i] for row in done for i in range(len(row))
-                    if row[i] is not None] or [zero])
+    final = zero
+    seen = set()
+    for row in done:
+        for lines in row:
+            if lines is not None and id(lines) not in seen:
+                seen.add(id(lines))
+                final = _merge2(final, lines)
     if m.mcasts:
         # Reliable multicast completes with one FIN from each rank to its ring successor
         # (specs/mcast-protocol.md): one more message latency, the widest such pair's.
@@ -182,15 +200,26 @@ def analyze(s: Schedule, fabric, innet: bool = False) -> Terms:
 
 
 def _merge(groups) -> tuple:
-    """Upper envelope (over S >= 0) of the union of line sets: drop lines another beats
-    at every size, keep at most MAX_LINES (the ones that matter at the extremes first)."""
-    if len(groups) == 1:
-        return groups[0]
-    lines = {ln for g in groups for ln in g}
-    if len(lines) == 1:
-        return tuple(lines)
+    """Upper envelope (over S >= 0) of the union of line sets (each sorted by slope,
+    steepest first): drop lines another beats at every size, keep at most MAX_LINES."""
+    it = iter(groups)
+    out = next(it)
+    for g in it:
+        if g is not out:
+            out = _merge2(out, g)
+    return out
+
+
+def _merge2(p: tuple, q: tuple) -> tuple:
+    if len(p) == 1 and len(q) == 1:         # the common case, kept cheap
+        (a1, b1), (a2, b2) = p[0], q[0]
+        if a1 >= a2 and b1 >= b2:
+            return p
+        if a2 >= a1 and b2 >= b1:
+            return q
+        return (p[0], q[0]) if b1 > b2 else (q[0], p[0])
     # Sort by slope descending, then intercept descending; keep lines not dominated.
-    pts = sorted(lines, key=lambda ln: (-ln[1], -ln[0]))
+    pts = sorted(set(p + q), key=lambda ln: (-ln[1], -ln[0]))
     out = []
     best_a = -math.inf
     for a, b in pts:

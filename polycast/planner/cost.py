@@ -92,6 +92,17 @@ class _TermsCache:
 
 _CACHE = _TermsCache()
 _STEPS = _TermsCache(4096)
+_BUILT = _TermsCache(4)          # the last schedules built (counted, then analysed)
+
+
+def _build(coll: Collective, algorithm: str, P: int, nchunks: int, options: dict, root=0):
+    key = (coll, algorithm, P, nchunks, tuple(sorted(options.items())), root)
+    s = _BUILT.get(key)
+    if s is None:
+        s = build(coll, algorithm, P, _count(coll, P, nchunks), root=root, nchunks=nchunks,
+                  **options)
+        _BUILT.put(key, s)
+    return s
 
 
 def _count(coll: Collective, P: int, nchunks: int) -> int:
@@ -105,34 +116,32 @@ def exact_terms(coll: Collective, algorithm: str, P: int, nchunks: int, options:
            fabric.key)
     hit = _CACHE.get(key)
     if hit is None:
-        sched = build(coll, algorithm, P, _count(coll, P, nchunks), root=root,
-                      nchunks=nchunks, **options)
+        sched = _build(coll, algorithm, P, nchunks, options, root)
         hit = analyze(sched, fabric, innet=get(coll, algorithm).innet)
         _CACHE.put(key, hit)
-        _STEPS.put((coll, algorithm, P, nchunks, tuple(sorted(options.items()))),
-                   sched.nsteps)
+        if nchunks == 1:
+            _STEPS.put((coll, algorithm, P, 1, tuple(sorted(options.items()))), sched.nsteps)
     return hit
 
 
 def steps_at(coll: Collective, algorithm: str, P: int, nchunks: int, options: dict) -> int:
-    """Steps of the schedule: counted when P <= 64 (cheap), else predicted from the two
-    largest smaller rank counts along their growth (a ring's P^2, a tree's P log P)."""
-    okey = (coll, algorithm, P, nchunks, tuple(sorted(options.items())))
-    hit = _STEPS.get(okey)
-    if hit is not None:
-        return hit
-    if P <= 64:
-        n = build(coll, algorithm, P, _count(coll, P, nchunks), nchunks=nchunks,
-                  **options).nsteps
-    else:
-        pts = smaller(coll, algorithm, P, options, 2, most=64)
-        if len(pts) < 2:
-            return 1 << 62
-        a, b = (steps_at(coll, algorithm, q, nchunks, _scaled(options, q)) for q in pts)
-        growth = math.log(max(b, 1) / max(a, 1)) / math.log(pts[1] / pts[0])
-        n = int(b * (P / pts[1]) ** max(growth, 1.0))
-    _STEPS.put(okey, n)
-    return n
+    """Steps of the schedule, about: counted at one chunk when P <= 64 (cheap), else
+    predicted from the two largest smaller rank counts along their growth (a ring's P^2,
+    a tree's P log P); pipelining multiplies the messages by the depth at most."""
+    okey = (coll, algorithm, P, 1, tuple(sorted(options.items())))
+    n = _STEPS.get(okey)
+    if n is None:
+        if P <= 64:
+            n = _build(coll, algorithm, P, 1, options).nsteps
+        else:
+            pts = smaller(coll, algorithm, P, options, 2, most=64)
+            if len(pts) < 2:
+                return 1 << 62
+            a, b = (steps_at(coll, algorithm, q, 1, _scaled(options, q)) for q in pts)
+            growth = math.log(max(b, 1) / max(a, 1)) / math.log(pts[1] / pts[0])
+            n = int(b * (P / pts[1]) ** max(growth, 1.0))
+        _STEPS.put(okey, n)
+    return n * nchunks
 
 
 def _scaled(options: dict, P: int) -> dict:
@@ -258,7 +267,12 @@ def _nchunks_choices(coll: Collective, algorithm: str, nbytes: int, P: int, opti
         return (1,)         # multicast streams are cut into datagrams already
     minimum = fabric.min_chunk_nbytes or MIN_CHUNK_NBYTES
     part = nbytes / parts(coll, algorithm, P, options)
-    return tuple(k for k in NCHUNKS if k == 1 or part / k >= minimum)
+    # Depths whose schedule (at up to 64 ranks) is cheap to analyse: a ring cut into 32
+    # chunks has hundreds of thousands of steps and gains next to nothing from it.
+    q = min(P, 64)
+    oq = _scaled(options, q) if q < P else options
+    return tuple(k for k in NCHUNKS if k == 1 or (
+        part / k >= minimum and steps_at(coll, algorithm, q, k, oq) <= STEP_BUDGET))
 
 
 def parts(coll: Collective, algorithm: str, P: int, options: dict) -> int:

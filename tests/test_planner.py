@@ -1,0 +1,364 @@
+"""The planner: the cost model read from schedules (against closed forms and the
+simulator), choose() and its reasons, new algorithms costed for free, extrapolation,
+profiles (missing, corrupt, stale), POLYCAST_DEBUG, Comm's use of it, and polycast tune."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+
+import pytest
+
+from polycast.algorithms import algorithms, build
+from polycast.algorithms.registry import _REGISTRY, register
+from polycast.cli.main import main
+from polycast.collectives import Collective
+from polycast.planner import CommShape, choose, estimate, from_topology, modelled
+from polycast.planner import cost as _cost
+from polycast.planner import debug, profile
+from polycast.planner.analyze import analyze, collision
+from polycast.planner.local import local_fabric
+from polycast.schedule import Layout
+from polycast.sim.simulate import simulate
+from polycast.sim.topology import parse_topology, single_switch
+
+MIB = 1 << 20
+LAT, SW = 0.5e-6, 0.3e-6
+ALPHA = 2 * LAT + SW
+
+
+def _switch_fabric(P: int):
+    topo = single_switch(P, link="400Gbps", latency_s=LAT, switch_latency_s=SW)
+    return topo, from_topology(topo)
+
+
+# -- the model against closed forms and the simulator ------------------------------------
+
+@pytest.mark.parametrize("P", [2, 5, 8])
+def test_ring_allgather_closed_form(P):
+    topo, fab = _switch_fabric(P)
+    t = analyze(build("allgather", "ring", P, P * 64), fab)
+    B = topo.host_link_bw
+    assert t.latency_s == pytest.approx((P - 1) * ALPHA)
+    assert t.seconds_per_byte == pytest.approx((P - 1) / P / B)
+    S = 16 * MIB
+    assert t.time(S, fab) == pytest.approx((P - 1) * (ALPHA + S / P / B))
+
+
+def test_pipelined_chain_hides_latency_behind_transfers():
+    # chain broadcast, k chunks: (P-1) latencies and (P+k-2) chunk transfers.
+    P, k = 6, 8
+    topo, fab = _switch_fabric(P)
+    t = analyze(build("broadcast", "chain", P, 64 * k, nchunks=k), fab)
+    S, B = 8 * MIB, topo.host_link_bw
+    assert t.time(S, fab) == pytest.approx((P - 1) * ALPHA + (P + k - 2) * S / k / B,
+                                           rel=1e-6)
+
+
+def test_direct_shares_the_port():
+    P = 8
+    topo, fab = _switch_fabric(P)
+    t = analyze(build("allgather", "direct", P, P * 64), fab)
+    assert t.latency_s == pytest.approx(ALPHA)                   # one hop
+    assert t.seconds_per_byte == pytest.approx((P - 1) / P / topo.host_link_bw)
+
+
+@pytest.mark.parametrize("topology", ["fattree:radix=8", "leafspine:hosts_per_leaf=4,oversub=4"])
+@pytest.mark.parametrize("coll,algo,k,rel", [
+    ("allgather", "ring", 1, 0.05), ("allgather", "mcast", 1, 0.05),
+    ("allreduce", "dbtree", 4, 0.15), ("allreduce", "rabenseifner", 1, 0.15),
+    ("broadcast", "binomial", 1, 0.05), ("reduce_scatter", "innet", 1, 0.05),
+    # every rank of a leaf crossing it at once: static ECMP collisions, whose expected
+    # busiest link the model takes, while the simulator's hash gives one draw of them
+    ("allgather", "recdoubling", 1, 0.3)])
+def test_estimates_match_the_simulator(topology, coll, algo, k, rel):
+    """On fabrics with several leaves (uplinks, ECMP, oversubscription) the estimate of a
+    schedule is close to the simulated time, small and large."""
+    P = 16
+    topo = parse_topology(topology, P)
+    fab = from_topology(topo)
+    for S in (4096, 4 * MIB):
+        r = simulate(coll, algo, P, S, topo, nchunks=k)
+        e = estimate(Collective.parse(coll), algo, r.nbytes, CommShape(P), fab, nchunks=k)
+        assert e.seconds == pytest.approx(r.time_s, rel=rel), (S, e.describe(), r.time_s)
+
+
+def test_collision_expectation():
+    assert collision(1, 16) == 1.0
+    assert collision(16, 1) == 16.0
+    assert 2.0 < collision(16, 16) < 5.0          # the busiest of 16 links, up or down
+    assert collision(32, 16) > collision(16, 16)
+    big = collision(64 * 16 * 4, 16)              # many flows: close to the mean
+    assert 256 <= big < 256 * 1.3
+
+
+# -- choose --------------------------------------------------------------------------------
+
+def test_choose_picks_the_fastest_and_says_why():
+    fab = modelled("fattree:radix=32", 64)
+    c = choose("allgather", 64 * MIB, CommShape(64), fab)
+    assert c.algorithm == c.candidates[0].algorithm
+    assert c.estimate_seconds == min(e.seconds for e in c.candidates)
+    assert [e.seconds for e in c.candidates] == sorted(e.seconds for e in c.candidates)
+    assert any("faster than" in r for r in c.reasons)
+    text = c.explain()
+    for e in c.candidates:
+        assert e.algorithm in text
+    # hierarchical algorithms with one rank per host are their flat form: said, not run
+    assert dict(c.excluded)["hring"].startswith("hierarchical")
+    js = c.to_json()
+    assert js["algorithm"] == c.algorithm and len(js["candidates"]) == len(c.candidates)
+
+
+def test_small_sizes_are_latency_bound_large_ones_bandwidth_bound():
+    fab = modelled("fattree:radix=32", 64)
+    small = choose("allreduce", 1024, CommShape(64), fab)
+    large = choose("allreduce", 256 * MIB, CommShape(64), fab)
+    assert small.candidates[0].bound == "latency"
+    assert large.candidates[0].bound != "latency"
+    assert small.algorithm != large.algorithm
+
+
+def test_fabric_capabilities_limit_the_candidates():
+    fab = local_fabric(single_host=True, multicast=False, symm=False)
+    c = choose("broadcast", MIB, CommShape(4, 4), fab)
+    why = dict(c.excluded)
+    assert "multicast" in why["mcast"] and all(e.algorithm != "mcast" for e in c.candidates)
+    assert "symm" not in {e.algorithm for e in c.candidates}
+    with_symm = local_fabric(single_host=True, multicast=True, symm=True)
+    names = {e.algorithm for e in choose("broadcast", MIB, CommShape(4, 4),
+                                         with_symm).candidates}
+    assert {"mcast", "symm"} <= names
+    # across hosts there is no symmetric memory
+    multi = local_fabric(single_host=False, multicast=False, symm=True)
+    assert "symm" not in {e.algorithm for e in choose("allreduce", MIB, CommShape(4),
+                                                      multi).candidates}
+
+
+def test_choice_is_deterministic():
+    fab = modelled("leafspine:hosts_per_leaf=16,oversub=4", 48)
+    a = choose("allreduce", 3 * MIB, CommShape(48), fab)
+    _cost._CACHE.clear()
+    b = choose("allreduce", 3 * MIB, CommShape(48), fab)
+    assert (a.algorithm, a.nchunks, a.estimate_seconds) == (b.algorithm, b.nchunks,
+                                                          b.estimate_seconds)
+
+
+@pytest.fixture
+def myring():
+    """A newly registered algorithm (the README's example), removed afterwards."""
+    name = "test_planner_ring"
+
+    @register("allgather", name, "the README's ring, registered by a test")
+    def gen(spec):
+        P, k = spec.nranks, spec.nchunks
+        b = spec.builder(name, Layout(spec.count, 1, k), Layout(P * spec.count, P, k))
+        for r in range(P):
+            b.copy(r, "send", b.blocks("send"), "recv", b.blocks("recv", r))
+            for i in range(P - 1):
+                b.send(r, (r + 1) % P, "recv", b.blocks("recv", (r - i) % P))
+                b.recv(r, (r - 1) % P, "recv", b.blocks("recv", (r - i - 1) % P))
+        return b.build()
+    yield name
+    _REGISTRY.pop((Collective.ALLGATHER, name), None)
+    _cost._CACHE.clear()
+
+
+def test_a_new_algorithm_is_costed_for_free(myring):
+    fab = modelled("fattree:radix=32", 32)
+    c = choose("allgather", 16 * MIB, CommShape(32), fab)
+    assert myring in {e.algorithm for e in c.candidates}
+    # Unpipelined it is the very schedule of ring: the same estimate.
+    mine, ring = (estimate(Collective.ALLGATHER, a, 16 * MIB, CommShape(32), fab, nchunks=1)
+                  for a in (myring, "ring"))
+    assert mine.seconds == pytest.approx(ring.seconds, rel=1e-9)
+
+
+def test_extrapolation_beyond_the_budget(monkeypatch):
+    """A schedule too big to analyse is estimated from smaller rank counts; on ring and
+    recursive doubling at 64 ranks that stays within 20 % of the exact analysis."""
+    fab = modelled("fattree:radix=32", 128)
+    exact = {}
+    for algo in ("ring", "recdoubling"):
+        t = _cost.exact_terms(Collective.ALLGATHER, algo, 128, 1, {}, fab)
+        exact[algo] = t
+    monkeypatch.setattr(_cost, "STEP_BUDGET", 3000)
+    _cost._CACHE.clear()
+    for algo, t in exact.items():
+        got, how = _cost.terms(Collective.ALLGATHER, algo, 128, 1, {}, fab)
+        if algo == "ring":
+            assert how.startswith("extrapolated")
+        for S in (4096, 64 * MIB):
+            assert got.time(S, fab) == pytest.approx(t.time(S, fab), rel=0.2), (algo, S, how)
+    _cost._CACHE.clear()
+
+
+# -- the check on simulated fabrics (the full grid: bench/tune.py) ---------------------------
+
+def test_auto_is_within_10_percent_of_the_best_on_a_small_grid():
+    from polycast.planner.check import Cell, run_cells
+    cells = [Cell(c, n, s, t) for c in ("allgather", "allreduce", "broadcast", "reduce_scatter")
+             for n in (8, 32) for s in (4096, 4 * MIB)
+             for t in ("fattree:radix=8", "leafspine:hosts_per_leaf=4,oversub=4")]
+    verdicts = run_cells(cells, workers=1)
+    ok = [v for v in verdicts if v.ok]
+    assert len(ok) >= 0.95 * len(verdicts), [
+        (v.cell, v.choice, v.best, round(v.ratio, 2)) for v in verdicts if not v.ok]
+    # every candidate was simulated, the choice among them
+    assert all(v.choice in v.times and v.best in v.times for v in verdicts)
+
+
+# -- profiles --------------------------------------------------------------------------------
+
+def _good_profile() -> dict:
+    return {"links": profile.BUILTIN_LINKS, "symm": profile.BUILTIN_SYMM}
+
+
+def test_profile_roundtrip(tmp_path):
+    path = profile.save(_good_profile(), str(tmp_path / "p.json"))
+    data = profile.load(path)
+    assert data["format"] == profile.FORMAT and data["machine"] == profile.machine_identity()
+    fab = local_fabric(single_host=True, prof=data)
+    assert fab.source.startswith("profile")
+
+
+def test_missing_profile_is_the_builtin_model_silently(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert profile.load(str(tmp_path / "nothing.json")) is None
+
+
+@pytest.mark.parametrize("content,why", [
+    ("{not json", "JSONDecodeError"),
+    (json.dumps([1, 2]), "not a JSON object"),
+    (json.dumps({"format": 99}), "format"),
+    (json.dumps({"format": 1, "links": {"shm": {"latency_s": "fast"}}}), "latency_s"),
+    (json.dumps({"format": 1, "links": {"shm": dict(profile.BUILTIN_LINKS["shm"],
+                                                      port_gbps=-1)}}), "port_gbps"),
+])
+def test_corrupt_profile_warns_and_uses_the_builtin_model(tmp_path, content, why):
+    path = tmp_path / f"bad{abs(hash(content))}.json"
+    path.write_text(content)
+    with pytest.warns(RuntimeWarning, match=why):
+        assert profile.load(str(path)) is None
+
+
+def test_stale_profile_warns(tmp_path):
+    path = profile.save(_good_profile(), str(tmp_path / "p.json"))
+    data = json.loads(open(path).read())
+    data["machine"]["hostname"] = "another-host"
+    data["machine"]["machine_id"] = "0" * 16
+    with open(path, "w") as fh:
+        json.dump(data, fh)
+    with pytest.warns(RuntimeWarning, match="another machine"):
+        assert profile.load(path) is None
+    data["machine"] = profile.machine_identity()
+    data["polycast"] = "0.0.0-old"
+    with open(path, "w") as fh:
+        json.dump(data, fh)
+    with pytest.warns(RuntimeWarning, match="stale"):
+        assert profile.load(path) is None
+
+
+def test_tune_survives_a_corrupt_profile(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.warns(RuntimeWarning, match="built-in model"):
+        code = main(["tune", "-n", "4", "--sizes", "1KiB,16MiB", "-c", "allreduce",
+                     "--profile", str(bad)])
+    out = capsys.readouterr().out
+    assert code == 0 and "built-in model" in out and "allreduce" in out
+
+
+# -- Comm asks the planner ---------------------------------------------------------------------
+
+class _FakeDriver:
+    rank = 0
+
+
+def test_comm_symm_or_engine_is_the_planners_call(monkeypatch, tmp_path):
+    from polycast.comm import Comm, choice
+    cheap = {c: {"4": [0.0, 0.0]} for c in ("allgather", "reduce_scatter", "allreduce",
+                                           "broadcast")}
+    dear = {c: {"4": [1.0, 1e-6]} for c in cheap}
+    for table, want in ((cheap, True), (dear, False)):
+        path = profile.save({"links": profile.BUILTIN_LINKS, "symm": table},
+                            str(tmp_path / f"{want}.json"))
+        monkeypatch.setenv("POLYCAST_PROFILE", path)
+        comm = Comm(_FakeDriver(), 0, [0, 1, 2, 3], 60.0)
+        assert choice.symm_wins(comm, Collective.ALLREDUCE, MIB) is want
+        c = comm.plan("allreduce", MIB)
+        assert (c.algorithm == "symm") is want
+        # the engine's choice (symm refused) is among the engine's algorithms
+        assert comm.choose_algorithm(Collective.ALLREDUCE, MIB, None) in {
+            a.name for a in algorithms("allreduce")}
+
+
+def test_comm_choices_per_size_class_and_nchunks(monkeypatch, tmp_path):
+    from polycast.comm import Comm, choice
+    monkeypatch.setenv("POLYCAST_PROFILE", str(tmp_path / "none.json"))
+    comm = Comm(_FakeDriver(), 0, [0, 1, 2, 3], 60.0)
+    a = comm.choose_algorithm(Collective.ALLGATHER, 3 * MIB, None)
+    assert comm.choose_algorithm(Collective.ALLGATHER, 3 * MIB + 4096, None) == a  # one class
+    k = choice.pipeline_nchunks(comm, Collective.ALLGATHER, a, 3 * MIB)
+    assert k == comm.plan("allgather", 3 * MIB, symm=False).nchunks
+    monkeypatch.setenv("POLYCAST_NCHUNKS", "3")
+    assert choice.pipeline_nchunks(comm, Collective.ALLGATHER, a, 3 * MIB) == 3
+
+
+def test_debug_info_once_per_class_trace_every_call(monkeypatch, capsys):
+    debug.reset()
+    monkeypatch.setenv("POLYCAST_DEBUG", "INFO")
+    for n in (MIB, MIB + 8, 3 * MIB):
+        debug.log_choice(2, 7, "allreduce", n, "ring", 4, "why")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(x.startswith("[rank 2] polycast INFO") for x in err)
+    assert "1MiB..2MiB: ring nchunks 4 (why)" in err[0]
+    monkeypatch.setenv("POLYCAST_DEBUG", "TRACE")
+    debug.log_choice(2, 7, "allreduce", MIB, "ring", 1, "")
+    err = capsys.readouterr().err
+    assert "polycast TRACE" in err
+    monkeypatch.setenv("POLYCAST_DEBUG", "")
+    debug.log_choice(2, 7, "allreduce", 5 * MIB, "ring", 1, "")
+    assert capsys.readouterr().err == ""
+
+
+# -- polycast tune and sim --algo auto ---------------------------------------------------------
+
+def test_tune_table_explain_json(capsys):
+    argv = ["tune", "--nodes", "48", "--topology", "fattree:radix=32", "--link", "400Gbps",
+            "--sizes", "1KiB,64MiB", "-c", "allgather,broadcast"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "polycast tune" in out and "allgather" in out and "broadcast" in out
+    assert main(argv + ["--explain"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" * ") == 4 and "not a candidate" in out
+    assert main(argv + ["--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert len(js["choices"]) == 4 and all(c["candidates"] for c in js["choices"])
+
+
+@pytest.mark.parametrize("argv,what", [
+    (["-c", "allgatter"], "allgatter"),
+    (["--nodes", "0"], "--nodes"),
+    (["--topology", "fattree:radix=3"], "radix"),
+    (["--min", "1MiB", "--max", "1KiB"], "--min"),
+    (["--sizes", "12 parsecs"], "parse size"),
+    (["--topology", "fattree:radix=4", "--nodes", "100"], "radix"),
+])
+def test_tune_bad_input_is_one_line_exit_2(capsys, argv, what):
+    assert main(["tune", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and what in err[0] and err[0].startswith("polycast tune: error:")
+
+
+def test_sim_algo_auto(capsys):
+    assert main(["sim", "allgather", "--algo", "auto", "--nodes", "16", "--size", "1KiB",
+                 "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    fab = modelled("fattree:radix=32", 16)
+    want = choose("allgather", js["nbytes"], CommShape(16), fab).algorithm
+    assert js["algorithm"] == f"auto({want})"
