@@ -172,7 +172,8 @@ def run_collective(args: argparse.Namespace) -> int:
     auto = None
     if "auto" in names:
         from ..planner import choose_on_topology
-        choice = choose_on_topology(coll, nbytes, topo, args.root)
+        choice = choose_on_topology(coll, nbytes, topo, args.root, host_gbps=args.host_gbps,
+                                    host_latency_s=host_latency_s)
         auto = (choice.algorithm, choice.nchunks)
         if not args.json:
             notes.append(f"auto: {choice.algorithm}"

@@ -11,6 +11,8 @@ the torch backend (through ``Comm``), ``polycast sim --algo auto``, ``polycast b
 >>> print(c.explain())                                # doctest: +SKIP
 """
 
+import math
+
 from .choose import SYMM, Choice, candidates, choose, symm_estimate
 from .cost import Estimate, estimate
 from .fabric import CommShape, Fabric, Level, from_topology, modelled
@@ -20,9 +22,14 @@ __all__ = ["Choice", "CommShape", "Estimate", "Fabric", "Level", "SYMM", "candid
            "symm_estimate"]
 
 
-def choose_on_topology(collective, nbytes: int, topo, root: int = 0) -> Choice:
+def choose_on_topology(collective, nbytes: int, topo, root: int = 0, *,
+                       host_gbps: float | None = None, host_latency_s: float = 0.0) -> Choice:
     """``auto`` on a simulated topology (``polycast sim --algo auto``, sweeps, the check):
-    the communicator is every rank of ``topo``, hosts x ranks per host as it is built."""
+    the communicator is every rank of ``topo``, hosts x ranks per host as it is built;
+    ``host_gbps``/``host_latency_s``: the simulator's host model, when it is on."""
     rph = topo.ranks_per_host if topo.nranks % topo.ranks_per_host == 0 else 1
-    return choose(collective, nbytes, CommShape(topo.nranks, rph), from_topology(topo),
-                  root=root)
+    fab = from_topology(topo)
+    if host_gbps is not None or host_latency_s:
+        fab = fab.with_(port_gbps=min(fab.port_gbps, host_gbps or math.inf),
+                        msg_overhead_s=host_latency_s)
+    return choose(collective, nbytes, CommShape(topo.nranks, rph), fab, root=root)
