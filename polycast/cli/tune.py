@@ -20,7 +20,7 @@ import time
 
 from ..collectives import Collective
 from ..errors import InvalidArgument
-from ..units import format_size, parse_size
+from ..units import parse_size
 from . import checks
 from .table import print_table
 
@@ -107,6 +107,7 @@ def run(args) -> int:
         return _calibrate(args, nodes)
     fabric, shape = _fabric(args, nodes)
     from ..planner import choose
+    from ..planner.choose import size_label
     from ..planner.cost import _fmt_s
     t0 = time.perf_counter()
     choices = []
@@ -133,7 +134,7 @@ def run(args) -> int:
     for c in choices:
         algbw = c.nbytes / c.estimate_seconds / 1e9 if c.estimate_seconds > 0 else math.inf
         nxt = c.candidates[1] if len(c.candidates) > 1 else None
-        rows.append([str(c.collective), format_size(c.nbytes), c.algorithm,
+        rows.append([str(c.collective), size_label(c.nbytes), c.algorithm,
                      c.nchunks, _fmt_s(c.estimate_seconds), f"{algbw:.2f}",
                      f"{algbw * c.collective.busbw_factor(nodes):.2f}",
                      c.candidates[0].bound,

@@ -56,6 +56,7 @@ class Terms:
     host_messages: int          # most messages the ranks of one host handle together
     host_bytes_per_byte: float  # most bytes the ranks of one host move, per byte of S
     bound: str                  # the resource that bounds the most loaded phase
+    fanout: int = 1             # most peers one rank sends to in one phase
 
     @property
     def latency_s(self) -> float:
@@ -195,8 +196,9 @@ def analyze(s: Schedule, fabric, innet: bool = False) -> Terms:
         msgs += max(ph.nmsg.values(), default=0)
         host_msgs += ph.host_messages(fabric)
         host_bytes += ph.host_bytes(fabric)
+    fanout = max((len(p) for ph in phases.values() for p in ph.peers_out.values()), default=1)
     return Terms(final, hops + 1 if phases else 0, len(phases), msgs, host_msgs, host_bytes,
-                 bound)
+                 bound, fanout)
 
 
 def _merge(groups) -> tuple:

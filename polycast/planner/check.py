@@ -5,6 +5,10 @@ that rank count is simulated -- each at the pipelining depth the planner would g
 and the planner's choice is compared with the fastest. Hierarchical algorithms whose
 schedule is, with one rank per host, the very same as their flat form (``hring`` and
 ``ring``) are simulated once: the simulator is deterministic, so their times are equal.
+Algorithms that are not candidates because a rank would send to more than
+:data:`~polycast.planner.choose.MAX_FANOUT` ranks at once (a direct allgather above 128
+ranks) are not simulated either -- the flow model's cost grows with the square of the
+flows in flight, and one 1024-rank direct allgather takes hours.
 
 Runs go through :mod:`polycast.sim.sweep` (local processes or Ray); results are cached in
 a JSON-lines file keyed by everything a run depends on, so a grid grows incrementally.
@@ -21,7 +25,7 @@ from ..algorithms import algorithms, build
 from ..collectives import Collective
 from ..sim.simulate import count_for, resolve_topology
 from ..sim.sweep import Point, run_grid
-from .choose import choose
+from .choose import MAX_FANOUT, choose
 from .cost import estimate
 from .fabric import CommShape, from_topology
 
@@ -87,7 +91,11 @@ def plan_cell(cell: Cell) -> tuple[list[Point], dict]:
             if same is not None:
                 alias[algo.name] = same
                 continue
-        k = estimate(coll, algo.name, nbytes, shape, fabric).nchunks
+        est = estimate(coll, algo.name, nbytes, shape, fabric)
+        if est.fanout > MAX_FANOUT:
+            alias[algo.name] = None         # not a candidate (choose.MAX_FANOUT)
+            continue
+        k = est.nchunks
         points.append(Point(str(coll), algo.name, cell.nodes, cell.nbytes, cell.topology,
                             cell.link, k))
     return points, {"choice": choice, "alias": alias, "nbytes": nbytes}

@@ -12,9 +12,9 @@ of a communicator passes the same values, so every rank picks the same algorithm
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..algorithms import algorithms, get
+from ..algorithms import algorithms
 from ..collectives import Collective
 from ..errors import PolycastError
 from ..units import format_size
@@ -25,6 +25,22 @@ from .fabric import CommShape, Fabric
 SYMM_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLREDUCE,
                     Collective.BROADCAST)
 SYMM = "symm"
+#: Most ranks one rank may send to at once (in one phase of its schedule). Beyond it the
+#: costs the model leaves out -- incast at the receivers, a NIC's message rate, a socket or
+#: queue pair per peer -- would decide, so such schedules are not candidates (a direct
+#: allgather at 1024 ranks keeps 1023 messages in flight per rank).
+MAX_FANOUT = 128
+
+
+def size_label(nbytes: int) -> str:
+    """``64MiB`` when exact, else ``63.99 MiB`` (sizes rounded to whole elements per rank)."""
+    text = format_size(nbytes)
+    if not text.endswith("B") or text[-2] in "KMGTi" or nbytes < 1024:
+        return text
+    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= mult:
+            return f"{nbytes / mult:.2f} {unit}"
+    return text
 
 
 @dataclass(frozen=True)
@@ -48,7 +64,7 @@ class Choice:
 
     def explain(self) -> str:
         """Every candidate's estimate, NCCL_DEBUG-style, one per line."""
-        head = (f"{self.collective} {format_size(self.nbytes)} on {self.shape}: "
+        head = (f"{self.collective} {size_label(self.nbytes)} on {self.shape}: "
                 f"{self.algorithm}" + (f" nchunks {self.nchunks}" if self.nchunks > 1 else "")
                 + f", {_fmt_s(self.estimate_seconds)}")
         lines = [head, *("  " + r for r in self.reasons)]
@@ -129,6 +145,13 @@ def choose(collective, nbytes: int, shape: CommShape, fabric: Fabric, *, root: i
             ests.append(symm_estimate(coll, nbytes, shape, fabric))
         else:
             ests.append(estimate(coll, name, nbytes, shape, fabric, root))
+    wide = [e for e in ests if e.fanout > MAX_FANOUT]
+    if wide and len(wide) < len(ests):
+        ests = [e for e in ests if e.fanout <= MAX_FANOUT]
+        excluded = list(excluded) + [
+            (e.algorithm, f"sends to {e.fanout} ranks at once, more than {MAX_FANOUT}: "
+                          "incast and NIC message rates, which the model leaves out, "
+                          "would decide") for e in wide]
     order = sorted(range(len(ests)), key=lambda i: (ests[i].seconds, i))
     ranked = tuple(ests[i] for i in order)
     best = ranked[0]

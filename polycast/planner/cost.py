@@ -41,6 +41,7 @@ class Estimate:
     bound: str                  # "latency" or the resource bounding its busiest phase
     how: str                    # "schedule P=..." or "extrapolated from P=..."
     path: str = "engine"        # "engine" or "symm"
+    fanout: int = 1             # most ranks one rank sends to at once
 
     def describe(self) -> str:
         k = f", nchunks {self.nchunks}" if self.nchunks > 1 else ""
@@ -207,7 +208,8 @@ def _extrapolate(pts: list[int], samples: list[Terms], P: int) -> Terms:
     ratio = P / pts[-1]
     return Terms(tuple(sorted(set(lines))), int(last.hops * ratio) if last.hops else 0,
                  int(last.phases * ratio), int(last.messages * ratio),
-                 int(last.host_messages * ratio), last.host_bytes_per_byte, last.bound)
+                 int(last.host_messages * ratio), last.host_bytes_per_byte, last.bound,
+                 max(last.fanout, round(_fit([float(t.fanout) for t in samples], pts, P))))
 
 
 def _fit(ys: list[float], xs: list[int], x: int) -> float:
@@ -257,7 +259,7 @@ def estimate(coll: Collective, algorithm: str, nbytes: int, shape: CommShape,
         slope = t.seconds_per_byte
         gbps = 8 / slope / 1e9 if slope > 0 else math.inf
         bound = "latency" if t.latency_s >= nbytes * slope else t.bound
-        best = Estimate(algorithm, k, secs, t.latency_s, gbps, bound, how)
+        best = Estimate(algorithm, k, secs, t.latency_s, gbps, bound, how, fanout=t.fanout)
     return best
 
 
