@@ -97,7 +97,7 @@ def plan_cell(cell: Cell) -> tuple[list[Point], dict]:
             continue
         k = est.nchunks
         points.append(Point(str(coll), algo.name, cell.nodes, cell.nbytes, cell.topology,
-                            cell.link, k))
+                            cell.link, nchunks=k))
     return points, {"choice": choice, "alias": alias, "nbytes": nbytes}
 
 
