@@ -22,10 +22,12 @@ __all__ = [
 ]
 
 # The runtime's user API (mpi4py style): comm = polycast.init(); comm.Allreduce(...)
-from .comm import IN_PLACE, UNDEFINED, Comm, finalize, init  # noqa: E402
+from .comm import (ANY_SOURCE, ANY_TAG, IN_PLACE, PROC_NULL, TAG_UB, UNDEFINED,  # noqa: E402
+                   Comm, Status, finalize, init)
 from .runtime.driver import Request  # noqa: E402
 from .ops import (AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC,  # noqa: E402
                   PROD, SUM, Op)
-__all__ += ["init", "finalize", "Comm", "Request", "IN_PLACE", "UNDEFINED", "Op", "SUM",
+__all__ += ["init", "finalize", "Comm", "Request", "IN_PLACE", "UNDEFINED", "Status",
+            "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "Op", "SUM",
             "PROD", "MIN", "MAX", "AVG", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
             "MAXLOC", "MINLOC"]

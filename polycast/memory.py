@@ -113,6 +113,17 @@ class Buffers:
                                ropt is _ops.AVG, schedule.nranks, result_here, ropt)
         return dtype
 
+    def register_arrays(self, req: int, send: np.ndarray | None = None,
+                        recv: np.ndarray | None = None) -> None:
+        """Keep a point-to-point request's flat arrays (no schedule: the engine names
+        element ranges of them directly)."""
+        if req in self._reqs:
+            raise InvalidArgument(f"request {req} is already registered")
+        arrays = {n: a.reshape(-1) for n, a in (("send", send), ("recv", recv))
+                  if a is not None}
+        dtype = next(iter(arrays.values())).dtype if arrays else np.dtype(np.uint8)
+        self._reqs[req] = _Req(arrays, dtype, None, False, 1, False)
+
     def unregister(self, req: int) -> None:
         self._reqs.pop(req, None)
 
@@ -161,8 +172,22 @@ class Buffers:
             pos += n
 
     def copy(self, src, dst, reduce: bool) -> None:
-        """Copy (or combine) ``src`` into ``dst``; a no-op when both are the same memory."""
+        """Copy (or combine) ``src`` into ``dst``; a no-op when both are the same memory.
+        Between two requests (a point-to-point message to this rank itself) the bytes are
+        copied as they are, whatever the two dtypes."""
         r = self._reqs[src.req]
+        if dst.req != src.req:
+            sb = r.arrays[src.buf].view(np.uint8)
+            db = self._reqs[dst.req].arrays[dst.buf].view(np.uint8)     # flat: views fine
+            isz_s, isz_d = r.dtype.itemsize, self._reqs[dst.req].dtype.itemsize
+            data = np.concatenate([sb[a * isz_s:b * isz_s] for a, b in src.runs]) \
+                if src.runs else sb[:0]
+            pos = 0
+            for a, b in dst.runs:
+                n = (b - a) * isz_d
+                db[a * isz_d:a * isz_d + n] = data[pos:pos + n]
+                pos += n
+            return
         sa, da = r.arrays[src.buf], r.arrays[dst.buf]
         if _addresses(sa, src.runs) == _addresses(da, dst.runs):
             # In place (send is recv, or send is recv's own block as MPI_IN_PLACE allows).

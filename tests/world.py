@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polycast.engine.actions import (CancelTimer, CloseStream, Complete, Copy, Deliver, Fail,
-                                     Multicast, OpenStream, Region, Send, SetTimer, StreamData)
+                                     Matched, Multicast, OpenStream, Region, Send, SetTimer,
+                                     StreamData)
 from polycast.engine.engine import Engine, EngineConfig
 from polycast.engine.wire import MsgKind, parse_header, verify_mac
 from polycast.memory import Buffers
@@ -67,6 +68,7 @@ class World:
         self.sent: list[tuple[int, int, object]] = []        # (rank, peer, header) of Sends
         self.sent_at: list[float] = []                       # ... and when
         self.datagrams_sent = 0
+        self.matched: dict[tuple[int, int], tuple] = {}     # (rank, req) -> (src, tag, nbytes)
         self.events = 0
         self._next_req = [0] * nranks
         # config.external_streams: the world places multicast chunks itself, as the
@@ -85,6 +87,26 @@ class World:
         acts = self.engines[rank].post(req, schedule, dt.itemsize, self.now,
                                        dtype=dtype or str(dt), op=str(op or ""))
         self._execute(rank, acts)
+        return req
+
+    def send(self, rank: int, peer: int, tag: int, arr: np.ndarray) -> int:
+        """A point-to-point send of ``arr`` (engine/p2p.py)."""
+        req = self._next_req[rank]
+        self._next_req[rank] += 1
+        self.mem[rank].register_arrays(req, send=arr)
+        self.posted.add((rank, req))
+        self._execute(rank, self.engines[rank].post_send(req, peer, tag, arr.nbytes,
+                                                         arr.itemsize, self.now))
+        return req
+
+    def recv(self, rank: int, peer: int, tag: int, arr: np.ndarray) -> int:
+        """A point-to-point receive into ``arr`` (peer/tag may be ANY_SOURCE/ANY_TAG)."""
+        req = self._next_req[rank]
+        self._next_req[rank] += 1
+        self.mem[rank].register_arrays(req, recv=arr)
+        self.posted.add((rank, req))
+        self._execute(rank, self.engines[rank].post_recv(req, peer, tag, arr.nbytes,
+                                                         arr.itemsize, self.now))
         return req
 
     def post_call(self, schedule, dtype="float32", op: str | None = None, seed: int = 0,
@@ -174,6 +196,8 @@ class World:
                 self.errors[(rank, a.req)] = a.error
             elif isinstance(a, (OpenStream, StreamData, CloseStream)):
                 self._placer(rank, a)
+            elif isinstance(a, Matched):
+                self.matched[(rank, a.req)] = (a.source, a.tag, a.nbytes)
             else:
                 raise AssertionError(f"unknown action {a!r}")
 

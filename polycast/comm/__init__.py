@@ -14,7 +14,8 @@ to the progress thread. Every wait is bounded by the communicator's timeout
 
 Modules: :mod:`.core` (identity, posting, Split/Dup/Free), :mod:`.choice` (which algorithm),
 :mod:`.buffers` (what a buffer may be), :mod:`.collectives` (buffer methods),
-:mod:`.objects` (object methods), :mod:`.communicator` (``Comm``), :mod:`.lifecycle`
+:mod:`.objects` (object methods), :mod:`.p2p` (point-to-point), :mod:`.ordered`
+(non-commutative ops), :mod:`.communicator` (``Comm``), :mod:`.lifecycle`
 (``init``, ``finalize``, ``world``).
 """
 
@@ -24,6 +25,7 @@ from .buffers import IN_PLACE
 from .communicator import Comm
 from .core import UNDEFINED
 from .lifecycle import finalize, init, world
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, TAG_UB, Status
 
 __all__ = ["Comm", "Request", "IN_PLACE", "UNDEFINED", "init", "finalize", "world",
-           "UnknownName"]
+           "UnknownName", "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB"]

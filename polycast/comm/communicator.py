@@ -6,10 +6,12 @@ from .collectives import BufferCollectives
 from .core import CommCore
 from .objects import ObjectMethods
 from .ordered import OrderedReductions
+from .p2p import PointToPointMethods
 
 
-class Comm(BufferCollectives, OrderedReductions, ObjectMethods, CommCore):
+class Comm(BufferCollectives, PointToPointMethods, OrderedReductions, ObjectMethods,
+           CommCore):
     """A communicator. Made by :func:`polycast.init` (the world), :meth:`Split` and
-    :meth:`Dup`. mpi4py's buffer methods (:mod:`.collectives`), lowercase object methods
-    (:mod:`.objects`); identity, posting and Split/Dup/Free in :mod:`.core`; which algorithm
+    :meth:`Dup`. mpi4py's buffer methods (:mod:`.collectives`), point-to-point
+    (:mod:`.p2p`), lowercase object methods (:mod:`.objects`); identity, posting and Split/Dup/Free in :mod:`.core`; which algorithm
     a call runs in :mod:`.choice`."""

@@ -144,8 +144,19 @@ class CloseStream:
     req: int
 
 
+class Matched:
+    """Receive ``req`` took the message of ``source`` with ``tag``, ``nbytes`` long
+    (point-to-point: the receive's status). Comes before the Deliver or Copy that places
+    it, so a driver whose receive had no buffer yet can make one of that size."""
+
+    req: int
+    source: int
+    tag: int
+    nbytes: int
+
+
 Action = (Send | Multicast | Deliver | Copy | SetTimer | CancelTimer | Complete | Fail
-          | OpenStream | StreamData | CloseStream)
+          | OpenStream | StreamData | CloseStream | Matched)
 
 
 _new = object.__new__

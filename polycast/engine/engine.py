@@ -41,6 +41,7 @@ from .config import MIB, EngineConfig, EngineStats
 from .early import ENTRY_OVERHEAD_NBYTES, EarlyBuffer, own
 from .failure import Failure
 from .mcast import Pacer, ReliableMulticast
+from .p2p import P2P_TOKEN, PointToPoint
 from .plan import Plan, make_plan
 from .request import DONE, PENDING, STARTED, Request
 from .rendezvous import Rendezvous
@@ -59,12 +60,13 @@ _complete = new_complete
 _DATA, _ABORT, _RTS, _CTS, _FIN, _RECOVER_REQ, _RECOVER_DATA = (
     MsgKind.DATA, MsgKind.ABORT, MsgKind.RTS, MsgKind.CTS, MsgKind.FIN, MsgKind.RECOVER_REQ,
     MsgKind.RECOVER_DATA)
+_P2P_DATA = MsgKind.P2P_DATA
 _SEND, _RECV, _COPY, _MCAST, _MRECV = Kind.SEND, Kind.RECV, Kind.COPY, Kind.MCAST, Kind.MRECV
 
 __all__ = ["Engine", "EngineConfig", "EngineStats", "MIB"]
 
 
-class Engine(Rendezvous, ReliableMulticast, Failure):
+class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
     """One rank's protocol state machine. See the module docstring."""
 
     def __init__(self, rank: int, nranks: int, comm: int = 0,
@@ -97,12 +99,13 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         # What the driver knows of peers beyond the protocol ("stopped", "not running"),
         # for error messages only: rank -> note.
         self.peer_notes: dict[int, str] = {}
+        self._p2p_init()
 
     # -- public state ---------------------------------------------------------------------
     @property
     def busy(self) -> bool:
         """Any request outstanding."""
-        return bool(self._reqs)
+        return bool(self._reqs) or bool(self._p2p)
 
     @property
     def next_seq(self) -> int:
@@ -261,6 +264,10 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
             return []
         r, idx = ent[0], ent[1]
         out: list[Action] = []
+        if idx == P2P_TOKEN:
+            if r is not None:
+                self._p2p_sent(r, out)
+            return out
         if r is None or self._reqs.get(r.req) is not r:
             return out
         r.outstanding -= 1
@@ -281,6 +288,10 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
         if kind == "eos":
             return self._eos_repeat(arg, now)
         out: list[Action] = []
+        if kind == "p2p":
+            if self._p2p.get(r.req) is r:
+                self._p2p_timed_out(r, out)
+            return out
         if self._reqs.get(r.req) is not r:
             return out
         if kind == "op":
@@ -314,6 +325,8 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
                 self._fail(r, PeerLost(peer, f"rank {self.rank}: {r.desc} was waiting on "
                                              f"{self._stuck(r)}: {self._lost[peer]}"),
                            out, abort=AbortReason.PEER_LOST, lost=peer)
+        if self._p2p or self._unexpected:
+            self._p2p_peer_lost(peer, out)
         return out
 
     # -- messages -------------------------------------------------------------------------
@@ -324,6 +337,9 @@ class Engine(Rendezvous, ReliableMulticast, Failure):
             return
         if h.src != src or not 0 <= src < self.nranks or src == self.rank:
             st.drop("bad_src")
+            return
+        if h.kind >= _P2P_DATA:                     # point to point: engine/p2p.py
+            self._p2p_message(src, h, payload, now, out)
             return
         r = self._by_seq.get(h.seq)
         if r is None:

@@ -23,9 +23,16 @@ FIN          0                  0               0                        0
 RTS          step tag           0               0                        payload bytes (*)
 CTS          step tag           0               0                        0
 ABORT        reason code        0               lost rank (PEER_LOST)    utf-8 reason text
+P2P_DATA     user tag           0               0                        payload bytes
+P2P_RTS      user tag           0               0                        payload bytes (*)
+P2P_CTS      user tag           0               1: refused (too long)    receiver's room (*)
 ============ ================== =============== ======================== ===================
 
-(*) RECOVER_REQ and RTS set the ``F_NO_PAYLOAD`` flag: its ``length`` is a count and no payload
+Point-to-point kinds (P2P_*) carry the sender's message number to that destination in
+``seq`` (they are matched by source and tag, not by collective sequence) and no call
+signature (``sig`` 0).
+
+(*) RECOVER_REQ, RTS, P2P_RTS and a refusing P2P_CTS set the ``F_NO_PAYLOAD`` flag: its ``length`` is a count and no payload
 follows, so framing stays uniform (read :attr:`Header.payload_nbytes` bytes after the header).
 ``sig`` always carries the sender's call signature; every kind but ABORT (whose point may be
 that the calls differ) is checked against the posted call.
@@ -75,6 +82,9 @@ class MsgKind(enum.IntEnum):
     ABORT = 7           # the sender failed this collective; fail it too (reason code in tag)
     RTS = 8             # "I have a DATA of ``length`` bytes for your RECV (src, tag)"
     CTS = 9             # "send that DATA now": the answer to an RTS
+    P2P_DATA = 10       # a point-to-point message (engine/p2p.py): seq = the sender's
+    P2P_RTS = 11        # message number to this rank, tag = the user's tag
+    P2P_CTS = 12
 
     def __str__(self) -> str:
         return self.name
@@ -177,7 +187,9 @@ def _mac(secret: bytes, fixed: bytes | memoryview, payload) -> bytes:
 
 
 _KINDS = {int(k): k for k in MsgKind}
-_COUNT_KINDS = (MsgKind.RECOVER_REQ, MsgKind.RTS)     # whose ``length`` is a count
+# Kinds whose ``length`` may be a count (F_NO_PAYLOAD): a refusing P2P_CTS says the room
+# the receive had.
+_COUNT_KINDS = (MsgKind.RECOVER_REQ, MsgKind.RTS, MsgKind.P2P_RTS, MsgKind.P2P_CTS)
 _MCAST_DATA, _MCAST_EOS = MsgKind.MCAST_DATA, MsgKind.MCAST_EOS
 
 

@@ -15,6 +15,8 @@ import itertools
 import os
 import time
 
+import numpy as np
+
 from ...engine import wire
 from ...engine.engine import Engine, EngineConfig
 from ...errors import InvalidArgument, PolycastError
@@ -141,13 +143,80 @@ class Driver:
     def refuse(self, comm_id: int, why: str) -> None:
         """This rank will not run its next call on ``comm_id`` (its arguments failed the
         checks here): the engine takes the call's turn and aborts the peers' call."""
+        self._in_order(self._refuse, comm_id, why)
+
+    def _refuse(self, comm_id: int, why: str) -> None:
+        cs = self._comms.get(comm_id)
+        if cs is not None:
+            self._run(cs, cs.engine.refuse(why, time.monotonic()))
+            self.peers.flush_all()
+
+    def _in_order(self, fn, *args) -> None:
+        """Run ``fn(*args)`` on the engine after every post queued before it (from this
+        thread at once when nothing is queued, else on the progress thread): calls that
+        take sequence numbers, and point-to-point messages, keep the caller's order."""
+        if self.error is not None:
+            raise PolycastError(f"the progress thread died: {self.error!r}")
+        if self.progress.has_commands():
+            self.progress.call(fn, *args)
+            return
+        with self.progress.lock:
+            fn(*args)
+
+    # -- point to point (engine/p2p.py) ----------------------------------------------------
+    def post_send(self, comm_id: int, request: Request, peer: int, tag: int,
+                  send: np.ndarray) -> None:
+        """Send the flat array ``send`` to local rank ``peer`` of ``comm_id``."""
+        request.driver = self
+        self.requests[request.req] = request
+        self.buffers.register_arrays(request.req, send=send)
+        self._in_order(self._p2p_post, comm_id, request, True, peer, tag, send.nbytes,
+                       send.itemsize)
+
+    def post_recv(self, comm_id: int, request: Request, peer: int, tag: int,
+                  recv: np.ndarray | None) -> None:
+        """Receive into the flat array ``recv``, or (None) into a new byte array the size
+        of the message, found in ``request.result`` once done."""
+        request.driver = self
+        self.requests[request.req] = request
+        if recv is None:
+            self.runner.allocate.add(request.req)
+        else:
+            self.buffers.register_arrays(request.req, recv=recv)
+        self._in_order(self._p2p_post, comm_id, request, False, peer, tag,
+                       None if recv is None else recv.nbytes,
+                       1 if recv is None else recv.itemsize)
+
+    def iprobe(self, comm_id: int, peer: int, tag: int):
+        """(source, tag, nbytes) of the first message a receive would take now, or None."""
         if self.error is not None:
             raise PolycastError(f"the progress thread died: {self.error!r}")
         with self.progress.lock:
             cs = self._comms.get(comm_id)
-            if cs is not None:
-                self._run(cs, cs.engine.refuse(why, time.monotonic()))
-                self.peers.flush_all()
+            if cs is None:
+                raise PolycastError(f"communicator {comm_id} was freed")
+            self.progress.round()           # take in what has arrived
+            return cs.engine.iprobe(peer, tag)
+
+    def _p2p_post(self, comm_id: int, request: Request, is_send: bool, peer: int, tag: int,
+                  nbytes, itemsize: int) -> None:
+        cs = self._comms.get(comm_id)
+        if cs is None:
+            self.runner.fail_request(request.req, PolycastError(
+                f"{request.desc}: communicator {comm_id} was freed"))
+            return
+        now = time.monotonic()
+        try:
+            if is_send:
+                actions = cs.engine.post_send(request.req, peer, tag, nbytes, itemsize, now)
+            else:
+                actions = cs.engine.post_recv(request.req, peer, tag, nbytes, itemsize, now)
+        except PolycastError as exc:
+            self.runner.allocate.discard(request.req)
+            self.runner.fail_request(request.req, exc)
+            return
+        self._run(cs, actions)
+        self.peers.flush_all()
 
     def _multicasts(self, schedule) -> bool:
         """schedule.uses_multicast (a scan of every rank's program), remembered for the

@@ -11,8 +11,10 @@ from __future__ import annotations
 import collections
 import time
 
-from ...engine.actions import (CancelTimer, Complete, Copy, Deliver, Fail, Multicast, Send,
-                               SetTimer)
+import numpy as np
+
+from ...engine.actions import (CancelTimer, Complete, Copy, Deliver, Fail, Matched, Multicast,
+                               Send, SetTimer)
 from ...memory import Buffers
 from .datagrams import MulticastIO
 from .peers import PeerIO
@@ -44,6 +46,7 @@ class ActionRunner:
         self.on_action = on_action          # fn(cs, action) for actions not handled here
         self._in_run = False
         self._queued: collections.deque = collections.deque()
+        self.allocate: set[int] = set()     # receives whose buffer is made on Matched
 
     def run(self, cs: CommState, actions) -> None:
         if self._in_run:
@@ -92,6 +95,8 @@ class ActionRunner:
                     req._finish()
             elif t is Fail:
                 self.fail_request(a.req, a.error)
+            elif t is Matched:
+                self._matched(a)
             elif self.on_action is not None:
                 self.on_action(cs, a)
 
@@ -103,7 +108,20 @@ class ActionRunner:
         self.run(cs, cs.engine.abort(req_id, f"its data could not be placed: "
                                      f"{type(exc).__name__}: {exc}", time.monotonic()))
 
+    def _matched(self, a: Matched) -> None:
+        """A receive took a message: its status, and its buffer when it had none."""
+        req = self.requests.get(a.req)
+        if req is not None:
+            req.status = (a.source, a.tag, a.nbytes)
+        if a.req in self.allocate:
+            self.allocate.discard(a.req)
+            buf = np.empty(a.nbytes, np.uint8)
+            self.buffers.register_arrays(a.req, recv=buf)
+            if req is not None:
+                req.result = buf
+
     def fail_request(self, req_id: int, error: BaseException) -> None:
+        self.allocate.discard(req_id)
         self.buffers.unregister(req_id)
         self.mcast_requests.discard(req_id)
         req = self.requests.pop(req_id, None)

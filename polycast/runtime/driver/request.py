@@ -33,7 +33,7 @@ class Request:
     messages, and formatting it on every small call measured ~2 us."""
 
     __slots__ = ("req", "comm", "_desc", "_done", "_ev", "error", "timeout_seconds",
-                 "on_done", "result", "driver", "_callbacks")
+                 "on_done", "result", "driver", "_callbacks", "status")
 
     def __init__(self, req: int, comm: int, desc, timeout_seconds: float) -> None:
         self.req, self.comm, self._desc = req, comm, desc
@@ -47,6 +47,7 @@ class Request:
         self.result = None
         self.driver = None
         self._callbacks: list | None = None
+        self.status = None           # point-to-point receives: (source, tag, nbytes)
 
     @property
     def desc(self) -> str:
@@ -82,16 +83,23 @@ class Request:
                 return
         _call_back(fn, self)
 
-    def Test(self) -> bool:
-        """True once done (raises the request's error if it failed)."""
+    def Test(self, status=None) -> bool:
+        """True once done (raises the request's error if it failed); fills ``status``
+        (a :class:`polycast.Status`) when given."""
         if not self._done:
             return False
         self._finalize()
+        if status is not None:
+            self._fill(status)
         return True
 
-    def Wait(self, timeout: float | None = None):
+    def Wait(self, status=None, timeout: float | None = None):
         """Wait for completion, at most ``timeout`` seconds (default: the communicator's
-        timeout plus a margin; the engine itself fails requests after that timeout)."""
+        timeout plus a margin; the engine itself fails requests after that timeout), and
+        fill ``status`` when given (mpi4py's ``Wait(status)``)."""
+        if status is not None and not hasattr(status, "_fill"):
+            raise TypeError(f"Wait(status): expected a polycast.Status, got {status!r} "
+                            "(pass timeout= by name)")
         if not self._done:
             bound = timeout if timeout is not None else self.timeout_seconds + 5.0
             if self.driver is not None:
@@ -105,7 +113,13 @@ class Request:
             if not self._done:
                 raise CollectiveTimeout(f"{self.desc}: not complete after {bound:g} s")
         self._finalize()
+        if status is not None:
+            self._fill(status)
         return self.result
+
+    def _fill(self, status) -> None:
+        # A collective's status says nothing: MPI's empty status.
+        status._fill(*(self.status or (-2, -1, 0)))
 
     def _finalize(self) -> None:
         if self.error is not None:
@@ -114,16 +128,35 @@ class Request:
             fn, self.on_done = self.on_done, None
             self.result = fn()
 
+    # mpi4py's lowercase forms (object messages: Wait's result is the object)
+    def wait(self, status=None):
+        return self.Wait(status)
+
+    def test(self, status=None):
+        done = self.Test(status)
+        return done, (self.result if done else None)
+
+    def Free(self) -> None:
+        """Forget the request (it still completes; nothing waits for it)."""
+
+    def Get_status(self, status=None) -> bool:
+        """Whether the request is done, without finishing it (filling ``status``)."""
+        if self._done and status is not None:
+            self._fill(status)
+        return self._done
+
     @staticmethod
-    def Waitall(requests, timeout: float | None = None) -> list:
-        """Wait for every request (in order); the first error is raised after all ended."""
+    def Waitall(requests, statuses=None, timeout: float | None = None) -> list:
+        """Wait for every request (in order); the first error is raised after all ended.
+        ``statuses``: a list to fill, one Status per request."""
         deadline = None if timeout is None else time.monotonic() + timeout
         first = None
         results = []
-        for r in requests:
+        for i, r in enumerate(requests):
             try:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                results.append(r.Wait(left))
+                results.append(r.Wait(statuses[i] if statuses is not None else None,
+                                      timeout=left))
             except PolycastError as exc:
                 results.append(None)
                 first = first or exc
@@ -132,5 +165,41 @@ class Request:
         return results
 
     @staticmethod
-    def Testall(requests) -> bool:
-        return all(r.Test() for r in requests)
+    def Testall(requests, statuses=None) -> bool:
+        if not all(r._done for r in requests):
+            return False
+        Request.Waitall(requests, statuses)
+        return True
+
+    @staticmethod
+    def Waitany(requests, status=None) -> int:
+        """Index of the first request to complete (MPI's Waitany); -1 for none."""
+        if not requests:
+            return -1
+        deadline = time.monotonic() + max(r.timeout_seconds for r in requests) + 5.0
+        while True:
+            for i, r in enumerate(requests):
+                if r._done:
+                    r.Wait(status)
+                    return i
+            now = time.monotonic()
+            if now > deadline:
+                raise CollectiveTimeout(f"Waitany: none of {len(requests)} requests "
+                                        f"completed (first: {requests[0].desc})")
+            live = next((r for r in requests if r.driver is not None), None)
+            if live is not None:
+                live.driver.drive(live, now + 0.002)     # progresses every request
+            else:
+                time.sleep(0.0005)
+
+    @staticmethod
+    def Testany(requests, status=None) -> tuple[int, bool]:
+        for i, r in enumerate(requests):
+            if r._done:
+                r.Wait(status)
+                return i, True
+        return -1, not requests
+
+    @staticmethod
+    def waitall(requests, statuses=None) -> list:
+        return Request.Waitall(requests, statuses)

@@ -1,0 +1,235 @@
+"""Point-to-point messages with mpi4py's signatures, through the engine's matching
+(:mod:`polycast.engine.p2p`: source and tag, ANY_SOURCE / ANY_TAG, non-overtaking, large
+messages by rendezvous) on every transport.
+
+>>> comm.Send(x, dest=1, tag=7)                     # buffers, as the collectives take
+>>> st = polycast.Status()
+>>> comm.Recv(y, source=polycast.ANY_SOURCE, tag=7, status=st); st.Get_source()
+>>> req = comm.Isend(x, 1); req.Wait()
+>>> comm.send({"a": 1}, dest=1); obj = comm.recv(source=0)    # any picklable object
+
+A receive's buffer must have room for the message (a longer one is MPI's truncation error,
+InvalidArgument on the receiver and, for a large message, on the sender); its bytes are
+taken as the receive buffer's dtype. ``PROC_NULL`` as a peer makes a call that completes at
+once and moves nothing. Every request is bounded by the communicator's timeout.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from ..engine.p2p import ANY_SOURCE, ANY_TAG
+from ..errors import CollectiveTimeout, InvalidArgument
+from ..runtime.driver import Request
+from .buffers import message
+
+PROC_NULL = -1
+TAG_UB = 0x7FFFFFFF
+_EMPTY = np.empty(0, np.uint8)
+
+
+class Status:
+    """What a receive or probe found: source, tag and size (mpi4py's Status)."""
+
+    def __init__(self) -> None:
+        self.source, self.tag, self.nbytes, self.error = ANY_SOURCE, ANY_TAG, 0, 0
+
+    def _fill(self, source: int, tag: int, nbytes: int) -> None:
+        self.source, self.tag, self.nbytes = source, tag, nbytes
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_tag(self) -> int:
+        return self.tag
+
+    def Get_error(self) -> int:
+        return self.error
+
+    def Get_count(self, datatype=None) -> int:
+        """Elements of ``datatype`` (a numpy dtype-like; bytes when None) received."""
+        if datatype is None:
+            return self.nbytes
+        size = np.dtype(datatype).itemsize
+        return self.nbytes // size if self.nbytes % size == 0 else -1   # MPI_UNDEFINED
+
+    Get_elements = Get_count
+
+    def Set_source(self, source: int) -> None:
+        self.source = source
+
+    def Set_tag(self, tag: int) -> None:
+        self.tag = tag
+
+    def Set_error(self, error: int) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<polycast.Status source={self.source} tag={self.tag} nbytes={self.nbytes}>"
+
+    # mpi4py's properties
+    count = property(lambda self: self.nbytes)
+
+
+def _dumps(obj) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+
+
+class PointToPointMethods:
+    """Mixed into :class:`polycast.Comm`; uses its ``_driver``, ``id``, ``rank``, ``size``."""
+
+    def _peer(self, peer, what: str, wildcard: bool) -> int:
+        if isinstance(peer, (bool, np.bool_)) or not isinstance(peer, (int, np.integer)):
+            raise InvalidArgument(f"{what} must be a rank (int), got {peer!r}")
+        peer = int(peer)
+        if 0 <= peer < self.size or peer == PROC_NULL or (wildcard and peer == ANY_SOURCE):
+            return peer
+        raise InvalidArgument(f"{what} {peer} out of range: valid ranks are 0..{self.size - 1}"
+                              + (", ANY_SOURCE" if wildcard else "") + " or PROC_NULL")
+
+    def _tag(self, tag, wildcard: bool) -> int:
+        if isinstance(tag, (bool, np.bool_)) or not isinstance(tag, (int, np.integer)):
+            raise InvalidArgument(f"tag must be an int, got {tag!r}")
+        tag = int(tag)
+        if 0 <= tag <= TAG_UB or (wildcard and tag == ANY_TAG):
+            return tag
+        raise InvalidArgument(f"tag {tag} out of range: 0..{TAG_UB}"
+                              + (" or ANY_TAG" if wildcard else ""))
+
+    def _p2p_request(self, what: str) -> Request:
+        if self._freed:
+            raise InvalidArgument(f"{self!r} was freed")
+        rank = self.rank
+        return Request(self._driver.new_request_id(), self.id, lambda: f"rank {rank}: {what}",
+                       self.timeout_seconds)
+
+    def _null(self, what: str) -> Request:
+        req = Request(0, self.id, f"rank {self.rank}: {what} (PROC_NULL)",
+                      self.timeout_seconds)
+        req.status = (PROC_NULL, ANY_TAG, 0)
+        req._finish()
+        return req
+
+    # -- buffers ---------------------------------------------------------------------------
+    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
+        dest, tag = self._peer(dest, "dest", False), self._tag(tag, False)
+        data = message(buf, "Send buf")
+        if dest == PROC_NULL:
+            return self._null("Send")
+        req = self._p2p_request(f"Send of {data.nbytes} bytes to rank {dest}, tag {tag}")
+        if dest == self.rank and data.nbytes <= self._driver.config.eager_max_nbytes:
+            # To itself, small: buffered, as MPI implementations do, so a Send to self
+            # returns before its Recv is posted.
+            inner = self._p2p_request(f"Send to self, tag {tag}")
+            self._driver.post_send(self.id, inner, dest, tag, data.copy())
+            req._finish()
+            return req
+        self._driver.post_send(self.id, req, dest, tag, data)
+        return req
+
+    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        data = message(buf, "Recv buf", writable=True) if buf is not None else None
+        if source == PROC_NULL:
+            return self._null("Recv")
+        src = "ANY_SOURCE" if source == ANY_SOURCE else f"rank {source}"
+        req = self._p2p_request(f"Recv from {src}, tag "
+                                f"{'ANY_TAG' if tag == ANY_TAG else tag}")
+        self._driver.post_recv(self.id, req, source, tag, data)
+        return req
+
+    def Send(self, buf, dest: int, tag: int = 0) -> None:
+        self.Isend(buf, dest, tag).Wait()
+
+    # MPI's other send modes: polycast's Send completes once the buffer may be reused
+    # (eager below the rendezvous size, after the match above), which every mode allows.
+    Ssend = Bsend = Rsend = Send
+    Issend = Ibsend = Irsend = Isend
+
+    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> None:
+        self.Irecv(buf, source, tag).Wait(status)
+
+    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None) -> None:
+        rreq = self.Irecv(recvbuf, source, recvtag)
+        sreq = self.Isend(sendbuf, dest, sendtag)
+        Request.Waitall([sreq, rreq])
+        if status is not None:
+            rreq._fill(status)
+
+    def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                         recvtag: int = ANY_TAG, status=None) -> None:
+        data = message(buf, "buf", writable=True)
+        self.Sendrecv(data.copy(), dest, sendtag, data, source, recvtag, status)
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill(PROC_NULL, ANY_TAG, 0)
+            return True
+        if self._freed:
+            raise InvalidArgument(f"{self!r} was freed")
+        found = self._driver.iprobe(self.id, source, tag)
+        if found is not None and status is not None:
+            status._fill(*found)
+        return found is not None
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
+        """Wait (at most the communicator's timeout) for a message a receive would take."""
+        import time
+        deadline = time.monotonic() + self.timeout_seconds
+        nap = 20e-6
+        while not self.Iprobe(source, tag, status):
+            if time.monotonic() > deadline:
+                raise CollectiveTimeout(f"rank {self.rank}: Probe(source={source}, tag={tag}) "
+                                        f"found no message in {self.timeout_seconds:g} s")
+            time.sleep(nap)
+            nap = min(nap * 2, 0.002)
+        return True
+
+    # -- objects (pickle) ------------------------------------------------------------------
+    def isend(self, obj, dest: int, tag: int = 0) -> Request:
+        return self.Isend(_dumps(obj), dest, tag)
+
+    def send(self, obj, dest: int, tag: int = 0) -> None:
+        self.isend(obj, dest, tag).Wait()
+
+    ssend = bsend = send
+    issend = ibsend = isend
+
+    def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """A request whose ``wait()`` returns the object (``buf`` is accepted for
+        mpi4py's signature; the message is received into a buffer of its own size)."""
+        source, tag = self._peer(source, "source", True), self._tag(tag, True)
+        if source == PROC_NULL:
+            req = self._null("recv")
+            req.result = None
+            return req
+        req = self._p2p_request(f"recv of an object from "
+                                f"{'ANY_SOURCE' if source == ANY_SOURCE else source}")
+        req.on_done = lambda: pickle.loads(req.result.tobytes())
+        self._driver.post_recv(self.id, req, source, tag, None)
+        return req
+
+    def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
+        return self.irecv(buf, source, tag).Wait(status)
+
+    def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None):
+        rreq = self.irecv(recvbuf, source, recvtag)
+        sreq = self.isend(sendobj, dest, sendtag)
+        try:
+            sreq.Wait()
+        finally:
+            obj = rreq.Wait(status)
+        return obj
+
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
+        return self.Probe(source, tag, status)
+
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
+        return self.Iprobe(source, tag, status)
+

@@ -1,0 +1,63 @@
+"""A rank program for tests/test_comm_p2p.py: point-to-point through Comm (buffers and
+objects, eager and rendezvous, ANY_SOURCE, to self, Probe, PROC_NULL, non-overtaking,
+truncation, then a collective to show the communicator is in step). Prints "P2P OK r"."""
+import numpy as np
+
+import polycast
+
+comm = polycast.init()
+r, P = comm.rank, comm.size
+nxt, prv = (r + 1) % P, (r - 1) % P
+for n in (4, 100000):
+    x = np.arange(n, dtype=np.float32) + r
+    y = np.zeros(n, np.float32)
+    st = polycast.Status()
+    comm.Sendrecv(x, nxt, 3, y, prv, 3, st)
+    assert (y == np.arange(n) + prv).all(), (n, y[:4])
+    assert st.Get_source() == prv and st.Get_tag() == 3 and st.Get_count(np.float32) == n
+# any source
+if r == 0:
+    got = sorted(comm.recv(source=polycast.ANY_SOURCE, tag=5) for _ in range(P - 1))
+    assert got == [("hi", i) for i in range(1, P)], got
+else:
+    comm.send(("hi", r), 0, tag=5)
+# self
+comm.Send(np.array([7, 8]), r, 9)
+z = np.zeros(2, int)
+comm.Recv(z, r, 9)
+assert z.tolist() == [7, 8]
+# probe
+if r == 1:
+    comm.send({"big": list(range(1000))}, 0, 11)
+if r == 0:
+    st = polycast.Status(); comm.Probe(1, 11, st); assert st.Get_source() == 1 and st.Get_tag() == 11 and st.Get_count() > 1000, st
+    assert comm.recv(source=1, tag=11)["big"][-1] == 999
+# proc null
+comm.Send(np.zeros(1), polycast.PROC_NULL)
+comm.Recv(np.zeros(1), polycast.PROC_NULL)
+# non-overtaking
+if r == 0:
+    for i in range(20): comm.Send(np.array([i]), 1, 0)
+elif r == 1:
+    seq = []
+    for i in range(20):
+        b = np.zeros(1, int)
+        comm.Recv(b, 0, 0)
+        seq.append(int(b[0]))
+    assert seq == list(range(20)), seq
+# truncation
+if r == 0:
+    try:
+        comm.Send(np.zeros(100000), 1, 1)
+        raise AssertionError("a truncated rendezvous send succeeded")
+    except polycast.InvalidArgument as e:
+        assert "truncation" in str(e), e
+elif r == 1:
+    try:
+        comm.Recv(np.zeros(10), 0, 1)
+        raise AssertionError("a truncated receive succeeded")
+    except polycast.InvalidArgument as e:
+        assert "truncation" in str(e), e
+comm.Barrier()
+print("P2P OK", r, flush=True)
+polycast.finalize()
