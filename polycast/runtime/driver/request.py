@@ -97,9 +97,10 @@ class Request:
         """Wait for completion, at most ``timeout`` seconds (default: the communicator's
         timeout plus a margin; the engine itself fails requests after that timeout), and
         fill ``status`` when given (mpi4py's ``Wait(status)``)."""
-        if status is not None and not hasattr(status, "_fill"):
-            raise TypeError(f"Wait(status): expected a polycast.Status, got {status!r} "
-                            "(pass timeout= by name)")
+        if isinstance(status, (int, float)):
+            status, timeout = None, status          # Wait(seconds), polycast's older form
+        elif status is not None and not hasattr(status, "_fill"):
+            raise TypeError(f"Wait(status): expected a polycast.Status, got {status!r}")
         if not self._done:
             bound = timeout if timeout is not None else self.timeout_seconds + 5.0
             if self.driver is not None:
