@@ -144,6 +144,7 @@ class CloseStream:
     req: int
 
 
+@dataclass(frozen=True, slots=True)
 class Matched:
     """Receive ``req`` took the message of ``source`` with ``tag``, ``nbytes`` long
     (point-to-point: the receive's status). Comes before the Deliver or Copy that places
