@@ -7,11 +7,14 @@ from .core import CommCore
 from .objects import ObjectMethods
 from .ordered import OrderedReductions
 from .p2p import PointToPointMethods
+from .persistent import PersistentCollectives
+from .vector import VectorCollectives
 
 
-class Comm(BufferCollectives, PointToPointMethods, OrderedReductions, ObjectMethods,
-           CommCore):
+class Comm(BufferCollectives, VectorCollectives, PersistentCollectives, PointToPointMethods,
+           OrderedReductions, ObjectMethods, CommCore):
     """A communicator. Made by :func:`polycast.init` (the world), :meth:`Split` and
-    :meth:`Dup`. mpi4py's buffer methods (:mod:`.collectives`), point-to-point
-    (:mod:`.p2p`), lowercase object methods (:mod:`.objects`); identity, posting and Split/Dup/Free in :mod:`.core`; which algorithm
-    a call runs in :mod:`.choice`."""
+    :meth:`Dup`. mpi4py's buffer methods (:mod:`.collectives`), vector and scan
+    collectives (:mod:`.vector`), persistent ones (:mod:`.persistent`), point-to-point
+    (:mod:`.p2p`), lowercase object methods (:mod:`.objects`); identity, posting and
+    Split/Dup/Free in :mod:`.core`; which algorithm a call runs in :mod:`.choice`."""

@@ -85,6 +85,42 @@ class ObjectMethods:
         values = self.allgather(obj)       # first: a bad op here must not strand peers
         return functools.reduce(_object_op(op), values)
 
+    def reduce(self, obj, op="sum", root: int = 0):
+        """``op`` over every rank's object, in rank order, at ``root`` (None elsewhere)."""
+        values = self.gather(obj, root)
+        return functools.reduce(_object_op(op), values) if self.rank == root else None
+
+    def scan(self, obj, op="sum"):
+        """``obj_0 op ... op obj_rank``."""
+        values = self.allgather(obj)
+        return functools.reduce(_object_op(op), values[:self.rank + 1])
+
+    def exscan(self, obj, op="sum"):
+        """``obj_0 op ... op obj_(rank-1)``; None on rank 0 (as mpi4py)."""
+        values = self.allgather(obj)
+        return functools.reduce(_object_op(op), values[:self.rank]) if self.rank else None
+
+    def alltoall(self, objs) -> list:
+        """``objs[i]`` goes to rank i; returns what each rank sent this one."""
+        try:
+            if objs is None or len(objs) != self.size:
+                raise InvalidArgument(f"alltoall needs a sequence of {self.size} objects, "
+                                      f"got {objs!r:.80}")
+            parts = [self._dumps(o) for o in objs]
+        except Exception as exc:
+            raise self._refused("alltoall", exc)
+        scounts = np.array([p.size for p in parts], np.int64)
+        rcounts = np.empty(self.size, np.int64)
+        self.Alltoall(scounts, rcounts)
+        recv = np.empty(int(rcounts.sum()), np.uint8)
+        self.Alltoallv([np.concatenate(parts) if parts else recv, scounts.tolist()],
+                       [recv, rcounts.tolist()])
+        offs = np.concatenate(([0], np.cumsum(rcounts)))
+        return [pickle.loads(recv[offs[i]:offs[i + 1]].tobytes()) for i in range(self.size)]
+
+    def barrier(self) -> None:
+        self.Barrier()
+
 
 def _object_op(op):
     if callable(op) and not isinstance(op, _ops.Op):
