@@ -131,6 +131,23 @@ class Op:
     def Is_commutative(self) -> bool:
         return self.commute
 
+    def Reduce_local(self, inbuf, inoutbuf) -> None:
+        """``inoutbuf = inbuf op inoutbuf`` on this process (mpi4py's Op.Reduce_local);
+        buffers or message specs of the same count and dtype."""
+        from .comm.buffers import message       # comm imports ops: import when used
+        a = message(inbuf, "inbuf")
+        b = message(inoutbuf, "inoutbuf", writable=True)
+        if a.size != b.size or a.dtype != b.dtype:
+            raise InvalidArgument(f"Reduce_local: inbuf ({a.size} x {a.dtype}) and "
+                                  f"inoutbuf ({b.size} x {b.dtype}) must match")
+        self.check(b.dtype, "Reduce_local: ")
+        if self.fn is not None:
+            res = self.fn(a, b, b.dtype)
+            if res is not None and res is not b:
+                b[...] = res
+        else:
+            self.combine(a, b, b)
+
     def check(self, dtype: np.dtype, where: str = "") -> None:
         """InvalidArgument unless this op can combine elements of ``dtype``."""
         if self._freed:

@@ -154,6 +154,8 @@ class BufferCollectives:
         return self._allgather(sendbuf, recvbuf, algorithm, False)
 
     def _allgather(self, sendbuf, recvbuf, algorithm, blocking: bool) -> Request:
+        if sendbuf is None:
+            sendbuf = IN_PLACE                  # mpi4py 4: None is IN_PLACE here
         in_place = sendbuf is IN_PLACE
         path = _symm.route(self, Collective.ALLGATHER, algorithm, _probe(sendbuf),
                            _probe(recvbuf), in_place)
@@ -262,7 +264,7 @@ class BufferCollectives:
             if self.rank == root:
                 send = message(sendbuf, "sendbuf", blocks=P)
                 n = send.size // P
-                if recvbuf is IN_PLACE:
+                if recvbuf is IN_PLACE or recvbuf is None:     # mpi4py 4: None too
                     recv = np.empty(n, send.dtype)      # the root's block stays put
                 else:
                     recv = message(recvbuf, "recvbuf", writable=True)
@@ -292,7 +294,7 @@ class BufferCollectives:
                 recv = message(recvbuf, "recvbuf", blocks=P, writable=True)
                 n = recv.size // P
                 mine = recv[root * n:(root + 1) * n]
-                if sendbuf is IN_PLACE:
+                if sendbuf is IN_PLACE or sendbuf is None:     # mpi4py 4: None too
                     send = mine.copy()
                 else:
                     send = message(sendbuf, "sendbuf")
