@@ -79,6 +79,22 @@ def _unpad(tmp: np.ndarray, v, P: int, m: int, skip: int | None = None) -> None:
             v.array[d:d + c] = tmp[i * m:i * m + c]
 
 
+def _own_block(sendbuf, rv, r: int, call: str) -> np.ndarray:
+    """This rank's input to a gathering call whose output is vector buffer ``rv``:
+    ``sendbuf``, or its own block of ``rv`` for IN_PLACE (or the very same memory)."""
+    lo = rv.displs[r]
+    mine = rv.array[lo:lo + rv.counts[r]]
+    if sendbuf is IN_PLACE:
+        return mine
+    send = message(sendbuf, "sendbuf")
+    if not same_memory(send, mine):
+        check_disjoint(send, rv.array, call)
+    if send.dtype != rv.array.dtype:
+        raise InvalidArgument(f"{call}: sendbuf is {send.dtype}, recvbuf "
+                              f"{rv.array.dtype}: they must match")
+    return send
+
+
 def _uniform(v, m: int) -> bool:
     """Every block ``m`` long and packed: the array can be used as it is."""
     return all(c == m for c in v.counts) and v.packed
@@ -116,17 +132,7 @@ class VectorCollectives:
 
         def row():
             rv = a["rv"] = vector(recvbuf, "recvbuf", P, writable=True)
-            lo = rv.displs[r]
-            mine = rv.array[lo:lo + rv.counts[r]]
-            if sendbuf is IN_PLACE:
-                send = mine
-            else:
-                send = message(sendbuf, "sendbuf")
-                if not same_memory(send, mine):
-                    check_disjoint(send, rv.array, call)
-                if send.dtype != rv.array.dtype:
-                    raise InvalidArgument(f"{call}: sendbuf is {send.dtype}, recvbuf "
-                                          f"{rv.array.dtype}: they must match")
+            send = _own_block(sendbuf, rv, r, call)
             if send.size != rv.counts[r]:
                 raise InvalidArgument(f"{call}: sendbuf has {send.size} elements, but "
                                       f"counts[{r}] is {rv.counts[r]}")
@@ -159,17 +165,7 @@ class VectorCollectives:
             rv = None
             if r == rt:
                 rv = vector(recvbuf, "recvbuf", P, writable=True)
-                lo = rv.displs[r]
-                mine = rv.array[lo:lo + rv.counts[r]]
-                if sendbuf is IN_PLACE:
-                    send = mine
-                else:
-                    send = message(sendbuf, "sendbuf")
-                    if not same_memory(send, mine):
-                        check_disjoint(send, rv.array, call)
-                    if send.dtype != rv.array.dtype:
-                        raise InvalidArgument(f"{call}: sendbuf is {send.dtype}, recvbuf "
-                                              f"{rv.array.dtype}: they must match")
+                send = _own_block(sendbuf, rv, r, call)
             else:
                 if sendbuf is IN_PLACE:
                     raise InvalidArgument(f"IN_PLACE in {call} is only valid at the root")
