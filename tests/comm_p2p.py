@@ -1,6 +1,8 @@
 """A rank program for tests/test_comm_p2p.py: point-to-point through Comm (buffers and
 objects, eager and rendezvous, ANY_SOURCE, to self, Probe, PROC_NULL, non-overtaking,
 truncation, then a collective to show the communicator is in step). Prints "P2P OK r"."""
+import time
+
 import numpy as np
 
 import polycast
@@ -58,6 +60,38 @@ elif r == 1:
         raise AssertionError("a truncated receive succeeded")
     except polycast.InvalidArgument as e:
         assert "truncation" in str(e), e
+# send modes: a small Ssend completes only once matched (a small Send would not wait);
+# rank 1 cannot take tag 11 before tag 12, which rank 0 sends after checking.
+if r == 0:
+    sreq = comm.Issend(np.arange(3.0), 1, 11)
+    time.sleep(0.3)
+    assert not sreq.Test(), "an unmatched Ssend completed"
+    comm.Bsend(np.arange(3.0), 1, 12)
+    sreq.Wait()
+    comm.ssend({"s": 1}, 1, 13)
+elif r == 1:
+    got = np.zeros(3)
+    comm.Recv(got, 0, 12)
+    comm.Recv(got, 0, 11)
+    assert (got == np.arange(3.0)).all()
+    assert comm.recv(source=0, tag=13) == {"s": 1}
+# Isendrecv(_replace) around the ring, persistent Send_init / Recv_init, PROC_NULL with None
+y = np.zeros(5)
+st = polycast.Status()
+comm.Isendrecv(np.full(5, float(r)), nxt, 21, y, prv, 21).Wait(st)
+assert (y == prv).all() and st.Get_source() == prv, (y, st)
+z = np.full(5, float(r))
+comm.Isendrecv_replace(z, nxt, 22, prv, 22).Wait()
+assert (z == prv).all(), z
+out, got = np.zeros(2), np.zeros(2)
+ps, pr = comm.Send_init(out, nxt, 23), comm.Recv_init(got, prv, 23)
+for step in range(3):
+    out[:] = (r, step)
+    polycast.Prequest.Startall([pr, ps])
+    polycast.Request.Waitall([ps, pr])
+    assert got.tolist() == [prv, step], got
+comm.Send(None, polycast.PROC_NULL)
+comm.Recv(None, polycast.PROC_NULL)
 comm.Barrier()
 print("P2P OK", r, flush=True)
 polycast.finalize()

@@ -29,6 +29,10 @@ class Collect(unittest.TestResult):
         super().__init__()
         self.rows = []
 
+    def startTest(self, test):
+        super().startTest(test)
+        print(f"start {test.id()}", file=sys.stderr, flush=True)     # where a hang is
+
     def addSuccess(self, test):
         self.rows.append((test.id(), "ok", ""))
 

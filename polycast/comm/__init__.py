@@ -26,6 +26,7 @@ from .communicator import Comm
 from .core import UNDEFINED
 from .lifecycle import finalize, init, world
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, TAG_UB, Status
+from .persistent import Prequest
 
 __all__ = ["Comm", "Request", "IN_PLACE", "UNDEFINED", "init", "finalize", "world",
-           "UnknownName", "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB"]
+           "UnknownName", "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "Prequest"]

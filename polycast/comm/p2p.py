@@ -114,11 +114,34 @@ class PointToPointMethods:
 
     # -- buffers ---------------------------------------------------------------------------
     def Isend(self, buf, dest: int, tag: int = 0) -> Request:
-        dest, tag = self._peer(dest, "dest", False), self._tag(tag, False)
-        data = message(buf, "Send buf")
+        return self._isend(buf, dest, tag, False)
+
+    def Issend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Synchronous send: completes only once a receive has matched the message."""
+        return self._isend(buf, dest, tag, True)
+
+    def Ibsend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Buffered send: the message is copied and the request completes at once (the
+        copy is sent as the receiver takes it; polycast keeps the copy itself, so
+        ``Attach_buffer`` is not needed)."""
         if dest == PROC_NULL:
-            return self._null("Send")
-        req = self._p2p_request(f"Send of {data.nbytes} bytes to rank {dest}, tag {tag}")
+            return self._null("Bsend")
+        data = message(buf, "Send buf").copy()
+        self._isend(data, dest, tag, False)
+        req = self._p2p_request(f"Bsend to rank {dest}, tag {tag}")
+        req._finish()
+        return req
+
+    def _isend(self, buf, dest, tag, sync: bool) -> Request:
+        dest, tag = self._peer(dest, "dest", False), self._tag(tag, False)
+        if dest == PROC_NULL:
+            return self._null("Send")           # any buffer, None too (as mpi4py)
+        data = _EMPTY if buf is None else message(buf, "Send buf")   # None: empty message
+        req = self._p2p_request(f"{'Ssend' if sync else 'Send'} of {data.nbytes} bytes to "
+                                f"rank {dest}, tag {tag}")
+        if sync:
+            self._driver.post_send(self.id, req, dest, tag, data, sync=True)
+            return req
         if dest == self.rank and data.nbytes <= self._driver.config.eager_max_nbytes:
             # To itself, small: buffered, as MPI implementations do, so a Send to self
             # returns before its Recv is posted.
@@ -131,9 +154,9 @@ class PointToPointMethods:
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
-        data = message(buf, "Recv buf", writable=True) if buf is not None else None
         if source == PROC_NULL:
             return self._null("Recv")
+        data = message(buf, "Recv buf", writable=True) if buf is not None else None
         src = "ANY_SOURCE" if source == ANY_SOURCE else f"rank {source}"
         req = self._p2p_request(f"Recv from {src}, tag "
                                 f"{'ANY_TAG' if tag == ANY_TAG else tag}")
@@ -143,26 +166,69 @@ class PointToPointMethods:
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         self.Isend(buf, dest, tag).Wait()
 
-    # MPI's other send modes: polycast's Send completes once the buffer may be reused
-    # (eager below the rendezvous size, after the match above), which every mode allows.
-    Ssend = Bsend = Rsend = Send
-    Issend = Ibsend = Irsend = Isend
+    def Ssend(self, buf, dest: int, tag: int = 0) -> None:
+        self.Issend(buf, dest, tag).Wait()
+
+    def Bsend(self, buf, dest: int, tag: int = 0) -> None:
+        self.Ibsend(buf, dest, tag).Wait()
+
+    # Ready mode: the receive is known to be posted; a standard send is a valid one.
+    Rsend, Irsend = Send, Isend
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> None:
         self.Irecv(buf, source, tag).Wait(status)
 
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None) -> None:
+        self.Isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag).Wait(status)
+
+    def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
+                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
+        """Non-blocking Sendrecv: one request, done when both halves are (its status is
+        the receive's)."""
         rreq = self.Irecv(recvbuf, source, recvtag)
         sreq = self.Isend(sendbuf, dest, sendtag)
-        Request.Waitall([sreq, rreq])
-        if status is not None:
-            rreq._fill(status)
+        return self._both(sreq, rreq, "Isendrecv")
+
+    def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                          recvtag: int = ANY_TAG) -> Request:
+        data = _EMPTY if buf is None else message(buf, "buf", writable=True)
+        tmp = np.empty_like(data)
+        rreq = self.Irecv(tmp, source, recvtag)
+        sreq = self.Isend(data.copy(), dest, sendtag)
+        req = self._both(sreq, rreq, "Isendrecv_replace")
+        prev = req.on_done
+
+        def place():
+            prev()
+            n = req.status[2] // max(data.itemsize, 1) if req.status else data.size
+            data[:n] = tmp[:n]
+        req.on_done = place
+        return req
+
+    def _both(self, sreq: Request, rreq: Request, what: str) -> Request:
+        req = self._p2p_request(what)
+        pending = [2]
+
+        def one_done(_r):
+            pending[0] -= 1
+            if pending[0] == 0:
+                req.status = rreq.status
+                req._finish(sreq.error or rreq.error)
+        for r in (sreq, rreq):
+            r.add_done_callback(one_done)
+
+        def finish_parts():
+            sreq.Wait()
+            rreq.Wait()
+            req.status = rreq.status
+        req.on_done = finish_parts
+        req.driver = sreq.driver or rreq.driver
+        return req
 
     def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
                          recvtag: int = ANY_TAG, status=None) -> None:
-        data = message(buf, "buf", writable=True)
-        self.Sendrecv(data.copy(), dest, sendtag, data, source, recvtag, status)
+        self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
@@ -197,8 +263,17 @@ class PointToPointMethods:
     def send(self, obj, dest: int, tag: int = 0) -> None:
         self.isend(obj, dest, tag).Wait()
 
-    ssend = bsend = send
-    issend = ibsend = isend
+    def issend(self, obj, dest: int, tag: int = 0) -> Request:
+        return self.Issend(_dumps(obj), dest, tag)
+
+    def ibsend(self, obj, dest: int, tag: int = 0) -> Request:
+        return self.Ibsend(_dumps(obj), dest, tag)
+
+    def ssend(self, obj, dest: int, tag: int = 0) -> None:
+        self.issend(obj, dest, tag).Wait()
+
+    def bsend(self, obj, dest: int, tag: int = 0) -> None:
+        self.ibsend(obj, dest, tag).Wait()
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """A request whose ``wait()`` returns the object (``buf`` is accepted for

@@ -95,11 +95,13 @@ def _persistent(name: str, nonblocking: str):
 
 class PersistentCollectives:
     """Mixed into :class:`polycast.Comm`: ``<Collective>_init`` for every buffer
-    collective that has an ``I``-form."""
+    collective that has an ``I``-form, and the point-to-point ``Send_init`` (``Ssend``,
+    ``Bsend``, ``Rsend``) and ``Recv_init``."""
 
 
 for _name in ("Bcast", "Reduce", "Allreduce", "Allgather", "Reduce_scatter_block",
               "Scatter", "Gather", "Alltoall", "Barrier", "Allgatherv", "Gatherv",
-              "Scatterv", "Alltoallv", "Reduce_scatter", "Scan", "Exscan"):
+              "Scatterv", "Alltoallv", "Reduce_scatter", "Scan", "Exscan",
+              "Send", "Ssend", "Bsend", "Rsend", "Recv"):
     setattr(PersistentCollectives, f"{_name}_init",
             _persistent(f"{_name}_init", f"I{_name.lower()}"))

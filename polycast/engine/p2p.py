@@ -99,8 +99,10 @@ class PointToPoint:
 
     # -- posting --------------------------------------------------------------------------
     def post_send(self, req: int, peer: int, tag: int, nbytes: int, itemsize: int,
-                  now: float) -> list[Action]:
-        """Send ``nbytes`` of request ``req``'s ``send`` buffer to ``peer`` with ``tag``."""
+                  now: float, sync: bool = False) -> list[Action]:
+        """Send ``nbytes`` of request ``req``'s ``send`` buffer to ``peer`` with ``tag``.
+        ``sync`` (MPI's Ssend): by rendezvous whatever the size, so the send completes only
+        after a receive has matched it (to self it does anyway)."""
         self._p2p_check(req, peer, tag, False)
         r = P2PRequest(req, True, peer, tag, nbytes, itemsize)
         out: list[Action] = []
@@ -115,7 +117,7 @@ class PointToPoint:
         r.timer = self._set_timer(out, now + self.config.op_timeout_s, "p2p", r, None)
         if peer == self.rank:                   # to self: wait for a receive, then Copy
             self._p2p_arrival(_Message(peer, tag, msgid, nbytes, None, False, r, 0), out)
-        elif nbytes > self.config.eager_max_nbytes:
+        elif sync or nbytes > self.config.eager_max_nbytes:
             self._awaiting_cts[(peer, msgid)] = r
             self.stats.rts_out += 1
             self.stats.control_messages_out += 1

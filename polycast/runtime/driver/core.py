@@ -165,13 +165,14 @@ class Driver:
 
     # -- point to point (engine/p2p.py) ----------------------------------------------------
     def post_send(self, comm_id: int, request: Request, peer: int, tag: int,
-                  send: np.ndarray) -> None:
-        """Send the flat array ``send`` to local rank ``peer`` of ``comm_id``."""
+                  send: np.ndarray, sync: bool = False) -> None:
+        """Send the flat array ``send`` to local rank ``peer`` of ``comm_id`` (``sync``:
+        complete only once a receive has matched it, MPI's Ssend)."""
         request.driver = self
         self.requests[request.req] = request
         self.buffers.register_arrays(request.req, send=send)
         self._in_order(self._p2p_post, comm_id, request, True, peer, tag, send.nbytes,
-                       send.itemsize)
+                       send.itemsize, sync)
 
     def post_recv(self, comm_id: int, request: Request, peer: int, tag: int,
                   recv: np.ndarray | None) -> None:
@@ -199,7 +200,7 @@ class Driver:
             return cs.engine.iprobe(peer, tag)
 
     def _p2p_post(self, comm_id: int, request: Request, is_send: bool, peer: int, tag: int,
-                  nbytes, itemsize: int) -> None:
+                  nbytes, itemsize: int, sync: bool = False) -> None:
         cs = self._comms.get(comm_id)
         if cs is None:
             self.runner.fail_request(request.req, PolycastError(
@@ -208,7 +209,8 @@ class Driver:
         now = time.monotonic()
         try:
             if is_send:
-                actions = cs.engine.post_send(request.req, peer, tag, nbytes, itemsize, now)
+                actions = cs.engine.post_send(request.req, peer, tag, nbytes, itemsize, now,
+                                              sync)
             else:
                 actions = cs.engine.post_recv(request.req, peer, tag, nbytes, itemsize, now)
         except PolycastError as exc:

@@ -204,3 +204,44 @@ class Request:
     @staticmethod
     def waitall(requests, statuses=None) -> list:
         return Request.Waitall(requests, statuses)
+
+    @staticmethod
+    def Waitsome(requests, statuses=None) -> list[int] | None:
+        """Indices of the requests done once at least one is (MPI's Waitsome); None when
+        the list is empty."""
+        if not requests:
+            return None
+        first = Request.Waitany(requests)
+        return Request.Testsome(requests, statuses) or [first]
+
+    @staticmethod
+    def Testsome(requests, statuses=None) -> list[int] | None:
+        """Indices of the requests done now, each finished (MPI's Testsome)."""
+        if not requests:
+            return None
+        done = [i for i, r in enumerate(requests) if r._done]
+        for i in done:
+            requests[i].Wait(statuses[i] if statuses is not None and i < len(statuses)
+                             else None)
+        return done
+
+    @staticmethod
+    def waitany(requests, status=None):
+        """(index, object) of the first lowercase request to complete."""
+        i = Request.Waitany(requests, status)
+        return i, (requests[i].result if i >= 0 else None)
+
+    @staticmethod
+    def testall(requests, statuses=None):
+        done = Request.Testall(requests, statuses)
+        return done, ([r.result for r in requests] if done else None)
+
+    @staticmethod
+    def waitsome(requests, statuses=None):
+        idx = Request.Waitsome(requests, statuses)
+        return idx, (None if idx is None else [requests[i].result for i in idx])
+
+    @staticmethod
+    def testsome(requests, statuses=None):
+        idx = Request.Testsome(requests, statuses)
+        return idx, (None if idx is None else [requests[i].result for i in idx])

@@ -90,6 +90,19 @@ COMM_SELF = COMM_WORLD.Split(COMM_WORLD.rank, 0)
 COMM_NULL = None
 
 
+_attached = [None]
+
+
+def Attach_buffer(buf):
+    """Bsend's buffer: polycast copies a buffered message itself, so this is only kept."""
+    _attached[0] = buf
+
+
+def Detach_buffer():
+    buf, _attached[0] = _attached[0], None
+    return buf
+
+
 def Get_version():
     return (4, 0)
 
