@@ -188,6 +188,9 @@ def message(msg, what: str, *, blocks: int = 1, writable: bool = False) -> np.nd
     uses: ``blocks`` equal blocks of ``count`` elements from ``displ`` (count defaults to
     the buffer's elements from ``displ`` divided by ``blocks``)."""
     buf, count, displ, dtype = _unpack(msg, what, vector=False)
+    if buf is None and count == 0 and isinstance(msg, (list, tuple)):
+        # [None, 0, dtype]: mpi4py's empty message (MPI_BOTTOM with count 0)
+        return np.empty(0, _dtype(dtype, what) if dtype is not None else np.uint8)
     arr = as_array(buf, what, dtype, writable=writable)
     lo = 0 if displ is None else _index(displ, what, "displacement")
     if lo > arr.size:
