@@ -33,7 +33,7 @@ class Request:
     messages, and formatting it on every small call measured ~2 us."""
 
     __slots__ = ("req", "comm", "_desc", "_done", "_ev", "error", "timeout_seconds",
-                 "on_done", "result", "driver", "_callbacks", "status")
+                 "on_done", "result", "driver", "_callbacks", "status", "_finished")
 
     def __init__(self, req: int, comm: int, desc, timeout_seconds: float) -> None:
         self.req, self.comm, self._desc = req, comm, desc
@@ -48,6 +48,7 @@ class Request:
         self.driver = None
         self._callbacks: list | None = None
         self.status = None           # point-to-point receives: (source, tag, nbytes)
+        self._finished = False       # Wait/Test returned it done: mpi4py's REQUEST_NULL
 
     @property
     def desc(self) -> str:
@@ -122,7 +123,13 @@ class Request:
         # A collective's status says nothing: MPI's empty status.
         status._fill(*(self.status or (-2, -1, 0)))
 
+    def __bool__(self) -> bool:
+        """False once a Wait or Test has finished it (mpi4py's request becomes
+        REQUEST_NULL then, and ``if req:`` tells an active request)."""
+        return not self._finished
+
     def _finalize(self) -> None:
+        self._finished = True
         if self.error is not None:
             raise self.error
         if self.on_done is not None:
