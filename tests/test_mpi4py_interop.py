@@ -32,9 +32,10 @@ CACHE = pathlib.Path.home() / ".cache" / "polycast-mpi4py"
 # What needs MPI derived datatypes (declined: polycast takes numpy dtypes).
 DECLINED = ("Create_indexed_block", "'extent'", "Get_address", "BOTTOM")
 NOT_RUN = {
-    "test_p2p_buf": "hangs under the adapter (not diagnosed in time)",
-    "test_p2p_obj": "24 of 92 pass: Ssend/Bsend modes, Waitsome/Testsome, Cancel, "
-                    "mpi4py's Request truthiness and Alloc_mem are missing",
+    # test_p2p_buf and test_p2p_obj together: 67 of 144 pass (measured by hand, 3 ranks).
+    "test_p2p_buf": "null Prequest()/Request() constructors, Cancel and Alloc_mem are "
+                    "missing; some Waitsome/Testsome cases time out (not diagnosed)",
+    "test_p2p_obj": "as test_p2p_buf",
 }
 
 

@@ -95,6 +95,13 @@ def _own_block(sendbuf, rv, r: int, call: str) -> np.ndarray:
     return send
 
 
+def _padded(send: np.ndarray, m: int, dtype=None) -> np.ndarray:
+    """``send`` in a zeroed block of ``m`` elements: the uniform schedule's block size."""
+    out = np.zeros(m, send.dtype if dtype is None else dtype)
+    out[:send.size] = send
+    return out
+
+
 def _uniform(v, m: int) -> bool:
     """Every block ``m`` long and packed: the array can be used as it is."""
     return all(c == m for c in v.counts) and v.packed
@@ -148,8 +155,7 @@ class VectorCollectives:
             return self._empty_done(call)
         if _uniform(rv, m):                      # Iallgather takes the aliased block
             return self.Iallgather(send, rv.array[:P * m])
-        tmp_send = np.zeros(m, rv.array.dtype)
-        tmp_send[:send.size] = send
+        tmp_send = _padded(send, m, rv.array.dtype)
         tmp = np.empty(P * m, rv.array.dtype)
         return _then(self.Iallgather(tmp_send, tmp), lambda: _unpad(tmp, rv, P, m))
 
@@ -188,13 +194,10 @@ class VectorCollectives:
         if m == 0:
             return self._empty_done(call)
         if r != rt:
-            tmp_send = np.zeros(m, send.dtype)
-            tmp_send[:send.size] = send
-            return self.Igather(tmp_send, None, rt)
+            return self.Igather(_padded(send, m), None, rt)
         if _uniform(rv, m):                      # Igather takes the aliased block
             return self.Igather(send, rv.array[:P * m], rt)
-        tmp_send = np.zeros(m, send.dtype)
-        tmp_send[:send.size] = send
+        tmp_send = _padded(send, m)
         tmp = np.empty(P * m, rv.array.dtype)
         return _then(self.Igather(tmp_send, tmp, rt), lambda: _unpad(tmp, rv, P, m))
 
