@@ -1,6 +1,7 @@
 """A rank program for tests/test_comm_p2p.py: point-to-point through Comm (buffers and
 objects, eager and rendezvous, ANY_SOURCE, to self, Probe, PROC_NULL, non-overtaking,
-truncation, then a collective to show the communicator is in step). Prints "P2P OK r"."""
+truncation, send modes, Cancel, then a collective to show the communicator is in step).
+Prints "P2P OK r"."""
 import time
 
 import numpy as np
@@ -92,6 +93,21 @@ for step in range(3):
     assert got.tolist() == [prv, step], got
 comm.Send(None, polycast.PROC_NULL)
 comm.Recv(None, polycast.PROC_NULL)
+# Cancel: rank 1's receive from rank 0, unmatched, is taken back; what rank 0 sends after
+# the barrier goes to the next receive
+if r == 1:
+    c = comm.Irecv(np.zeros(2), 0, 31)
+    c.Cancel()
+    st = polycast.Status()
+    c.Wait(st)
+    assert st.Is_cancelled() and not c and c == polycast.REQUEST_NULL
+comm.Barrier()
+if r == 0:
+    comm.Send(np.array([5.0, 6.0]), 1, 31)
+elif r == 1:
+    g = np.zeros(2)
+    comm.Recv(g, 0, 31, st)
+    assert g.tolist() == [5, 6] and not st.Is_cancelled(), (g, st)
 comm.Barrier()
 print("P2P OK", r, flush=True)
 polycast.finalize()

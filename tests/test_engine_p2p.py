@@ -177,3 +177,30 @@ def test_bad_arguments_raise_before_anything_is_sent():
         w.engines[0].post_recv(101, 1, -3, 8, 8, 0.0)
     with pytest.raises(InvalidArgument, match="rank -2 out of range"):
         w.engines[0].post_send(102, ANY_SOURCE, 0, 8, 8, 0.0)
+
+
+def test_cancel_of_an_unmatched_receive_and_nothing_else():
+    w = World(2, EngineConfig(op_timeout_s=2.0, eager_max_nbytes=64))
+    y = np.zeros(3, np.int64)
+    r = w.recv(1, 0, 4, y)
+    acts = w.engines[1].cancel_recv(r)
+    w._execute(1, acts)
+    assert (1, r) in w.done and not w.engines[1].busy     # left the posted queue
+    # the message it would have taken goes to the next receive, and nothing times out
+    s = w.send(0, 1, 4, np.arange(3, dtype=np.int64))
+    r2 = w.recv(1, 0, 4, y)
+    w.run()
+    assert (0, s) in w.done and (1, r2) in w.done and y.tolist() == [0, 1, 2]
+    assert not w.errors
+    # matched (rendezvous data on its way), ended, or a send: not cancellable
+    r3 = w.recv(1, 0, 5, np.zeros(100, np.int64))
+    s3 = w.send(0, 1, 5, np.zeros(100, np.int64))        # rendezvous: 800 bytes
+    for _ in range(1000):                                # until its RTS has matched r3
+        if w.engines[1]._awaiting_data:
+            break
+        w.advance(1e-7)
+    assert (1, r3) not in w.done and w.engines[1].cancel_recv(r3) is None
+    assert w.engines[0].cancel_recv(s3) is None
+    assert w.engines[1].cancel_recv(r) is None
+    w.run()
+    assert (1, r3) in w.done and (0, s3) in w.done and not w.errors

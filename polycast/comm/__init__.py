@@ -20,7 +20,7 @@ Modules: :mod:`.core` (identity, posting, Split/Dup/Free), :mod:`.choice` (which
 """
 
 from ..errors import UnknownName
-from ..runtime.driver import Request
+from ..runtime.driver.request import REQUEST_NULL, Request
 from .buffers import IN_PLACE
 from .communicator import Comm
 from .core import UNDEFINED
@@ -29,4 +29,5 @@ from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, TAG_UB, Status
 from .persistent import Prequest
 
 __all__ = ["Comm", "Request", "IN_PLACE", "UNDEFINED", "init", "finalize", "world",
-           "UnknownName", "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "Prequest"]
+           "UnknownName", "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "Prequest",
+           "REQUEST_NULL"]

@@ -25,7 +25,8 @@ from .buffers import dtype_name
 _SYMM_STAGED = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER,
                 Collective.BROADCAST)
 _NO_BUFFER = np.empty(0, np.uint8)
-UNDEFINED = -32766          # Split color for "not in any new communicator" (as MPI.UNDEFINED)
+# MPI.UNDEFINED: a Split color for "not in any new communicator" (and Waitany's "none")
+from ..runtime.driver.request import UNDEFINED  # noqa: E402
 
 
 class CommCore:

@@ -17,12 +17,13 @@ once and moves nothing. Every request is bounded by the communicator's timeout.
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import numpy as np
 
 from ..engine.p2p import ANY_SOURCE, ANY_TAG
 from ..errors import CollectiveTimeout, InvalidArgument
-from ..runtime.driver import Request
+from ..runtime.driver.request import Request, Status  # noqa: F401  (Status: comm's API)
 from .buffers import message
 
 PROC_NULL = -1
@@ -30,51 +31,14 @@ TAG_UB = 0x7FFFFFFF
 _EMPTY = np.empty(0, np.uint8)
 
 
-class Status:
-    """What a receive or probe found: source, tag and size (mpi4py's Status)."""
-
-    def __init__(self) -> None:
-        self.source, self.tag, self.nbytes, self.error = ANY_SOURCE, ANY_TAG, 0, 0
-
-    def _fill(self, source: int, tag: int, nbytes: int) -> None:
-        self.source, self.tag, self.nbytes = source, tag, nbytes
-
-    def Get_source(self) -> int:
-        return self.source
-
-    def Get_tag(self) -> int:
-        return self.tag
-
-    def Get_error(self) -> int:
-        return self.error
-
-    def Get_count(self, datatype=None) -> int:
-        """Elements of ``datatype`` (a numpy dtype-like; bytes when None) received."""
-        if datatype is None:
-            return self.nbytes
-        size = np.dtype(datatype).itemsize
-        return self.nbytes // size if self.nbytes % size == 0 else -1   # MPI_UNDEFINED
-
-    Get_elements = Get_count
-
-    def Set_source(self, source: int) -> None:
-        self.source = source
-
-    def Set_tag(self, tag: int) -> None:
-        self.tag = tag
-
-    def Set_error(self, error: int) -> None:
-        self.error = error
-
-    def __repr__(self) -> str:
-        return f"<polycast.Status source={self.source} tag={self.tag} nbytes={self.nbytes}>"
-
-    # mpi4py's properties
-    count = property(lambda self: self.nbytes)
-
-
 def _dumps(obj) -> np.ndarray:
     return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+
+
+def _loads(data: np.ndarray):
+    """An object message's object: a pickle (any pickle protocol, so a buffer message
+    holding ``pickle.dumps(obj)`` is received as ``obj``); None for an empty message."""
+    return pickle.loads(data.tobytes()) if data is not None and data.nbytes else None
 
 
 class PointToPointMethods:
@@ -285,12 +249,19 @@ class PointToPointMethods:
             return req
         req = self._p2p_request(f"recv of an object from "
                                 f"{'ANY_SOURCE' if source == ANY_SOURCE else source}")
-        req.on_done = lambda: pickle.loads(req.result.tobytes())
+        req.on_done = lambda: None if req.cancelled else _loads(req.result)
         self._driver.post_recv(self.id, req, source, tag, None)
         return req
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
-        return self.irecv(buf, source, tag).Wait(status)
+        """The next object from ``source`` with ``tag`` (None for an empty message).
+        ``buf`` is ignored, with a UserWarning (as mpi4py, which deprecates it): the
+        message is received into a buffer of its own size."""
+        if buf is not None:
+            warnings.warn("recv: the 'buf' argument is ignored (polycast receives an object "
+                          "into a buffer of its size; mpi4py deprecates it)", UserWarning,
+                          stacklevel=2)
+        return self.irecv(None, source, tag).Wait(status)
 
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None):

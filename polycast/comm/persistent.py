@@ -15,18 +15,25 @@ rank in the same order, and Start the requests in the same order on every rank.
 from __future__ import annotations
 
 from ..errors import InvalidArgument
+from ..runtime.driver.request import Request, _is_null_eq
 
 
 class Prequest:
     """A persistent request: inactive until :meth:`Start`, active until completed by
-    :meth:`Wait` / :meth:`Test`, then ready to Start again."""
+    :meth:`Wait` / :meth:`Test`, then ready to Start again; null (equal to
+    ``REQUEST_NULL``, falsy) once freed. The multiple-completion calls (``Waitany``,
+    ``Waitsome``, ...) take it beside plain requests and skip it while inactive."""
 
-    def __init__(self, start, desc: str, timeout_seconds: float) -> None:
+    def __init__(self, start=None, desc: str = "REQUEST_NULL",
+                 timeout_seconds: float = 0.0) -> None:
+        if start is not None and (not callable(start) or isinstance(start, (Prequest, Request))):
+            raise TypeError(f"Prequest({start!r}): polycast requests are not MPI handles to "
+                            "copy; Comm.<Call>_init makes one, use it itself")
         self._start = start
         self._active = None
         self.desc = desc
         self.timeout_seconds = timeout_seconds
-        self._freed = False
+        self._freed = start is None             # Prequest(): the null request
 
     def Start(self) -> None:
         if self._freed:
@@ -75,9 +82,45 @@ class Prequest:
             raise InvalidArgument(f"{self.desc}: Free of an active request (Wait first)")
         self._freed = True
 
+    def Cancel(self) -> None:
+        """Cancel the current run, as :meth:`Request.Cancel` (a receive nothing matched)."""
+        if self._active is not None:
+            self._active.Cancel()
+
+    cancel = Cancel
+
+    def Get_status(self, status=None) -> bool:
+        if self._active is None:
+            return Request().Get_status(status)
+        return self._active.Get_status(status)
+
+    @property
+    def result(self):
+        return None if self._active is None else self._active.result
+
+    @property
+    def _is_null(self) -> bool:
+        return self._freed
+
+    @property
+    def _inactive(self) -> bool:
+        return self._active is None
+
+    def __bool__(self) -> bool:
+        return not self._freed
+
+    __eq__ = _is_null_eq
+    __hash__ = None
+
     def __repr__(self) -> str:
         state = "active" if self._active is not None else "inactive"
         return f"<polycast.Prequest {self.desc} ({state})>"
+
+
+# mpi4py's Prequest is a Request: the class methods over many requests are the same.
+for _name in ("Waitall", "Testall", "Waitany", "Testany", "Waitsome", "Testsome", "waitall",
+              "testall", "waitany", "testany", "waitsome", "testsome"):
+    setattr(Prequest, _name, staticmethod(getattr(Request, _name)))
 
 
 def _persistent(name: str, nonblocking: str):

@@ -156,6 +156,19 @@ class PointToPoint:
         self._recvs.append(r)
         return out
 
+    def cancel_recv(self, req: int) -> list[Action] | None:
+        """MPI_Cancel of receive ``req``: if no message has matched it yet, it leaves the
+        posted queue and completes (the caller marks it cancelled; nothing was received).
+        None when it cannot be cancelled: matched already, ended, or a send (a send is
+        never cancelled here: MPI-4.1 deprecates that, and its Wait still completes)."""
+        r = self._p2p.get(req)
+        if r is None or r.is_send or r.matched is not None or r not in self._recvs:
+            return None
+        out: list[Action] = []
+        self._p2p_end(r, out)
+        out.append(Complete(req))
+        return out
+
     def iprobe(self, peer: int, tag: int) -> tuple[int, int, int] | None:
         """(source, tag, nbytes) of the first unexpected message a receive from ``peer``
         with ``tag`` would take, or None (the message stays)."""

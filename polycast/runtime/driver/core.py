@@ -199,6 +199,25 @@ class Driver:
             self.progress.round()           # take in what has arrived
             return cs.engine.iprobe(peer, tag)
 
+    def cancel_recv(self, comm_id: int, request: Request) -> bool:
+        """MPI_Cancel of a receive no message has matched yet: it completes at once,
+        cancelled (``request.cancelled``). False when it cannot be (matched, done, a
+        send). Runs after this thread's queued posts, so a receive just posted is seen."""
+        if self.progress.has_commands():
+            return self.call_sync(self._cancel_recv, comm_id, request)
+        with self.progress.lock:
+            return self._cancel_recv(comm_id, request)
+
+    def _cancel_recv(self, comm_id: int, request: Request) -> bool:
+        cs = self._comms.get(comm_id)
+        actions = None if cs is None or request._done else cs.engine.cancel_recv(request.req)
+        if actions is None:
+            return False
+        request.cancelled = True
+        self.runner.allocate.discard(request.req)
+        self._run(cs, actions)
+        return True
+
     def _p2p_post(self, comm_id: int, request: Request, is_send: bool, peer: int, tag: int,
                   nbytes, itemsize: int, sync: bool = False) -> None:
         cs = self._comms.get(comm_id)

@@ -1,4 +1,13 @@
-"""A posted collective as the user holds it: ``Wait`` / ``Test`` / ``Waitall`` as mpi4py.
+"""A posted call as the user holds it: ``Wait`` / ``Test`` / ``Waitall`` / ``Waitany`` /
+``Waitsome`` / ``Cancel`` as mpi4py, and the :class:`Status` a receive fills.
+
+MPI's request states: *active* (posted, not complete), *complete* (``Test`` would say
+True), and *null* once a ``Wait`` or ``Test`` has returned it complete (``REQUEST_NULL``:
+falsy, equal to :data:`REQUEST_NULL`; a ``Wait`` on it returns at once, again with its
+result, and raises its error again if it failed). The multiple-completion calls
+(``Waitany``, ``Testany``, ``Waitsome``, ``Testsome``) skip null requests (and inactive
+persistent ones, :class:`polycast.Prequest`) and say ``UNDEFINED`` / None when no active
+one is left, as MPI does, so a loop over them ends.
 
 A request is finished by whichever thread carries out the engine's ``Complete`` or ``Fail``
 (the progress thread, or a user thread driving progress in ``Wait``). A waiting thread
@@ -26,20 +35,92 @@ def _call_back(fn, request) -> None:
                       RuntimeWarning, stacklevel=2)
 
 
-class Request:
-    """A posted collective. ``Wait`` / ``Test`` as mpi4py; see :mod:`polycast.comm`.
+ANY_SOURCE = -2                 # the engine's wildcards (engine/p2p.py), an empty status's
+ANY_TAG = -1
+UNDEFINED = -32766              # MPI.UNDEFINED: Waitany of no active request, Split color
+_EMPTY = (ANY_SOURCE, ANY_TAG, 0)       # MPI's empty status (a null request, a collective)
 
-    ``desc`` may be given as a zero-argument callable: it is only needed for error
-    messages, and formatting it on every small call measured ~2 us."""
+
+class Status:
+    """What a receive or probe found: source, tag and size (mpi4py's Status)."""
+
+    def __init__(self) -> None:
+        self.source, self.tag, self.nbytes, self.error = ANY_SOURCE, ANY_TAG, 0, 0
+        self.cancelled = False
+
+    def _fill(self, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
+        self.source, self.tag, self.nbytes = source, tag, nbytes
+        self.cancelled = cancelled
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_tag(self) -> int:
+        return self.tag
+
+    def Get_error(self) -> int:
+        return self.error
+
+    def Get_count(self, datatype=None) -> int:
+        """Elements of ``datatype`` (a numpy dtype-like; bytes when None) received
+        (UNDEFINED when the bytes are not a whole number of them)."""
+        if datatype is None:
+            return self.nbytes
+        import numpy as np
+        size = np.dtype(datatype).itemsize
+        return self.nbytes // size if self.nbytes % size == 0 else UNDEFINED
+
+    Get_elements = Get_count
+
+    def Is_cancelled(self) -> bool:
+        """True when the request it came from was cancelled (:meth:`Request.Cancel`)."""
+        return self.cancelled
+
+    def Set_source(self, source: int) -> None:
+        self.source = source
+
+    def Set_tag(self, tag: int) -> None:
+        self.tag = tag
+
+    def Set_error(self, error: int) -> None:
+        self.error = error
+
+    def Set_cancelled(self, flag: bool) -> None:
+        self.cancelled = bool(flag)
+
+    def __repr__(self) -> str:
+        return f"<polycast.Status source={self.source} tag={self.tag} nbytes={self.nbytes}>"
+
+    # mpi4py's properties
+    count = property(lambda self: self.nbytes)
+
+
+def _is_null_eq(a, b) -> bool:
+    """MPI handle equality: the same request, or both null."""
+    return a is b or (a._is_null and getattr(b, "_is_null", False) is True)
+
+
+class Request:
+    """A posted call. ``Wait`` / ``Test`` as mpi4py; see :mod:`polycast.comm`.
+
+    ``Request()`` is a null request (MPI's REQUEST_NULL). ``desc`` may be given as a
+    zero-argument callable: it is only needed for error messages, and formatting it on
+    every small call measured ~2 us. Requests compare as MPI handles (a null request
+    equals :data:`REQUEST_NULL`) and, like mpi4py's, are not hashable."""
 
     __slots__ = ("req", "comm", "_desc", "_done", "_ev", "error", "timeout_seconds",
-                 "on_done", "result", "driver", "_callbacks", "status", "_finished")
+                 "on_done", "result", "driver", "_callbacks", "status", "_finished",
+                 "cancelled")
 
-    def __init__(self, req: int, comm: int, desc, timeout_seconds: float) -> None:
+    def __init__(self, req: int | None = None, comm: int = -1, desc="REQUEST_NULL",
+                 timeout_seconds: float = 0.0) -> None:
+        if req is not None and not isinstance(req, int):
+            raise TypeError(f"Request({req!r}): polycast requests are not MPI handles to "
+                            "copy; use the request itself (Request() is the null request)")
         self.req, self.comm, self._desc = req, comm, desc
         # A flag, and an Event only for a thread that must block without a driver
         # (threading.Event() costs ~4 us; a driving waiter never needs one).
-        self._done = False
+        self._done = req is None                 # Request(): null, complete already
         self._ev: threading.Event | None = None
         self.error: BaseException | None = None
         self.timeout_seconds = timeout_seconds
@@ -48,7 +129,8 @@ class Request:
         self.driver = None
         self._callbacks: list | None = None
         self.status = None           # point-to-point receives: (source, tag, nbytes)
-        self._finished = False       # Wait/Test returned it done: mpi4py's REQUEST_NULL
+        self._finished = req is None  # Wait/Test returned it done: null (REQUEST_NULL)
+        self.cancelled = False       # Cancel took it back (a receive nothing matched)
 
     @property
     def desc(self) -> str:
@@ -120,13 +202,36 @@ class Request:
         return self.result
 
     def _fill(self, status) -> None:
-        # A collective's status says nothing: MPI's empty status.
-        status._fill(*(self.status or (-2, -1, 0)))
+        # A collective's status, or a null request's, says nothing: MPI's empty status.
+        status._fill(*(self.status or _EMPTY), self.cancelled)
+
+    def Cancel(self) -> None:
+        """MPI_Cancel. A receive that no message has matched yet completes at once,
+        cancelled (its status's ``Is_cancelled()`` is True; nothing was received, the
+        message it would have taken goes to the next matching receive). Anything else —
+        a matched receive, a send (MPI-4.1 deprecates cancelling sends), a collective —
+        is not cancelled and completes as it would: MPI lets a cancel fail that way.
+        Either way, Wait/Test/Free it as usual."""
+        cancel = getattr(self.driver, "cancel_recv", None)
+        if not self._done and cancel is not None:
+            cancel(self.comm, self)
+
+    @property
+    def _is_null(self) -> bool:
+        return self._finished
+
+    @property
+    def _inactive(self) -> bool:
+        """Skipped by Waitany/Testany/Waitsome/Testsome (MPI: a null request)."""
+        return self._finished
 
     def __bool__(self) -> bool:
         """False once a Wait or Test has finished it (mpi4py's request becomes
         REQUEST_NULL then, and ``if req:`` tells an active request)."""
         return not self._finished
+
+    __eq__ = _is_null_eq
+    __hash__ = None              # an MPI handle: equality changes as it completes
 
     def _finalize(self) -> None:
         self._finished = True
@@ -144,8 +249,12 @@ class Request:
         done = self.Test(status)
         return done, (self.result if done else None)
 
+    cancel = Cancel
+
     def Free(self) -> None:
-        """Forget the request (it still completes; nothing waits for it)."""
+        """Forget the request: it becomes null (an active one still completes; nothing
+        waits for it)."""
+        self._finished = True
 
     def Get_status(self, status=None) -> bool:
         """Whether the request is done, without finishing it (filling ``status``)."""
@@ -153,18 +262,29 @@ class Request:
             self._fill(status)
         return self._done
 
+    def get_status(self, status=None) -> bool:
+        return self.Get_status(status)
+
+    # -- many requests (mpi4py's class methods; also on Prequest) --------------------------
     @staticmethod
     def Waitall(requests, statuses=None, timeout: float | None = None) -> list:
         """Wait for every request (in order); the first error is raised after all ended.
-        ``statuses``: a list to fill, one Status per request."""
+        ``statuses``: a list, filled with one Status per request (extended if shorter).
+        Returns each request's result (None for a null one)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        sts = _statuses(statuses, len(requests))
         first = None
         results = []
         for i, r in enumerate(requests):
+            st = sts[i] if sts is not None else None
+            if not _live(r):
+                if st is not None:
+                    st._fill(*_EMPTY)
+                results.append(None)
+                continue
             try:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                results.append(r.Wait(statuses[i] if statuses is not None else None,
-                                      timeout=left))
+                results.append(r.Wait(st, timeout=left))
             except PolycastError as exc:
                 results.append(None)
                 first = first or exc
@@ -174,81 +294,140 @@ class Request:
 
     @staticmethod
     def Testall(requests, statuses=None) -> bool:
-        if not all(r._done for r in requests):
+        """True, each finished, once every active request is complete; else False and
+        none is finished (MPI's Testall)."""
+        if not all(r._done for r in requests if _live(r)):
             return False
         Request.Waitall(requests, statuses)
         return True
 
     @staticmethod
     def Waitany(requests, status=None) -> int:
-        """Index of the first request to complete (MPI's Waitany); -1 for none."""
-        if not requests:
-            return -1
-        deadline = time.monotonic() + max(r.timeout_seconds for r in requests) + 5.0
-        while True:
-            for i, r in enumerate(requests):
-                if r._done:
-                    r.Wait(status)
-                    return i
-            now = time.monotonic()
-            if now > deadline:
-                raise CollectiveTimeout(f"Waitany: none of {len(requests)} requests "
-                                        f"completed (first: {requests[0].desc})")
-            live = next((r for r in requests if r.driver is not None), None)
-            if live is not None:
-                live.driver.drive(live, now + 0.002)     # progresses every request
-            else:
-                time.sleep(0.0005)
+        """Index of the first active request to complete, finished (MPI's Waitany);
+        UNDEFINED when none is active."""
+        i = _wait_for_one(requests)
+        if i == UNDEFINED:
+            if status is not None:
+                status._fill(*_EMPTY)
+            return UNDEFINED
+        requests[i].Wait(status)
+        return i
 
     @staticmethod
     def Testany(requests, status=None) -> tuple[int, bool]:
-        for i, r in enumerate(requests):
-            if r._done:
-                r.Wait(status)
+        """(index, True) of a complete active request, finished; (UNDEFINED, False) when
+        none is complete yet; (UNDEFINED, True) when none is active."""
+        live = [i for i, r in enumerate(requests) if _live(r)]
+        for i in live:
+            if requests[i]._done:
+                requests[i].Wait(status)
                 return i, True
-        return -1, not requests
+        if not live and status is not None:
+            status._fill(*_EMPTY)
+        return UNDEFINED, not live
+
+    @staticmethod
+    def Waitsome(requests, statuses=None) -> list[int] | None:
+        """Indices of the active requests complete once at least one is, each finished
+        (MPI's Waitsome); None when none is active. ``statuses``: a list, its k-th entry
+        filled for the k-th index (extended if shorter)."""
+        if _wait_for_one(requests) == UNDEFINED:
+            return None
+        return Request.Testsome(requests, statuses)
+
+    @staticmethod
+    def Testsome(requests, statuses=None) -> list[int] | None:
+        """Indices of the active requests complete now (maybe none), each finished
+        (MPI's Testsome); None when none is active."""
+        live = [i for i, r in enumerate(requests) if _live(r)]
+        if not live:
+            return None
+        done = [i for i in live if requests[i]._done]
+        sts = _statuses(statuses, len(done))
+        first = None
+        for k, i in enumerate(done):
+            try:
+                requests[i].Wait(sts[k] if sts is not None else None)
+            except PolycastError as exc:    # finish the others, then say it
+                first = first or exc
+        if first is not None:
+            raise first
+        return done
 
     @staticmethod
     def waitall(requests, statuses=None) -> list:
         return Request.Waitall(requests, statuses)
 
     @staticmethod
-    def Waitsome(requests, statuses=None) -> list[int] | None:
-        """Indices of the requests done once at least one is (MPI's Waitsome); None when
-        the list is empty."""
-        if not requests:
-            return None
-        first = Request.Waitany(requests)
-        return Request.Testsome(requests, statuses) or [first]
-
-    @staticmethod
-    def Testsome(requests, statuses=None) -> list[int] | None:
-        """Indices of the requests done now, each finished (MPI's Testsome)."""
-        if not requests:
-            return None
-        done = [i for i, r in enumerate(requests) if r._done]
-        for i in done:
-            requests[i].Wait(statuses[i] if statuses is not None and i < len(statuses)
-                             else None)
-        return done
+    def testall(requests, statuses=None):
+        done = Request.Testall(requests, statuses)
+        return done, ([_result(r) for r in requests] if done else None)
 
     @staticmethod
     def waitany(requests, status=None):
-        """(index, object) of the first lowercase request to complete."""
+        """(index, object) of the first lowercase request to complete; (UNDEFINED, None)
+        when none is active."""
         i = Request.Waitany(requests, status)
-        return i, (requests[i].result if i >= 0 else None)
+        return i, (None if i == UNDEFINED else _result(requests[i]))
 
     @staticmethod
-    def testall(requests, statuses=None):
-        done = Request.Testall(requests, statuses)
-        return done, ([r.result for r in requests] if done else None)
+    def testany(requests, status=None):
+        """(index, flag, object), as :meth:`Testany` with the object received."""
+        i, flag = Request.Testany(requests, status)
+        return i, flag, (None if i == UNDEFINED else _result(requests[i]))
 
     @staticmethod
     def waitsome(requests, statuses=None):
         idx = Request.Waitsome(requests, statuses)
-        return idx, (None if idx is None else [requests[i].result for i in idx])
+        return idx, (None if idx is None else [_result(requests[i]) for i in idx])
 
     @staticmethod
     def testsome(requests, statuses=None):
         idx = Request.Testsome(requests, statuses)
-        return idx, (None if idx is None else [requests[i].result for i in idx])
+        return idx, (None if idx is None else [_result(requests[i]) for i in idx])
+
+
+REQUEST_NULL = Request()
+"""MPI's null request: what a finished request equals (``req == REQUEST_NULL``)."""
+
+
+def _live(r) -> bool:
+    """Counts for the multiple-completion calls: active or complete, not yet finished."""
+    return r is not None and not r._inactive
+
+
+def _result(r):
+    return getattr(r, "result", None)
+
+
+def _statuses(statuses, n: int):
+    """``statuses`` with at least ``n`` entries (a list is extended, as mpi4py does)."""
+    if statuses is None:
+        return None
+    if len(statuses) < n:
+        if not isinstance(statuses, list):
+            raise TypeError(f"statuses: need {n} Status objects, got {len(statuses)}")
+        statuses.extend(Status() for _ in range(n - len(statuses)))
+    return statuses
+
+
+def _wait_for_one(requests) -> int:
+    """Index of an active request that is complete (not finished), waiting for one at most
+    the longest timeout among them; UNDEFINED when none is active."""
+    live = [(i, r) for i, r in enumerate(requests) if _live(r)]
+    if not live:
+        return UNDEFINED
+    deadline = time.monotonic() + max(r.timeout_seconds for _, r in live) + 5.0
+    while True:
+        for i, r in live:
+            if r._done:
+                return i
+        now = time.monotonic()
+        if now > deadline:
+            raise CollectiveTimeout(f"Waitany: none of {len(live)} active requests "
+                                    f"completed (first: {live[0][1].desc})")
+        driving = next((r for _, r in live if r.driver is not None), None)
+        if driving is not None:
+            driving.driver.drive(driving, now + 0.002)   # progresses every request
+        else:
+            time.sleep(0.0005)

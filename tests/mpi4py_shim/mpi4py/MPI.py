@@ -1,9 +1,13 @@
 """``mpi4py.MPI`` as far as polycast offers it: COMM_WORLD is ``polycast.init()``, the
 constants and ops are polycast's, datatypes are numpy dtypes with mpi4py's few methods.
-What polycast declines (derived datatypes, intercommunicators, one-sided...) is missing
-here on purpose: the tests that need it fail with AttributeError and are reported."""
+What polycast declines (derived datatypes, intercommunicators, one-sided, MPI handle
+conversions, mpi4py's internal lock table...) is missing here on purpose: the tests that
+need it fail with AttributeError and are reported (tests/test_mpi4py_interop.py lists them
+with the reason)."""
 
 from __future__ import annotations
+
+import pickle as _pickle
 
 import numpy as np
 
@@ -27,7 +31,7 @@ BOTTOM = object()
 BSEND_OVERHEAD = 0
 KEYVAL_INVALID = APPNUM = -1
 ERR_ARG = 12
-REQUEST_NULL = None
+REQUEST_NULL = polycast.REQUEST_NULL
 
 
 def _error_class(exc) -> int:
@@ -101,6 +105,33 @@ def Attach_buffer(buf):
 def Detach_buffer():
     buf, _attached[0] = _attached[0], None
     return buf
+
+
+def Alloc_mem(nbytes, info=None):
+    """MPI's memory for one-sided windows and registered transfers: plain host memory
+    here (polycast registers nothing; a Bsend buffer is only kept, see above)."""
+    return bytearray(int(nbytes))
+
+
+def Free_mem(mem):
+    pass
+
+
+class Pickle:
+    """mpi4py's ``MPI.pickle``: how object messages are serialised. polycast's object
+    messages are plain pickles (highest protocol), so these are interchangeable with a
+    buffer message of ``pickle.dumps(obj)``."""
+
+    PROTOCOL = _pickle.HIGHEST_PROTOCOL
+
+    def dumps(self, obj):
+        return _pickle.dumps(obj, protocol=self.PROTOCOL)
+
+    def loads(self, data):
+        return _pickle.loads(data)
+
+
+pickle = Pickle()
 
 
 def Get_version():
