@@ -157,6 +157,16 @@ class Buffers:
             return
         if payload is None:
             raise InvalidArgument(f"deliver of {region.nbytes} bytes without a payload")
+        read_into = getattr(payload, "read_into", None)
+        if read_into is not None:       # a payload still in its sender (runtime/cma.py)
+            if len(payload) != region.nbytes:
+                raise InvalidArgument(f"payload of {len(payload)} bytes for a region of "
+                                      f"{region.nbytes}")
+            dst = r.arrays[region.buf]
+            if not reduce and dst.flags.writeable:      # the one copy: into the runs
+                read_into([(lo, hi - lo) for lo, hi in _addresses(dst, region.runs)])
+                return
+            payload = payload.array()
         src = np.frombuffer(payload, dtype=r.dtype)
         if src.size != region.nelems:
             raise InvalidArgument(f"payload of {src.size} elements for a region of "

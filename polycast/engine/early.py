@@ -96,7 +96,11 @@ def own(payload):
     the ring, freed when the view dies). A view parked here until its step starts would pin
     that memory and every frame behind it, so the peer's next messages, the very clear-to-
     send or data that lets the step start, could never arrive: copy what is held, not what
-    is delivered at once (None, the simulator's payload, stays None)."""
+    is delivered at once (None, the simulator's payload, stays None). A payload that is not
+    memory (the runtime's single-copy ``RemotePayload``) makes its own copy with ``own()``."""
     if payload is None or type(payload) is bytes:
         return payload
+    keep = getattr(payload, "own", None)
+    if keep is not None:
+        return keep()
     return bytes(memoryview(payload).cast("B"))

@@ -364,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         comm.Barrier()
     print(f"SELFTEST {args.suite} OK {ck.n} checks in {dt:.1f}s "
           f"transports={','.join(sorted(set(comm.transports().values())))} "
-          f"mcast={'no' if comm.mcast_error else 'yes'} algos={len(ck.algos)}", flush=True)
+          f"mcast={'no' if comm.mcast_error else 'yes'} algos={len(ck.algos)} "
+          f"single_copy={comm._driver.peers.cma_sent}/{comm._driver.peers.cma_read}",
+          flush=True)
     if args.suite == "death":
         os._exit(0)     # the world lost a rank: skip the goodbye round
     pcomm.finalize()

@@ -42,6 +42,10 @@ HEAD, TAIL, READER_SLEEPING, WRITER_BLOCKED = 0, 8, 16, 24   # uint64 slots (x8 
 # Futex counters (their low 32 bits; :mod:`polycast.runtime.futex`): the writer bumps
 # DATA_BELL after each flush that wrote, the reader SPACE_BELL whenever it frees space.
 DATA_BELL, SPACE_BELL = 32, 40
+# The reader's verdict on single-copy reads from the writer (runtime/cma.py), written once at
+# connect time before any frame: CMA_UNKNOWN, CMA_YES or CMA_NO.
+CMA_VERDICT = 48
+CMA_UNKNOWN, CMA_YES, CMA_NO = 0, 1, 2
 _U32 = 0xFFFFFFFF
 SLEEP_SELECT, SLEEP_FUTEX = 1, 2       # READER_SLEEPING: how the sleeping reader waits
 ALIGN = 16
@@ -142,6 +146,15 @@ class Ring:
             self._mm.close()
         except BufferError:
             pass    # a payload view is still alive somewhere; the mapping goes with it
+
+    def set_cma_verdict(self, ok: bool) -> None:
+        """(reader) Whether this ring's writer may send single-copy descriptors."""
+        self._set(CMA_VERDICT, CMA_YES if ok else CMA_NO)
+
+    @property
+    def cma_ok(self) -> bool:
+        """(writer) The reader can read our memory: large payloads may go single-copy."""
+        return self._get(CMA_VERDICT) == CMA_YES
 
     # -- shared counters (aligned 8-byte loads and stores are atomic on x86-64/arm64) --
     def _get(self, slot: int) -> int:

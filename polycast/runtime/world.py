@@ -21,12 +21,14 @@ import os
 import secrets
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import CollectiveTimeout, InvalidArgument, PolycastError
-from . import auth
+from ..planner import debug
+from . import auth, cma
 from .env import JobEnv, host_id
 from .shm import DEFAULT_RING_NBYTES, Ring, ring_path, shm_available, shm_unavailable_reason
 from .store import PortInUse, StoreClient, StoreServer
@@ -62,6 +64,9 @@ class World:
     local_rank: int = 0
     # The key of every message and datagram (runtime/auth.py), None without POLYCAST_SECRET.
     key: bytes | None = field(default=None, repr=False)
+    # Ranks whose rings we read but whose memory we may not read directly, and why
+    # (runtime/cma.py); the others send large payloads single-copy.
+    single_copy_refused: dict[int, str] = field(default_factory=dict)
 
 
 class KeyValueStore(Protocol):
@@ -103,6 +108,27 @@ def _peer_pid(theirs: dict, mine: dict) -> int:
             theirs.get("pidns") != mine["pidns"]:
         return 0
     return int(theirs.get("pid", 0))
+
+
+def _offer_single_copy(world: World, rings_in: dict, info: dict, me: dict,
+                       secret: bytes | None) -> None:
+    """Probe, per ring we read, whether we can read its writer's memory (runtime/cma.py)
+    and tell the writer through the ring; say what was decided at POLYCAST_DEBUG=INFO."""
+    off = cma.disabled_reason(secret)
+    refused = {}
+    for r, ring in rings_in.items():
+        why = off or cma.probe(_peer_pid(info[r], me), info[r].get("cma"))
+        ring.set_cma_verdict(why is None)
+        if why is not None:
+            refused[r] = why
+    world.single_copy_refused = refused
+    if debug.level() >= 1 and rings_in:
+        ok = sorted(set(rings_in) - set(refused))
+        msg = f"single-copy (CMA) reads from ranks {ok}" if ok else "single-copy (CMA) off"
+        if refused:
+            msg += "; shm rings for " + "; ".join(f"rank {r}: {why}"
+                                                 for r, why in sorted(refused.items()))
+        print(f"[rank {world.rank}] polycast INFO {msg}", file=sys.stderr, flush=True)
 
 
 def _barrier(store: StoreClient, name: str, size: int, timeout: float) -> None:
@@ -148,7 +174,7 @@ def connect(env: JobEnv, transport: str | None = None,
         listener.bind((my_ip if loopback else "0.0.0.0", 0))
         listener.listen(max(16, env.size))
         me = {"addr": my_ip, "port": listener.getsockname()[1], "host": host_id(),
-              "pid": os.getpid(), "pidns": _pid_namespace()}
+              "pid": os.getpid(), "pidns": _pid_namespace(), "cma": cma.probe_info()}
         store.set(f"rank/{env.rank}", json.dumps(me))
         info = {}
         for r in range(env.size):
@@ -172,6 +198,7 @@ def connect(env: JobEnv, transport: str | None = None,
             for r in same:
                 path = ring_path(job_id, r, env.rank)
                 rings_in[r] = Ring.create(path, ring_nbytes)
+            _offer_single_copy(world, rings_in, info, me, secret)
         _barrier(store, "rings-made", env.size, max(0.1, deadline - time.monotonic()))
         rings_out: dict[int, Ring] = {}
         if use_shm:

@@ -15,10 +15,16 @@ import numpy as np
 
 from ...engine.actions import (CancelTimer, Complete, Copy, Deliver, Fail, Matched, Multicast,
                                Send, SetTimer)
+from ...engine.wire import MsgKind
 from ...memory import Buffers
 from .datagrams import MulticastIO
 from .peers import PeerIO
 from .timers import Timers
+
+
+# Kinds whose payload the receiving engine only delivers or keeps (engine.early.own): the
+# transport may hand it a payload that reads the sender's memory (runtime/cma.py).
+_LAZY_OK = frozenset((MsgKind.DATA, MsgKind.P2P_DATA))
 
 
 class CommState:
@@ -140,7 +146,8 @@ class ActionRunner:
         else:
             views, nbytes = [], 0
         hdr = a.header.pack(self.secret, views) if self.secret else a.header.pack()
-        if not self.peers.send(cs.members[a.peer], hdr, views, nbytes, (cs.id, a.token)):
+        if not self.peers.send(cs.members[a.peer], hdr, views, nbytes, (cs.id, a.token),
+                               a.header.kind in _LAZY_OK):
             # The engine learns of the loss separately; the bytes have nowhere to go.
             self.run(cs, cs.engine.on_send_done(a.token, time.monotonic()))
 

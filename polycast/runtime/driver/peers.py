@@ -8,17 +8,23 @@ through three callbacks what happened —
 * ``on_sent(tokens)``: the frames queued with these tokens have all left;
 * ``on_lost(rank, reason)``: a peer's connection broke (not an orderly close).
 
-Driver-level frames (doorbells, the orderly ``bye``) are handled here and never passed on.
+Driver-level frames (doorbells, the orderly ``bye``, single-copy descriptors and their
+acknowledgements) are handled here and never passed on. A large DATA to a peer on this host
+whose ring said yes goes single-copy (:mod:`polycast.runtime.cma`): a descriptor in the ring,
+the payload read by the peer straight from our memory; its token is reported sent when the
+peer acknowledges, and ``on_frame`` gets a :class:`~polycast.runtime.cma.RemotePayload`.
 The runtime's driver uses it, and so can any other process that runs engines over the
 same world (the offload process).
 """
 
 from __future__ import annotations
 
+import collections
 import selectors
 
-from .. import futex
-from ..frames import KIND_BYE, KIND_DOORBELL, is_driver_kind
+from ...errors import PeerLost
+from .. import cma, futex
+from ..frames import KIND_BYE, KIND_CMA, KIND_CMA_DONE, KIND_DOORBELL, is_driver_kind
 from ..shm import SLEEP_FUTEX
 from ..tcp import LinkClosed
 from ..world import World
@@ -44,6 +50,17 @@ class PeerIO:
         self.tcp_only = any(p.ring_in is None for p in peers)
         # Futex wake-ups work here (a sleeper may wait on the rings' counters).
         self.futex = bool(self.rings_in) and futex.available()
+        # Single-copy: peers whose ring reader can read our memory; per peer the descriptors
+        # sent and not yet acknowledged [(seq, token, view kept alive)], and the highest
+        # seq we are done reading from each peer, not yet acknowledged.
+        self.cma_min_nbytes = cma.min_nbytes()
+        self.cma_peers = {p.rank for p in peers if p.ring_out is not None and p.ring_out.cma_ok
+                          and cma.disabled_reason() is None}
+        self._cma_seq = dict.fromkeys(self.cma_peers, 0)
+        self._cma_wait: dict[int, collections.deque] = {
+            r: collections.deque() for r in self.cma_peers}
+        self._cma_acks: dict[int, int] = {}
+        self.cma_sent = self.cma_read = 0       # messages, for tests and benchmarks
         for p in peers:
             sel.register(p.tcp.sock, selectors.EVENT_READ, ("peer", p.rank))
 
@@ -52,16 +69,31 @@ class PeerIO:
         return self.lost.get(r) or self.gone.get(r)
 
     # -- output ------------------------------------------------------------------------------
-    def send(self, r: int, header: bytes, views: list, nbytes: int, token) -> bool:
+    def send(self, r: int, header: bytes, views: list, nbytes: int, token,
+             lazy_ok: bool = False) -> bool:
         """Queue one engine frame to peer ``r`` (flushed by :meth:`flush_all`); False when
-        the peer is down, so the bytes have nowhere to go."""
+        the peer is down, so the bytes have nowhere to go. ``lazy_ok``: the receiving
+        engine only delivers or keeps this payload (a DATA), so it may go single-copy;
+        ``views`` must then stay untouched until the token is reported sent."""
         if r in self.lost or r in self.gone:
             return False
+        if (lazy_ok and nbytes >= self.cma_min_nbytes and len(views) == 1
+                and r in self.cma_peers):
+            self._send_single_copy(r, header, views[0], nbytes, token)
+            return True
         peer = self.world.peers[r]
         link = peer.ring_out if peer.ring_out is not None else peer.tcp
         link.enqueue(len(header), header, views, nbytes, token)
         self._dirty.add(r)
         return True
+
+    def _send_single_copy(self, r: int, header: bytes, view, nbytes: int, token) -> None:
+        seq = self._cma_seq[r] = self._cma_seq[r] + 1
+        self._cma_wait[r].append((seq, token, view))
+        desc = cma.DESC.pack(seq, cma.address_of(view), nbytes) + header
+        self.world.peers[r].ring_out.enqueue(KIND_CMA, b"", [desc], len(desc), None)
+        self._dirty.add(r)
+        self.cma_sent += 1
 
     def say_bye(self) -> None:
         """Queue the orderly-close frame to every peer still up."""
@@ -105,6 +137,9 @@ class PeerIO:
         if r in self.lost or r in self.gone:
             return
         done = []
+        ack = self._cma_acks.pop(r, None)
+        if ack is not None:
+            peer.ring_out.enqueue(KIND_CMA_DONE, b"", [cma.ACK.pack(ack)], cma.ACK.size, None)
         if peer.ring_out is not None and peer.ring_out.want_write:
             toks, bell = peer.ring_out.flush()
             done.extend(toks)
@@ -216,12 +251,40 @@ class PeerIO:
 
     def _frame(self, src: int, hdr_len: int, header_bytes: bytes, payload) -> None:
         if is_driver_kind(hdr_len):
-            if hdr_len == KIND_DOORBELL:
+            if hdr_len == KIND_CMA:
+                self._single_copy_frame(src, payload)
+            elif hdr_len == KIND_CMA_DONE:
+                self._single_copy_done(src, cma.ACK.unpack_from(payload)[0])
+            elif hdr_len == KIND_DOORBELL:
                 self._dirty.add(src)            # the peer freed ring space for us
             elif hdr_len == KIND_BYE:
                 self.world.peers[src].tcp.bye = True
             return
         self._on_frame(src, header_bytes, payload)
+
+    def _single_copy_frame(self, src: int, frame) -> None:
+        """A descriptor: the engine gets a RemotePayload; whatever it did not read while
+        handling the frame is read now; then the writer may reuse its buffer."""
+        seq, addr, nbytes = cma.DESC.unpack_from(frame)
+        header = bytes(frame[cma.DESC.size:])
+        rp = cma.RemotePayload(src, self.world.peers[src].pid, addr, nbytes)
+        self._on_frame(src, header, rp)
+        try:
+            rp.finish()
+        except PeerLost:
+            self.mark_lost(src, rp.error)
+            return
+        self.cma_read += 1
+        self._cma_acks[src] = seq
+        self._dirty.add(src)
+
+    def _single_copy_done(self, src: int, upto: int) -> None:
+        wait = self._cma_wait.get(src)
+        tokens = []
+        while wait and wait[0][0] <= upto:
+            tokens.append(wait.popleft()[1])
+        if tokens:
+            self._on_sent(tokens)
 
     def mark_lost(self, r: int, reason: str) -> None:
         if r in self.lost:
@@ -237,6 +300,10 @@ class PeerIO:
         recovery answer, say), and a lost one fails the requests that need it."""
         peer = self.world.peers[r]
         tokens = peer.tcp.discard_queued()
+        wait = self._cma_wait.get(r)
+        if wait:
+            tokens = [t for _, t, _ in wait] + tokens
+            wait.clear()
         if peer.ring_out is not None:
             tokens = peer.ring_out.discard_queued() + tokens
         if tokens:

@@ -1,0 +1,238 @@
+"""Single-copy messages between processes on one host: Linux cross-memory attach (CMA).
+
+A large DATA to a peer on the same host does not go through the shared-memory ring byte by
+byte (copied in by the writer, out by the reader). The writer puts a small descriptor in the
+ring -- where its payload lies in its own memory -- and the reader copies the bytes straight
+from there into its destination with ``process_vm_readv(2)``: one copy, done by the kernel,
+without the GIL. The writer's buffer stays untouched until the reader says it is done (the
+driver reports the send complete only on the reader's acknowledgement, :mod:`.driver.peers`).
+
+The reader gets a :class:`RemotePayload` in place of bytes. The engine never looks inside a
+payload of a DATA frame: it puts it in a ``Deliver`` (``Buffers.deliver`` calls
+:meth:`RemotePayload.read_into`, straight into the destination's runs) or keeps it with
+``engine.early.own`` (:meth:`RemotePayload.own` reads it into memory of its own). Whatever is
+still unread when the frame's handling ends is read then (:meth:`RemotePayload.finish`), so a
+writer never waits on a message the reader holds for later.
+
+Reading another process's memory needs the kernel's ptrace permission (same user, no Yama
+restriction, no seccomp filter refusing the call). Nothing is assumed: at connect time the
+reader of each ring reads a random word from its writer (:func:`probe`) and writes the
+verdict into the ring; the writer sends descriptors only when it says yes. Off by
+``POLYCAST_CMA=0``, off Linux, without ``process_vm_readv`` in libc, and with a job secret
+(every frame's MAC covers its bytes, which then never cross the ring).
+
+A writer that dies while its message is read makes ``process_vm_readv`` fail with ESRCH
+(the kernel checks the process under the lock that keeps its memory alive): the read raises
+:class:`~polycast.errors.PeerLost`, never reads freed memory, never hangs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import struct
+import sys
+import threading
+
+import numpy as np
+
+from ..errors import PeerLost
+
+# Frames carrying a descriptor (seq, address, nbytes) followed by the engine header; the
+# acknowledgement carries the highest seq the reader is done with.
+DESC = struct.Struct("<QQQ")
+ACK = struct.Struct("<Q")
+MIN_NBYTES_DEFAULT = 64 << 10       # smaller messages: the ring's two copies cost less than
+#                                     the descriptor, the syscall and the acknowledgement
+_IOV_MAX = 1024
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _load():
+    if not sys.platform.startswith("linux"):
+        return None, f"not Linux ({sys.platform})"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.process_vm_readv
+    except (OSError, AttributeError) as exc:
+        return None, f"process_vm_readv not in the C library ({exc})"
+    fn.restype = ctypes.c_ssize_t
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                   ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+    return fn, None
+
+
+_readv, _load_error = _load()
+
+# What a peer reads to prove it may read us: 8 random bytes at a fixed address.
+_PROBE = ctypes.create_string_buffer(os.urandom(8), 8)
+
+
+def disabled_reason(secret: bytes | None = None) -> str | None:
+    """Why single-copy cannot be offered by this process, or None."""
+    if os.environ.get("POLYCAST_CMA", "1").strip() == "0":
+        return "POLYCAST_CMA=0"
+    if _load_error is not None:
+        return _load_error
+    if secret:
+        return "a job secret is set (every frame's MAC covers its bytes)"
+    return None
+
+
+def min_nbytes() -> int:
+    """Payloads of at least this many bytes go single-copy (POLYCAST_CMA_MIN_NBYTES)."""
+    try:
+        return max(1, int(os.environ.get("POLYCAST_CMA_MIN_NBYTES", MIN_NBYTES_DEFAULT)))
+    except ValueError:
+        return MIN_NBYTES_DEFAULT
+
+
+def probe_info() -> list:
+    """What peers need to probe us: [address, the 8 bytes there as hex]."""
+    return [ctypes.addressof(_PROBE), _PROBE.raw.hex()]
+
+
+def probe(pid: int, info) -> str | None:
+    """Try to read a peer's probe word; None when it works, else why not."""
+    if not pid:
+        return "the peer's pid is not known here (another pid namespace)"
+    try:
+        addr, magic = int(info[0]), bytes.fromhex(info[1])
+    except (TypeError, ValueError, IndexError):
+        return "the peer did not publish a probe address"
+    got = ctypes.create_string_buffer(len(magic))
+    try:
+        read(pid, [(ctypes.addressof(got), len(magic))], [(addr, len(magic))])
+    except OSError as exc:
+        return f"process_vm_readv refused: {exc.strerror or exc}"
+    if got.raw != magic:
+        return "process_vm_readv read the wrong bytes"
+    return None
+
+
+def _iovecs(ranges):
+    arr = (_Iovec * len(ranges))()
+    for i, (a, n) in enumerate(ranges):
+        arr[i].base, arr[i].len = a, n
+    return arr
+
+
+def _skip(ranges, nbytes: int) -> list:
+    """``ranges`` without their first ``nbytes`` bytes."""
+    out = []
+    for a, n in ranges:
+        if nbytes >= n:
+            nbytes -= n
+            continue
+        out.append((a + nbytes, n - nbytes))
+        nbytes = 0
+    return out
+
+
+def read(pid: int, local: list, remote: list) -> None:
+    """Copy the bytes of ``remote`` (address, nbytes) ranges of process ``pid`` into the
+    ``local`` ranges (equal totals). Raises OSError (errno set) on failure."""
+    total = sum(n for _, n in local)
+    done = 0
+    while done < total:
+        lo, re_ = _skip(local, done)[:_IOV_MAX], _skip(remote, done)[:_IOV_MAX]
+        got = _readv(pid, _iovecs(lo), len(lo), _iovecs(re_), len(re_), 0)
+        if got < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        if got == 0:
+            raise OSError(errno.EFAULT, "process_vm_readv made no progress")
+        done += got
+
+
+def address_of(view) -> int:
+    """The address of a contiguous bytes-like object (kept alive by the caller)."""
+    return np.frombuffer(view, np.uint8).__array_interface__["data"][0]
+
+
+_scratch = threading.local()
+
+
+def scratch(nbytes: int) -> np.ndarray:
+    """A per-thread byte array of at least ``nbytes`` (a reduction reads into it, then
+    combines at once): reused, so large reads do not fault in fresh pages every time."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = _scratch.buf = np.empty(max(nbytes, 1 << 20), np.uint8)
+    return buf[:nbytes]
+
+
+class RemotePayload:
+    """``nbytes`` bytes at ``addr`` in process ``pid`` (rank ``src``), readable until
+    :meth:`finish`; after that only what was kept (``own``/finish's own read) is."""
+
+    __slots__ = ("src", "pid", "addr", "nbytes", "used", "local", "closed", "error")
+
+    def __init__(self, src: int, pid: int, addr: int, nbytes: int) -> None:
+        self.src, self.pid, self.addr, self.nbytes = src, pid, addr, nbytes
+        self.used = False           # read at least once while the writer waited
+        self.local = None           # bytes of our own, once read for keeping
+        self.closed = False         # acknowledged: the writer's buffer is no longer ours
+        self.error: str | None = None
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def read_into(self, ranges) -> None:
+        """Copy the payload into local (address, nbytes) ranges (their total = nbytes)."""
+        if self.local is not None:
+            src = np.frombuffer(self.local, np.uint8)
+            pos = 0
+            for a, n in ranges:
+                ctypes.memmove(a, src[pos:pos + n].ctypes.data, n)
+                pos += n
+            return
+        if self.closed:
+            raise PeerLost(self.src, "a single-copy payload was used after it was released "
+                                     "(driver bug)")
+        try:
+            read(self.pid, ranges, [(self.addr, self.nbytes)])
+        except OSError as exc:
+            self.error = self._why(exc)
+            raise PeerLost(self.src, self.error) from None
+        self.used = True
+
+    def array(self) -> np.ndarray:
+        """The payload as a byte array (a per-thread scratch: use it before the next)."""
+        if self.local is not None:
+            return np.frombuffer(self.local, np.uint8)
+        buf = scratch(self.nbytes)
+        self.read_into([(buf.ctypes.data, self.nbytes)])
+        return buf
+
+    def own(self):
+        """The payload as memory of our own (the engine keeps it for later)."""
+        if self.local is None:
+            buf = np.empty(self.nbytes, np.uint8)
+            self.read_into([(buf.ctypes.data, self.nbytes)])
+            self.local = memoryview(buf)
+        return self.local
+
+    def __bytes__(self) -> bytes:
+        return bytes(self.own())
+
+    def finish(self) -> None:
+        """The frame was handled: read what nobody read (it is kept for later, or was
+        dropped), then the writer's buffer is released. Raises PeerLost when the writer
+        is gone."""
+        if not self.used and self.local is None and self.error is None:
+            self.own()
+        self.closed = True
+        if self.error is not None:
+            raise PeerLost(self.src, self.error)
+
+    def _why(self, exc: OSError) -> str:
+        size = f"{self.nbytes} bytes"
+        if exc.errno == errno.ESRCH:
+            return (f"the process (pid {self.pid}) exited while its {size} message was "
+                    f"being read (process_vm_readv: ESRCH)")
+        return f"reading its {size} message failed (process_vm_readv: {exc.strerror or exc})"

@@ -1,0 +1,161 @@
+"""Single-copy messages between processes on one host (polycast.runtime.cma): the
+process_vm_readv wrapper, the payload object the engine sees, the refusals, a writer that
+died, and whole collectives with single-copy forced on every message and forced off."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from polycast.engine.early import own
+from polycast.errors import PeerLost
+from polycast.runtime import cma
+
+from test_runtime_helpers import selftest
+
+needs_cma = pytest.mark.skipif(cma.disabled_reason() is not None or
+                               cma.probe(os.getpid(), cma.probe_info()) is not None,
+                               reason=f"process_vm_readv unusable here: "
+                                      f"{cma.disabled_reason() or 'probe of self refused'}")
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+@needs_cma
+def test_read_own_memory_in_pieces():
+    src = np.arange(100_000, dtype=np.uint8)
+    dst = np.zeros(100_000, np.uint8)
+    # two local runs from one remote range, as a Deliver into a strided region does
+    cma.read(os.getpid(), [(_addr(dst), 30_000), (_addr(dst) + 50_000, 50_000)],
+             [(_addr(src), 80_000)])
+    assert (dst[:30_000] == src[:30_000]).all()
+    assert (dst[50_000:] == src[30_000:80_000]).all()
+    assert not dst[30_000:50_000].any()
+
+
+@needs_cma
+def test_remote_payload_deliver_reduce_and_keep():
+    from polycast.memory import Buffers
+    from polycast.engine.actions import Region
+    src = np.arange(1000, dtype=np.float32)
+    bufs = Buffers()
+    recv = np.ones(2000, np.float32)
+    bufs.register_arrays(7, recv=recv)
+    p = cma.RemotePayload(1, os.getpid(), _addr(src), src.nbytes)
+    bufs.deliver(Region(7, "recv", ((0, 500), (1500, 2000)), 4000), p, False)
+    assert (recv[:500] == src[:500]).all() and (recv[1500:] == src[500:]).all()
+    assert (recv[500:1500] == 1).all()
+    assert p.used
+    p.finish()                              # read already: nothing more, released
+    assert p.closed and p.local is None
+    with pytest.raises(PeerLost, match="after it was released"):
+        p.read_into([(_addr(recv), 4)])
+    # a reducing delivery (reads into scratch, then combines)
+    bufs._reqs[7].ufunc = np.add
+    q = cma.RemotePayload(1, os.getpid(), _addr(src), src.nbytes)
+    recv[:] = 1
+    bufs.deliver(Region(7, "recv", ((0, 1000),), 4000), q, True)
+    assert (recv[:1000] == src + 1).all()
+    # kept for later (the engine's own()): a copy of its own, usable after finish
+    k = cma.RemotePayload(1, os.getpid(), _addr(src), src.nbytes)
+    kept = own(k)
+    k.finish()
+    src[:] = 0                              # the writer reuses its buffer
+    assert (np.frombuffer(kept, np.float32) == np.arange(1000)).all()
+    # never read by anyone (a dropped frame): finish reads it, so nothing can go stale
+    d = cma.RemotePayload(1, os.getpid(), _addr(src), src.nbytes)
+    d.finish()
+    assert d.local is not None and len(d) == 4000
+
+
+@needs_cma
+def test_dead_writer_is_a_clear_peer_lost():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()                                # gone and reaped: its pid names no process
+    buf = np.zeros(16, np.uint8)
+    rp = cma.RemotePayload(3, p.pid, _addr(buf), 16)
+    with pytest.raises(PeerLost) as info:
+        rp.read_into([(_addr(buf), 16)])
+    assert info.value.rank == 3
+    assert "ESRCH" in str(info.value) and str(p.pid) in str(info.value)
+    with pytest.raises(PeerLost):
+        rp.finish()
+    assert cma.probe(p.pid, cma.probe_info()) is not None
+
+
+def test_refusals(monkeypatch):
+    monkeypatch.setenv("POLYCAST_CMA", "0")
+    assert cma.disabled_reason() == "POLYCAST_CMA=0"
+    monkeypatch.delenv("POLYCAST_CMA")
+    if cma.disabled_reason() is None:
+        assert "secret" in cma.disabled_reason(b"k")
+    assert cma.probe(0, cma.probe_info()) is not None          # another pid namespace
+    assert cma.probe(os.getpid(), None) is not None            # nothing published
+    wrong = [cma.probe_info()[0], "00" * 8]
+    if cma.disabled_reason() is None:
+        assert cma.probe(os.getpid(), wrong) == "process_vm_readv read the wrong bytes"
+    monkeypatch.setenv("POLYCAST_CMA_MIN_NBYTES", "garbage")
+    assert cma.min_nbytes() == cma.MIN_NBYTES_DEFAULT
+
+
+OK = re.compile(r"SELFTEST all OK (\d+) checks .* transports=shm .* single_copy=(\d+)/(\d+)")
+
+
+@pytest.mark.parametrize("forced", ["on", "off"])
+def test_every_algorithm_single_copy_forced(forced):
+    """Every collective and algorithm, exact, on 3 shm ranks: with every DATA payload
+    single-copy (threshold 1 byte), and with POLYCAST_CMA=0 (the rings carry all)."""
+    env = {"POLYCAST_TRANSPORT": "shm", "POLYCAST_SYMM": "0"}
+    if forced == "on":
+        env["POLYCAST_CMA_MIN_NBYTES"] = "1"
+    else:
+        env["POLYCAST_CMA"] = "0"
+    results = selftest(3, "all", env=env, timeout=240)
+    for r in results:
+        m = OK.search(r.out)
+        assert r.returncode == 0 and m, (
+            f"rank {r.rank} exit {r.returncode}\n{r.out[-3000:]}\n{r.err[-3000:]}")
+        sent, read = int(m.group(2)), int(m.group(3))
+        if forced == "off":
+            assert sent == read == 0
+        elif cma.disabled_reason() is None:
+            assert sent > 100 and read > 100, m.group(0)
+
+
+@needs_cma
+def test_writer_dead_before_its_descriptor_is_read_marks_it_lost():
+    """The transport's side: a descriptor whose writer is gone makes the peer lost with
+    the reason (no hang, no read of anything), and nothing is acknowledged to it."""
+    import selectors
+    import socket
+
+    from polycast.runtime.driver.peers import PeerIO
+    from polycast.runtime.tcp import TcpLink
+    from polycast.runtime.world import Peer, World
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    a, b = socket.socketpair()
+    sel = selectors.DefaultSelector()
+    world = World(0, 2, "t", True, 5.0)
+    world.peers[1] = Peer(1, TcpLink(a, 1), None, None, True, p.pid)
+    frames, lost = [], []
+    io = PeerIO(world, sel, lambda src, h, pl: frames.append(pl), lambda toks: None,
+                lambda r, why: lost.append((r, why)))
+    try:
+        buf = np.zeros(64, np.uint8)
+        io._single_copy_frame(1, cma.DESC.pack(1, _addr(buf), 64) + b"HDR")
+        assert len(frames) == 1 and isinstance(frames[0], cma.RemotePayload)
+        assert lost and lost[0][0] == 1 and "ESRCH" in lost[0][1], lost
+        assert io.down(1) and io.cma_read == 0 and 1 not in io._cma_acks
+    finally:
+        io.close()
+        b.close()
+        sel.close()
