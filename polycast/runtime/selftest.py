@@ -343,6 +343,13 @@ def suite_mcast(ck: Checker) -> None:
           flush=True)
 
 
+def _single_copy(comm) -> str:
+    """Messages this rank sent/read single-copy (runtime/cma.py); "-" when its driver
+    has no peers of its own (an offload client)."""
+    peers = getattr(comm._driver, "peers", None)
+    return f"{peers.cma_sent}/{peers.cma_read}" if peers is not None else "-"
+
+
 SUITES = {"algos": [suite_algos], "api": [suite_api], "all": [suite_algos, suite_api],
           "mismatch": [suite_mismatch], "death": [suite_death], "mcast": [suite_mcast]}
 
@@ -365,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"SELFTEST {args.suite} OK {ck.n} checks in {dt:.1f}s "
           f"transports={','.join(sorted(set(comm.transports().values())))} "
           f"mcast={'no' if comm.mcast_error else 'yes'} algos={len(ck.algos)} "
-          f"single_copy={comm._driver.peers.cma_sent}/{comm._driver.peers.cma_read}",
-          flush=True)
+          f"single_copy={_single_copy(comm)}", flush=True)
     if args.suite == "death":
         os._exit(0)     # the world lost a rank: skip the goodbye round
     pcomm.finalize()
