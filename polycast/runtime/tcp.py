@@ -4,13 +4,16 @@ Writes are queued and flushed with ``sendmsg`` (header and payload slices as one
 list, no concatenation); a partial write leaves the rest queued, so the progress thread
 never blocks on a full socket (two ranks sending large buffers to each other would
 otherwise deadlock). Reads go into a preallocated buffer; a large payload is received with
-``recv_into`` straight into its own array.
+``recv_into`` straight into an array of a per-link pool (:class:`_Pool`), given back when
+the engine lets go of the payload: a fresh array per message cost a page fault per 4 KiB
+(the kernel zeroes and maps every page) on top of the copy itself.
 """
 
 from __future__ import annotations
 
 import collections
 import socket
+import weakref
 
 import numpy as np
 
@@ -20,6 +23,28 @@ RX_NBYTES = 1 << 18           # staging for headers and small payloads
 DIRECT_MIN_NBYTES = 1 << 15   # payloads at least this big are received into their own array
 IOV_MAX = 512
 SOCK_BUF_NBYTES = 4 << 20
+
+
+class _Pool:
+    """Receive arrays by power-of-two size class, reused once their payload is freed (a
+    weakref finalizer on the handed-out view); at most ``keep`` idle per class."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self._free: dict[int, list] = {}
+        self._keep = keep
+
+    def take(self, nbytes: int) -> np.ndarray:
+        cls = max(DIRECT_MIN_NBYTES, 1 << (nbytes - 1).bit_length())
+        free = self._free.get(cls)
+        base = free.pop() if free else np.empty(cls, np.uint8)
+        view = base[:nbytes]
+        weakref.finalize(view, self._give_back, cls, base)
+        return view
+
+    def _give_back(self, cls: int, base: np.ndarray) -> None:
+        free = self._free.setdefault(cls, [])
+        if len(free) < self._keep:
+            free.append(base)
 
 
 class LinkClosed(Exception):
@@ -46,6 +71,7 @@ class TcpLink:
         self._rxv = memoryview(self._rx)
         self._start = self._end = 0
         self._cur = None        # (hdr_len, header bytes, payload array, filled) being received
+        self._pool = _Pool()
         self.closed = False
         self.bye = False
 
@@ -173,7 +199,7 @@ class TcpLink:
                 self._start = p0 + plen
                 continue
             if plen >= DIRECT_MIN_NBYTES or plen > len(rx) - PREFIX_NBYTES - hl:
-                arr = np.empty(plen, dtype=np.uint8)
+                arr = self._pool.take(plen)
                 arr[:avail] = np.frombuffer(rx, np.uint8, avail, p0)
                 self._cur = (hdr_len, header, arr, avail)
                 self._start = self._end = 0
