@@ -316,6 +316,11 @@ def _auto_suite(comm, check, leftovers) -> None:
 
     P, r = comm.size, comm.rank
     sizes = []
+    # Small slots, so that the counts below take both forms: calls up to 1 KiB per rank
+    # in the two alternating slots (one barrier), larger ones in the staging segment.
+    st = symm.state(comm, create=True)
+    check("auto/slots-not-yet", st.slots is None)
+    st.slot_nbytes = 1024
 
     def stage_nbytes() -> int:
         st = symm.state(comm)
@@ -376,7 +381,7 @@ def _auto_suite(comm, check, leftovers) -> None:
     check("auto/grew-pow2", sizes[-1] >= need and sizes[-1] & (sizes[-1] - 1) == 0
           and sizes[-1] < 2 * need, f"{sizes[-1]} for {need}")
     st = symm.state(comm)
-    check("auto/one-stage", st.stage in st.segments and st.small in st.segments
+    check("auto/one-stage", st.stage in st.segments and st.slots in st.segments
           and len(st.segments) == 2, str(len(st.segments)))
 
     # Ranks passing different sizes: every rank raises MismatchError, whether the sizes fit

@@ -33,8 +33,9 @@ instead: every rank reduces the whole buffer from every peer in rank order (one 
 less; the same bits everywhere again). A plain ``sendbuf`` is first copied into ``recvbuf``.
 
 Synchronisation is an epoch barrier in a small shared control segment per communicator:
-each rank stores a descriptor of the call and then its epoch, and waits (yielding, then
-sleeping with a growing nap) until every peer's epoch has caught up. Barriers come before
+each rank stores a descriptor of the call and then its epoch, and waits (polling, then
+yielding the core, then sleeping on a futex the arriving peer wakes) until every peer's
+epoch has caught up. Barriers come before
 reading (inputs ready) and after (nobody still reads a buffer its owner may now
 overwrite). The descriptors are compared after the first barrier, so ranks that call
 differently all raise MismatchError instead of reading wrong data; a rank whose own
@@ -52,12 +53,13 @@ takes ~100 us against the ring's 0.8-1.5 ms (18 us for allreduce on 2 ranks).
 ``auto`` with ordinary arrays (:func:`route`, :func:`auto_staged`): when every rank of
 the communicator is on one host, POLYCAST_SYMM is not 0 and symm has not been refused
 there (other hosts, a failed allocation, a lost peer), Allgather, Reduce_scatter_block,
-Allreduce and Bcast go *staged*: the input is copied into the communicator's staging
-segment and the collective reads peers' staging segments (allgather and reduce-scatter
-write straight into the user's recvbuf; allreduce reduces its block in place, then copies
-every block out; broadcast is pipelined in BCAST_CHUNK_NBYTES chunks; an allreduce up to
-ONE_SHOT_MAX_NBYTES takes one barrier, its input in one of two alternating slots of a
-small segment). The staging segment is made by the first such call (collective: every
+Allreduce and Bcast go *staged*: the input is copied into shared memory and the
+collective reads peers' copies (allgather and reduce-scatter write straight into the
+user's recvbuf; allreduce reduces its block, then copies every block out, or up to
+ONE_SHOT_MAX_NBYTES reduces the whole; broadcast is pipelined in BCAST_CHUNK_NBYTES
+chunks). Calls up to SLOT_NBYTES a rank use one of two alternating slots and take one
+barrier (allreduce above one-shot: two), no closing one (:mod:`.staged` says why that is
+safe); larger ones use a staging segment made by the first such call (collective: every
 rank makes the same call) and replaced by one of the next power of two when a call needs
 more; a rank that needs to grow it first joins a barrier saying so, so ranks passing
 different sizes all raise MismatchError rather than some allocating while others wait.
@@ -103,9 +105,10 @@ from .routing import NAME, STAGED, SYMM, auto_disabled, auto_staged, route, want
 from .segments import segment_path
 from .staged import (BCAST_CHUNK_NBYTES, staged_allgather, staged_allreduce, staged_bcast,
                      staged_reduce_scatter)
-from .shared import ONE_SHOT_MAX_NBYTES, SymmState, alloc, free, is_symmetric, state
+from .shared import (ONE_SHOT_MAX_NBYTES, SLOT_NBYTES, SymmState, alloc, free, is_symmetric,
+                     state)
 
-__all__ = ["NAME", "SymmState", "EpochBarrier", "BAD_SIG", "ONE_SHOT_MAX_NBYTES",
+__all__ = ["NAME", "SymmState", "EpochBarrier", "BAD_SIG", "ONE_SHOT_MAX_NBYTES", "SLOT_NBYTES",
            "BCAST_CHUNK_NBYTES", "alloc", "free", "is_symmetric", "state", "wanted",
            "segment_path", "allgather", "reduce_scatter", "allreduce", "auto_disabled",
            "auto_staged", "route", "SYMM", "STAGED", "staged_allgather",

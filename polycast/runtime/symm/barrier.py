@@ -1,21 +1,33 @@
 """The epoch barrier of a communicator's symmetric memory.
 
 Each rank stores a descriptor of the call (a signature) and then its epoch in its block of
-a small shared control segment, and waits (yielding, then sleeping with a growing nap)
-until every peer's epoch has caught up. The descriptors are compared after the barrier
-(:meth:`EpochBarrier.check_sigs`), so ranks that call differently all raise
-MismatchError; a rank with bad arguments joins as "cannot take part" (BAD_SIG). Every wait
-is bounded by the communicator's timeout (CollectiveTimeout naming the ranks missing) and
-watches the driver's dead peers (PeerLost naming the rank); after either, the ranks' epochs
-disagree, so the barrier refuses further calls (``broken``). Stores to the control segment
-are ordered after the data stores by x86-64's total store order (the shm rings' assumption).
+a small shared control segment, and waits until every peer's epoch has caught up. The
+descriptors are compared after the barrier (:meth:`EpochBarrier.check_sigs`), so ranks that
+call differently all raise MismatchError; a rank with bad arguments joins as "cannot take
+part" (BAD_SIG). Every wait is bounded by the communicator's timeout (CollectiveTimeout
+naming the ranks missing) and watches the driver's dead peers (PeerLost naming the rank);
+after either, the ranks' epochs disagree, so the barrier refuses further calls
+(``broken``). Stores to the control segment are ordered after the data stores by x86-64's
+total store order (the shm rings' assumption).
+
+How a wait waits (:meth:`EpochBarrier.wait_for`): it polls the peers' slots for a few
+microseconds (a peer running on another core arrives within them), then yields the core
+(to whoever is runnable, with more ranks than cores usually the peer waited for) for up to
+YIELD_SECONDS, then sleeps on the first missing peer's slot with a futex (:mod:`..futex`).
+A rank that
+publishes a slot wakes the futex when a peer has said it sleeps (its SLEEP slot). A
+wake-up lost to a store/load reordering between those two costs one SLEEP_CHECK_SECONDS
+sleep, never a hang. Without futexes (not Linux, POLYCAST_FUTEX=0) it naps instead.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
+
+from .. import futex
 
 from ...errors import CollectiveTimeout, MismatchError, PeerLost, PolycastError
 from ..report import process_state
@@ -23,12 +35,28 @@ from ..report import process_state
 CTRL_NBYTES = 4096
 EPOCH, SIG0 = 0, 8              # uint64 slots of a rank's control block: epoch, 2 descriptors
 PROGRESS = 3                    # slot: chunks a pipelined broadcast's root has staged
+SLEEP = 4                       # slot: non-zero while this rank sleeps on a peer's futex
 BAD_SIG = (1 << 64) - 1         # a rank that cannot take part (e.g. a non-symmetric buffer)
-# Poll with sched_yield this long, then nap (growing to MAX_NAP_SECONDS). A yield hands the
-# core to a peer that has not arrived yet; 4 ranks on 2 cores, 16-element allreduce: 0 ->
-# 386 us, 50 us -> 281, 200 us -> 127-314 (noisy), 1 ms -> 120, 5 ms -> 120.
+# Poll this long before sleeping when every rank has a core of its own (a peer on another
+# core arrives within it); with more ranks than cores the peer waited for is usually
+# waiting for our core, so only a short poll.
+SPIN_SECONDS = 50e-6
+SPIN_OVERSUBSCRIBED_SECONDS = 3e-6
+# A futex sleep re-checks the deadline and the driver's dead peers this often.
+SLEEP_CHECK_SECONDS = 2e-3
+# Then sched_yield until this long after the start: the core stays busy, so a peer's
+# arrival is seen at once. Sleeping earlier costs a wake-up, which on this (virtual)
+# machine is slow: 4 ranks on 2 cores, 8 B allreduce 107 us yielding vs 430 us sleeping.
 YIELD_SECONDS = 1e-3
+# Then a futex sleep, or without futexes a nap (growing to MAX_NAP_SECONDS).
 MAX_NAP_SECONDS = 1e-3
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class EpochBarrier:
@@ -44,9 +72,28 @@ class EpochBarrier:
         # After a barrier timed out or lost a peer, the ranks' epochs no longer agree: a
         # late rank could pass a barrier on a stale epoch and read a buffer in use.
         self.broken: str | None = None
-        # How long a wait yields the core before it naps (0 on a worker thread: see
+        # How long a wait polls, then yields, before it sleeps (0 on a worker thread: see
         # :mod:`.queue`).
+        self.spin_seconds = (SPIN_SECONDS if self.size <= _cores()
+                             else SPIN_OVERSUBSCRIBED_SECONDS)
         self.yield_seconds = YIELD_SECONDS
+        self.use_futex = ctrl is not None and futex.available()
+        self._waitsets: dict = {}           # (rank, slot) -> futex.WaitSet on that slot
+
+    def publish(self, slot: int, value: int) -> None:
+        """Store ``value`` in our ``slot`` (after the data: TSO) and wake peers sleeping on
+        it."""
+        own = self.ctrl[self.rank]
+        own[slot] = value
+        if self.use_futex:
+            ctrl = self.ctrl
+            for p in range(self.size):
+                if p != self.rank and ctrl[p][SLEEP]:
+                    futex.wake(self._addr(self.rank, slot), self.size)
+                    return
+
+    def _addr(self, rank: int, slot: int) -> int:
+        return self.ctrl[rank].__array_interface__["data"][0] + 8 * slot
 
     def barrier(self, sig: int, what: str) -> list[int]:
         """Publish ``sig`` and wait for every peer's epoch; returns every rank's sig."""
@@ -66,7 +113,7 @@ class EpochBarrier:
         slot = SIG0 // 8 + (e & 1)
         own = self.ctrl[self.rank]
         own[slot] = sig
-        own[EPOCH] = e                     # after the descriptor (and the data): TSO
+        self.publish(EPOCH, e)             # after the descriptor (and the data): TSO
         self.wait_for([p for p in range(self.size) if p != self.rank], EPOCH, e, what,
                       "did not reach the barrier")
         return [int(self.ctrl[p][slot]) for p in range(self.size)]
@@ -75,12 +122,21 @@ class EpochBarrier:
                  missing: str) -> None:
         """Wait until control slot ``slot`` of every rank in ``pending`` is >= ``target``,
         bounded by the timeout and watching the driver's dead-peer list."""
-        down = getattr(self.comm._driver, "peer_down", None)
+        ctrl = self.ctrl
+        pending = [p for p in pending if int(ctrl[p][slot]) < target]
+        if not pending:
+            return
         start = time.monotonic()
+        spin_until = start + self.spin_seconds
+        while time.monotonic() < spin_until:
+            pending = [p for p in pending if int(ctrl[p][slot]) < target]
+            if not pending:
+                return
+        down = getattr(self.comm._driver, "peer_down", None)
         deadline = start + self.comm.timeout_seconds
         nap = 20e-6
         while True:
-            pending = [p for p in pending if int(self.ctrl[p][slot]) < target]
+            pending = [p for p in pending if int(ctrl[p][slot]) < target]
             if not pending:
                 return
             now = time.monotonic()
@@ -96,9 +152,28 @@ class EpochBarrier:
                     "symmetric buffers?)" + self._notes(pending))
             if now - start < self.yield_seconds:
                 os.sched_yield()
+            elif self.use_futex:
+                self._sleep(pending[0], slot, target, min(deadline - now,
+                                                          SLEEP_CHECK_SECONDS))
             else:
                 time.sleep(nap)
                 nap = min(MAX_NAP_SECONDS, nap * 2)
+
+    def _sleep(self, p: int, slot: int, target: int, seconds: float) -> None:
+        """Sleep until rank ``p``'s ``slot`` changes (a futex on its low 32 bits), a wake-up,
+        or ``seconds``. SLEEP is raised before the last look, so a publisher storing after
+        that look sees it and wakes us."""
+        ws = self._waitsets.get((p, slot))
+        if ws is None:
+            ws = self._waitsets[(p, slot)] = futex.WaitSet([(self._addr(p, slot), False)])
+        own = self.ctrl[self.rank]
+        own[SLEEP] = 1
+        try:
+            seen = int(self.ctrl[p][slot])
+            if seen < target:
+                ws.wait([seen & 0xFFFFFFFF], seconds)
+        finally:
+            own[SLEEP] = 0
 
     def _notes(self, pending: list[int]) -> str:
         """"; rank 2 is stopped (...)" for pending ranks whose process explains it."""
@@ -126,6 +201,8 @@ class EpochBarrier:
                             f"differ from rank {self.rank}")
 
 
+@functools.lru_cache(maxsize=512)
 def call_sig(*parts) -> int:
+    """A call's descriptor (cached: the same few calls repeat, and hashing costs ~2 us)."""
     d = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(d, "little") & ((1 << 63) - 1)

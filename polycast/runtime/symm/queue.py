@@ -12,8 +12,9 @@ time, in the order they were posted, on whichever thread gets to them first:
   ``Wait`` runs queued jobs itself (caller-driven progress, as the driver's) or waits for
   the one the worker is running.
 
-The worker's barrier waits sleep rather than spin (``EpochBarrier.yield_seconds`` = 0): a
-spinning worker would take a core, and the GIL, from the computation it overlaps with.
+The worker's barrier waits sleep rather than spin (``EpochBarrier.spin_seconds`` and
+``yield_seconds`` = 0): a spinning worker would take a core, and the GIL, from the
+computation it overlaps with.
 """
 
 from __future__ import annotations
@@ -81,9 +82,9 @@ class JobQueue:
         except IndexError:
             return False
         bar = self._st.bar
-        saved = bar.yield_seconds
+        saved = bar.spin_seconds, bar.yield_seconds
         if on_worker:
-            bar.yield_seconds = 0.0
+            bar.spin_seconds = bar.yield_seconds = 0.0
         try:
             fn()
         except BaseException as exc:        # handed to the request's waiter
@@ -91,7 +92,7 @@ class JobQueue:
         else:
             req._finish()
         finally:
-            bar.yield_seconds = saved
+            bar.spin_seconds, bar.yield_seconds = saved
         with self._cv:
             self._cv.notify_all()
         return True

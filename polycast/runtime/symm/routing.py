@@ -53,14 +53,22 @@ _STAGED = (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLREDUCE
 
 def _members_on_one_host(comm) -> bool:
     """From what the rendezvous told every rank (no message): the same answer everywhere,
-    since every member sees every other member on its own host or none does."""
-    world = getattr(comm._driver, "world", None)
-    if world is None or not shm_available():
-        return False
-    if world.single_host:
-        return True
-    peers = world.peers
-    return all(w == world.rank or (w in peers and peers[w].same_host) for w in comm.members)
+    since every member sees every other member on its own host or none does. It cannot
+    change, so it is kept on the communicator (asked once, not per call)."""
+    d = comm.__dict__
+    got = d.get("_symm_one_host")
+    if got is None:
+        world = getattr(comm._driver, "world", None)
+        if world is None or not shm_available():
+            got = False
+        elif world.single_host:
+            got = True
+        else:
+            peers = world.peers
+            got = all(w == world.rank or (w in peers and peers[w].same_host)
+                      for w in comm.members)
+        d["_symm_one_host"] = got
+    return got
 
 
 _ENV_ALGO = {c: f"POLYCAST_{c.name}_ALGO" for c in Collective}
@@ -99,11 +107,19 @@ def route(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
 
 def _planner_wants(comm, coll: Collective, nbytes: int | None) -> bool:
     """Whether the planner (polycast.planner: the one place choices are made) runs an
-    ``auto`` call of ``nbytes`` (S) through symmetric memory; None: any size may."""
+    ``auto`` call of ``nbytes`` (S) through symmetric memory; None: any size may. The
+    answers are kept per communicator, collective and size (a call repeats its sizes)."""
     if nbytes is None or comm.size < 2 or not _members_on_one_host(comm):
         return nbytes is None
-    from ...comm import choice
-    return choice.symm_wins(comm, coll, nbytes)
+    cache = comm.__dict__.setdefault("_symm_planner", {})
+    key = (coll, nbytes, comm.mcast_error is None)    # as choice.plan's key
+    got = cache.get(key)
+    if got is None:
+        from ...comm import choice
+        if len(cache) > 1024:           # bounded: many distinct sizes just re-ask
+            cache.clear()
+        got = cache[key] = choice.symm_wins(comm, coll, nbytes)
+    return got
 
 
 def auto_staged(comm, coll: Collective, algorithm: str | None, buf,

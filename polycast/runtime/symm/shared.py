@@ -17,6 +17,10 @@ from .segments import Segment, _close, _map_collectively
 # Allreduce up to this size is one-shot (every rank reduces all of it: 2 barriers instead
 # of 3); above, reduce-scatter + allgather moves P/2 times fewer bytes per rank.
 ONE_SHOT_MAX_NBYTES = 64 << 10
+# The ``auto`` path stages a rank's data up to this size in one of two alternating slots
+# (see :mod:`.staged`: one barrier a call instead of two). The segment is 2 x this per rank
+# of address space; tmpfs gives it memory only where a call has written.
+SLOT_NBYTES = 4 << 20
 
 
 class SymmState:
@@ -37,7 +41,8 @@ class SymmState:
         # is being (re)allocated, the object collectives that allocation makes take the
         # engine, so nothing recurses into it.
         self.stage: Segment | None = None
-        self.small: Segment | None = None
+        self.slots: Segment | None = None       # two slots of slot_nbytes (.staged)
+        self.slot_nbytes = SLOT_NBYTES          # (tests shrink it before the first call)
         self.growing = False
         self.auto_refused: str | None = None
         hosts = comm.allgather(host_id())
@@ -103,10 +108,10 @@ class SymmState:
                 for m in old.maps:
                     _close(m)
             self.stage = self._new_segment(nbytes, f"s{self.nsegments}")
-            if self.small is None:
-                # Two slots for small allreduces (see staged_allreduce), made with the first
-                # staging buffer: a step every rank takes at the same call.
-                self.small = self._new_segment(2 * ONE_SHOT_MAX_NBYTES, f"s{self.nsegments}")
+            if self.slots is None:
+                # The two slots of calls up to slot_nbytes (see .staged), made with the
+                # first staging buffer: a step every rank takes at the same call.
+                self.slots = self._new_segment(2 * self.slot_nbytes, f"s{self.nsegments}")
             return self.stage
         finally:
             self.growing = False
@@ -135,7 +140,7 @@ class SymmState:
             for m in seg.maps:
                 _close(m)
         self.segments = []
-        self.stage = self.small = None
+        self.stage = self.slots = None
         if self.bar.ctrl is not None:
             self.bar.ctrl = None
             for m in self._ctrl_maps:

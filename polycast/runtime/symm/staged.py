@@ -1,13 +1,20 @@
-"""``auto`` with ordinary arrays on one host: the input is copied into the communicator's
-staging segment and the collective reads peers' staging segments (allgather and
-reduce-scatter write straight into the user's recvbuf; allreduce reduces its block in
-place, then copies every block out, or up to ONE_SHOT_MAX_NBYTES takes one barrier with
-its input in one of two alternating slots of a small segment; broadcast is pipelined in
-BCAST_CHUNK_NBYTES chunks). The staging segment is made by the first such call
+"""``auto`` with ordinary arrays on one host: the input is copied into shared memory and
+the collective reads peers' copies (allgather and reduce-scatter write straight into the
+user's recvbuf; allreduce reduces its block, then every rank copies every block out, or up
+to ONE_SHOT_MAX_NBYTES every rank reduces the whole; broadcast above 2 x
+BCAST_CHUNK_NBYTES is pipelined chunk by chunk).
+
+Where the copies live. A call of up to SLOT_NBYTES per rank uses one of two alternating
+*slots* and needs no closing barrier: data published at barrier X (written before it, or
+after it for a pipelined broadcast) goes to slot X & 1 and is read between barriers X and
+X + 1. The next writer of that slot publishes at barrier X + 2 or later, so it has passed
+barrier X + 1, which every reader reached only once done reading. (Allreduce's reduced
+blocks are published at its second barrier, so they go to the other slot.) Larger calls
+use the *staging segment*, which keeps a closing barrier; it is made by the first such call
 (collective: every rank makes the same call) and replaced by one of the next power of two
 when a call needs more; a rank that must grow it first joins a barrier saying so, so ranks
 passing different sizes all raise MismatchError. Each ``staged_*`` returns a request, or
-None when the call must take the engine (the staging allocation failed on every rank)."""
+None when the call must take the engine (the allocation failed on every rank)."""
 
 from __future__ import annotations
 
@@ -17,7 +24,6 @@ from ...memory import apply_avg
 from .barrier import PROGRESS, call_sig
 from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
                      _reduce_scatter_args, _telling_peers)
-from .direct import allgather, reduce_scatter
 from .shared import ONE_SHOT_MAX_NBYTES, Segment, SymmState, state
 
 BCAST_CHUNK_NBYTES = 256 << 10   # 4 ranks, 16 MiB: 128K 4.1, 256K 4.7, 512K 3.5, 1M 4.5 GB/s
@@ -50,9 +56,26 @@ def _stage(comm, st: SymmState, nbytes: int, desc: tuple, what: str) -> Segment 
     return st.queue.run_now(grow)
 
 
+def _place(comm, st: SymmState, nbytes: int, desc: tuple, what: str):
+    """Where a call of ``nbytes`` per rank stages its data: ``(segment, slotted)``, the
+    slots segment for calls up to ``st.slot_nbytes`` (SLOT_NBYTES), else the staging
+    segment; None when the allocation failed on every rank."""
+    slotted = nbytes <= st.slot_nbytes
+    seg = _stage(comm, st, 0 if slotted else nbytes, desc, what)
+    if seg is None:
+        return None
+    return (st.slots if slotted else seg), slotted
+
+
+def _offset(st: SymmState, slotted: bool, ahead: int = 1) -> int:
+    """Byte offset of the slot for data published at barrier epoch + ``ahead`` (0 in the
+    staging segment). Called inside the job, where the epoch is the previous call's."""
+    return ((st.bar.epoch + ahead) & 1) * st.slot_nbytes if slotted else 0
+
+
 def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = True):
-    """``auto`` allgather of ordinary arrays: this rank's block is copied into the staging
-    segment, whence every peer reads it straight into its own recvbuf (no copy out).
+    """``auto`` allgather of ordinary arrays: this rank's block is copied into shared
+    memory, whence every peer reads it straight into its own recvbuf (no copy out).
     Returns the request, or None when the call must take the engine."""
     P, r = comm.size, comm.rank
     st = state(comm)
@@ -70,141 +93,171 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
             raise InvalidArgument(f"Allgather: sendbuf dtype {src.dtype} and recvbuf dtype "
                                   f"{recv.dtype} must match")
     dt = recv.dtype
-    seg = _stage(comm, st, n * dt.itemsize, ("allgather", n, dt.str),
-                 _describe("allgather", n, dt))
-    if seg is None:
+    what = _describe("allgather", n, dt)
+    got = _place(comm, st, n * dt.itemsize, ("allgather", n, dt.str), what)
+    if got is None:
         return None
-    stage = seg.view(r, 0, n, dt)
+    seg, slotted = got
+    sig = call_sig("allgather-staged", n, dt.str, seg.index)
 
-    def copy_in():
-        stage[...] = src
-    return allgather(comm, stage, recv, False, blocking, copy_in)
+    def job():
+        off = _offset(st, slotted)
+        seg.view(r, off, n, dt)[...] = src
+        st.bar.check_sigs(st.bar.barrier(sig, what), what)
+        if not in_place:
+            recv[r * n:(r + 1) * n] = src
+        for i in range(1, P):
+            p = (r + i) % P
+            recv[p * n:(p + 1) * n] = seg.view(p, off, n, dt)
+        if not slotted:
+            st.bar.barrier(0, what)
+    return _post(comm, st, "allgather", job, blocking)
 
 
 def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
                           blocking: bool = True):
-    """``auto`` reduce-scatter of ordinary arrays: the input is copied into the staging
-    segment; each rank reduces its block from every peer's copy into its recvbuf."""
+    """``auto`` reduce-scatter of ordinary arrays: the input is copied into shared memory;
+    each rank reduces its block from every rank's copy into its recvbuf."""
     P, r = comm.size, comm.rank
     st = state(comm)
     with _telling_peers(comm, "reduce_scatter"):
         recv, src, n, ropt = _reduce_scatter_args(sendbuf, recvbuf, op, in_place, P)
         out = recv[:n] if in_place else recv
     dt = recv.dtype
-    seg = _stage(comm, st, P * n * dt.itemsize, ("reduce_scatter", n, dt.str, ropt.value),
-                 _describe("reduce_scatter", n, dt, ropt.value))
-    if seg is None:
+    isz = dt.itemsize
+    what = _describe("reduce_scatter", n, dt, ropt.value)
+    got = _place(comm, st, P * n * isz, ("reduce_scatter", n, dt.str, ropt.value), what)
+    if got is None:
         return None
-    stage = seg.view(r, 0, P * n, dt)
+    seg, slotted = got
+    ufunc = UFUNCS[ropt]
+    sig = call_sig("reduce_scatter-staged", n, dt.str, ropt.value, seg.index)
 
-    def copy_in():
-        stage[...] = src
-    return reduce_scatter(comm, stage, out, ropt, False, blocking, copy_in)
+    def job():
+        off = _offset(st, slotted)
+        seg.view(r, off, P * n, dt)[...] = src
+        st.bar.check_sigs(st.bar.barrier(sig, what), what)
+        mine = off + r * n * isz
+        # Our block first, then the peers' in rotated order (no source read by two).
+        ufunc(seg.view(r, mine, n, dt), seg.view((r + 1) % P, mine, n, dt), out=out)
+        for i in range(2, P):
+            ufunc(out, seg.view((r + i) % P, mine, n, dt), out=out)
+        if ropt is ReduceOp.AVG:
+            apply_avg(out, P)
+        if not slotted:
+            st.bar.barrier(0, what)
+    return _post(comm, st, "reduce_scatter", job, blocking)
 
 
 def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool = True):
-    """``auto`` allreduce of ordinary arrays: the input is copied into the staging segment.
-    Up to ONE_SHOT_MAX_NBYTES every rank reduces the whole of every peer's copy, in rank
-    order, straight into its recvbuf (one barrier: the input sits in one of two slots that
-    alternate). Above, each rank reduces its block
-    in its own staging copy (nobody else reads that block then), and after a barrier every
-    rank copies every block from its owner into its recvbuf (three barriers). Either way
-    each element is reduced in one order, so every rank holds the same bits."""
+    """``auto`` allreduce of ordinary arrays: the input is copied into shared memory.
+    Up to ONE_SHOT_MAX_NBYTES every rank reduces the whole of every rank's copy, in rank
+    order, straight into its recvbuf (one barrier). Above, each rank reduces its block
+    from every rank's copy (into the other slot, or in place in its own staging copy,
+    where nobody else reads that block then), and after a barrier every rank copies every
+    block from its owner into its recvbuf. Either way each element is reduced in one
+    order, so every rank holds the same bits."""
     P, r = comm.size, comm.rank
     st = state(comm)
     with _telling_peers(comm, "allreduce"):
         recv, src, ropt = _allreduce_args(sendbuf, recvbuf, op, in_place)
     dt, isz, count = recv.dtype, recv.dtype.itemsize, recv.size
     what = _describe("allreduce", count, dt, ropt.value)
-    seg = _stage(comm, st, count * isz, ("allreduce", count, dt.str, ropt.value), what)
-    if seg is None:
+    got = _place(comm, st, count * isz, ("allreduce", count, dt.str, ropt.value), what)
+    if got is None:
         return None
+    seg, slotted = got
     ufunc = UFUNCS[ropt]
     sig = call_sig("allreduce-staged", count, dt.str, ropt.value, seg.index)
-    if count * isz <= ONE_SHOT_MAX_NBYTES:
-        small = st.small
+    if slotted and count * isz <= ONE_SHOT_MAX_NBYTES:
 
         def job():
-            # One barrier, no closing one: the input goes to slot (epoch & 1) of the small
-            # segment. A peer still reading this slot would be in the call two barriers
-            # back, but we passed the barrier after it, which that peer reached only once
-            # done.
-            off = ((st.bar.epoch + 1) & 1) * ONE_SHOT_MAX_NBYTES
-            small.view(r, off, count, dt)[...] = src
+            off = _offset(st, True)
+            seg.view(r, off, count, dt)[...] = src
             st.bar.check_sigs(st.bar.barrier(sig, what), what)
             # recv is ours alone: reduce straight into it, in rank order (same bits).
-            ufunc(small.view(0, off, count, dt), small.view(1, off, count, dt), out=recv)
+            ufunc(seg.view(0, off, count, dt), seg.view(1, off, count, dt), out=recv)
             for p in range(2, P):
-                ufunc(recv, small.view(p, off, count, dt), out=recv)
+                ufunc(recv, seg.view(p, off, count, dt), out=recv)
             if ropt is ReduceOp.AVG:
                 apply_avg(recv, P)
         return _post(comm, st, "allreduce", job, blocking)
+    blocks = _blocks(count, P)
 
     def job():
-        mine = seg.view(r, 0, count, dt)
-        mine[...] = src
+        ins = _offset(st, slotted)
+        outs = _offset(st, slotted, 2) if slotted else 0
+        seg.view(r, ins, count, dt)[...] = src
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
-        blocks = _blocks(count, P)
         a, b = blocks[r]
-        acc = mine[a:b]
-        for i in range(1, P):
-            ufunc(acc, seg.view((r + i) % P, a * isz, b - a, dt), out=acc)
+        acc = seg.view(r, outs + a * isz, b - a, dt)
+        ufunc(seg.view(r, ins + a * isz, b - a, dt),
+              seg.view((r + 1) % P, ins + a * isz, b - a, dt), out=acc)
+        for i in range(2, P):
+            ufunc(acc, seg.view((r + i) % P, ins + a * isz, b - a, dt), out=acc)
         if ropt is ReduceOp.AVG:
             apply_avg(acc, P)
         st.bar.barrier(0, what)
         for i in range(P):
             p = (r + i) % P
             a, b = blocks[p]
-            recv[a:b] = seg.view(p, a * isz, b - a, dt)
-        st.bar.barrier(0, what)
+            recv[a:b] = seg.view(p, outs + a * isz, b - a, dt)
+        if not slotted:
+            st.bar.barrier(0, what)
     return _post(comm, st, "allreduce", job, blocking)
 
 
 def staged_bcast(comm, buf, root: int, blocking: bool = True):
-    """``auto`` broadcast of an ordinary array: the root copies it into its staging
-    segment; after a barrier every other rank copies it out (a second barrier keeps the
-    root from overwriting it for the next call while a peer still reads). Above
-    2 x BCAST_CHUNK_NBYTES it is pipelined: the root publishes its progress chunk by chunk
-    in its control block and the others copy each chunk as soon as it is there, while it
-    is still in cache."""
+    """``auto`` broadcast of an ordinary array: the root copies it into shared memory;
+    after a barrier every other rank copies it out. Above 2 x BCAST_CHUNK_NBYTES it is
+    pipelined: the root publishes its progress chunk by chunk in its control block and the
+    others copy each chunk as soon as it is there, while it is still in cache."""
     r = comm.rank
     st = state(comm)
     with _telling_peers(comm, "bcast"):
         b = _flat(buf, "buf")
     dt, n = b.dtype, b.size
-    what = _describe("bcast", n, dt, f"root {root}")
-    seg = _stage(comm, st, n * dt.itemsize, ("bcast", n, dt.str, root), what)
-    if seg is None:
-        return None
     nbytes = n * dt.itemsize
+    what = _describe("bcast", n, dt, f"root {root}")
+    got = _place(comm, st, nbytes, ("bcast", n, dt.str, root), what)
+    if got is None:
+        return None
+    seg, slotted = got
     pipelined = nbytes > 2 * BCAST_CHUNK_NBYTES
     sig = call_sig("bcast", n, dt.str, root, seg.index)
 
     def job():
+        off = _offset(st, slotted)
         if r == root and not pipelined:
-            seg.view(r, 0, n, dt)[...] = b
+            seg.view(r, off, n, dt)[...] = b
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
         if pipelined:
-            # Progress values are (opening epoch << 24) + chunks done: larger than any
-            # left from an earlier call, the same target on every rank.
-            step = max(1, BCAST_CHUNK_NBYTES // dt.itemsize)
-            base = st.bar.epoch << 24
-            own, nchunks = st.bar.ctrl[r], -(-n // step)
-            try:
-                for i in range(nchunks):
-                    lo, hi = i * step, min(n, (i + 1) * step)
-                    if r == root:
-                        seg.view(r, lo * dt.itemsize, hi - lo, dt)[...] = b[lo:hi]
-                        own[PROGRESS] = base + i + 1      # after the data: TSO
-                    else:
-                        st.bar.wait_for([root], PROGRESS, base + i + 1, what,
-                                        "did not publish the data")
-                        b[lo:hi] = seg.view(root, lo * dt.itemsize, hi - lo, dt)
-            except (PeerLost, CollectiveTimeout) as exc:
-                st.bar.broken = f"{type(exc).__name__}: {exc}"
-                raise
+            _pipelined_bcast(st, seg, off, b, root, what)
         elif r != root:
-            b[...] = seg.view(root, 0, n, dt)
-        st.bar.barrier(0, what)
+            b[...] = seg.view(root, off, n, dt)
+        if not slotted:
+            st.bar.barrier(0, what)
     return _post(comm, st, "bcast", job, blocking)
-# -- the collectives ------------------------------------------------------------------------
+
+
+def _pipelined_bcast(st: SymmState, seg: Segment, off: int, b, root: int, what: str):
+    """The root stages ``b`` chunk by chunk, publishing its progress; the others copy
+    each chunk once it is there. Progress values are (opening epoch << 24) + chunks done:
+    larger than any left from an earlier call, the same target on every rank."""
+    dt, n = b.dtype, b.size
+    step = max(1, BCAST_CHUNK_NBYTES // dt.itemsize)
+    base = st.bar.epoch << 24
+    try:
+        for i in range(-(-n // step)):
+            lo, hi = i * step, min(n, (i + 1) * step)
+            chunk = seg.view(root, off + lo * dt.itemsize, hi - lo, dt)
+            if st.rank == root:
+                chunk[...] = b[lo:hi]
+                st.bar.publish(PROGRESS, base + i + 1)      # after the data
+            else:
+                st.bar.wait_for([root], PROGRESS, base + i + 1, what,
+                                "did not publish the data")
+                b[lo:hi] = chunk
+    except (PeerLost, CollectiveTimeout) as exc:
+        st.bar.broken = f"{type(exc).__name__}: {exc}"
+        raise
