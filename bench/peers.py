@@ -1,7 +1,7 @@
 """polycast beside its peers: the same collectives and sizes with polycast, MPICH (mpi4py)
 and torch.distributed's gloo, in one invocation, on local ranks.
 
-    python bench/peers.py [-n 4] [--collectives allgather,allreduce,broadcast]
+    python bench/peers.py [-n 4] [--collectives allgather,allreduce,broadcast,reduce_scatter]
                           [--sizes 8B,64KiB,1MiB,16MiB] [--transport auto|shm|tcp]
                           [--iters N] [--warmup N] [--breakdown] [--json FILE]
 

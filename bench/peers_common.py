@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 DTYPE = np.float32
-COLLECTIVES = ("allgather", "allreduce", "broadcast")
+COLLECTIVES = ("allgather", "allreduce", "broadcast", "reduce_scatter")
 ROOT = 0
 
 
@@ -49,20 +49,25 @@ class Measured:
     detail: str = ""
 
 
-def send_data(collective: str, rank: int, count: int) -> np.ndarray:
-    """Small distinct integers per rank: sums over a few ranks stay exact in float32."""
-    i = np.arange(count, dtype=np.int64)
+def send_data(collective: str, rank: int, count: int, nranks: int = 1) -> np.ndarray:
+    """Small distinct integers per rank: sums over a few ranks stay exact in float32.
+    ``count`` x ``nranks`` of them for reduce_scatter (its input holds a block per rank)."""
+    n = count * nranks if collective == "reduce_scatter" else count
+    i = np.arange(n, dtype=np.int64)
     return ((i * 3 + rank * 11 + 1) % 101).astype(DTYPE)
 
 
-def expected(collective: str, nranks: int, count: int) -> np.ndarray:
-    sends = [send_data(collective, r, count) for r in range(nranks)]
+def expected(collective: str, nranks: int, count: int, rank: int = 0) -> np.ndarray:
+    """What ``rank`` holds after the call (the same on every rank but reduce_scatter's)."""
+    sends = [send_data(collective, r, count, nranks) for r in range(nranks)]
     if collective == "allgather":
         return np.concatenate(sends)
     if collective == "allreduce":
         return np.sum(sends, axis=0, dtype=DTYPE)
     if collective == "broadcast":
         return sends[ROOT]
+    if collective == "reduce_scatter":
+        return np.sum(sends, axis=0, dtype=DTYPE)[rank * count:(rank + 1) * count]
     raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
 
 
@@ -76,7 +81,7 @@ def measure(case: Case, rank: int, nranks: int, prepare, barrier, max_over_ranks
     ``barrier()``, ``max_over_ranks(x)`` and ``min_over_ranks(x)`` are the peer's own.
     """
     call, result, reset = prepare(case)
-    want = expected(case.collective, nranks, case.count)
+    want = expected(case.collective, nranks, case.count, rank)
     call()
     ok_first = bool(np.array_equal(result(), want))
     for _ in range(warmup):

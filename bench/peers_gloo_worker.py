@@ -22,6 +22,14 @@ import peers_common as pc
 SENTINEL = -1.0
 
 
+def _reduce_scatter_call(dist, recv, send):
+    """The flat-input reduce-scatter, ``reduce_scatter_tensor`` (torch 2.13 warns it is
+    deprecated; the warning is silenced so it does not drown the bench's output)."""
+    import warnings
+    warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.*deprecated")
+    return lambda: dist.reduce_scatter_tensor(recv, send, op=dist.ReduceOp.SUM)
+
+
 def _allgather_call(dist, recv, send, count):
     """The flat-output allgather this torch offers (``all_gather_single`` since 2.13,
     ``all_gather_into_tensor`` before), else ``all_gather`` into views of ``recv``."""
@@ -49,7 +57,7 @@ def rank_main(rank: int, size: int, port: int, plan: str, out: str) -> None:
     cases, warmup = pc.load_plan(plan)
 
     def prepare(case: pc.Case):
-        send_np = pc.send_data(case.collective, rank, case.count)
+        send_np = pc.send_data(case.collective, rank, case.count, size)
         send = torch.from_numpy(send_np)
         if case.collective == "allgather":
             recv = torch.full((size * case.count,), SENTINEL, dtype=torch.float32)
@@ -66,6 +74,9 @@ def rank_main(rank: int, size: int, port: int, plan: str, out: str) -> None:
             recv = send.clone() if rank == pc.ROOT else torch.full(
                 (case.count,), SENTINEL, dtype=torch.float32)
             def call(): dist.broadcast(recv, src=pc.ROOT)
+        elif case.collective == "reduce_scatter":
+            recv = torch.full((case.count,), SENTINEL, dtype=torch.float32)
+            call = _reduce_scatter_call(dist, recv, send)
         else:
             raise ValueError(f"unknown collective {case.collective!r}; "
                              f"valid: {', '.join(pc.COLLECTIVES)}")

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     library = MPI.Get_library_version().splitlines()[0].strip()
 
     def prepare(case: pc.Case):
-        send = pc.send_data(case.collective, rank, case.count)
+        send = pc.send_data(case.collective, rank, case.count, size)
         if case.collective == "allgather":
             recv = np.full(size * case.count, SENTINEL, dtype=pc.DTYPE)
             def call(): comm.Allgather(send, recv)
@@ -39,6 +39,9 @@ def main(argv: list[str]) -> int:
             # the sentinel until the call fills them.
             recv = send.copy() if rank == pc.ROOT else np.full(case.count, SENTINEL, pc.DTYPE)
             def call(): comm.Bcast(recv, root=pc.ROOT)
+        elif case.collective == "reduce_scatter":
+            recv = np.full(case.count, SENTINEL, dtype=pc.DTYPE)
+            def call(): comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
         else:
             raise ValueError(f"unknown collective {case.collective!r}; "
                              f"valid: {', '.join(pc.COLLECTIVES)}")

@@ -58,6 +58,9 @@ def test_expected_results_match_a_hand_computation():
     assert pc.expected("allgather", 2, 2).tolist() == [1, 4, 12, 15]
     assert pc.expected("allreduce", 2, 2).tolist() == [13, 19]
     assert pc.expected("broadcast", 3, 2).tolist() == [1, 4]
+    # reduce_scatter: each rank's input is 2 blocks; rank 1 keeps the sum's second block
+    assert pc.expected("reduce_scatter", 2, 2, rank=0).tolist() == [13, 19]
+    assert pc.expected("reduce_scatter", 2, 2, rank=1).tolist() == [25, 31]
 
 
 def _run(name, rows, unavailable=""):
