@@ -44,6 +44,31 @@ def buffers_used(schedule: Schedule, rank: int) -> set[str]:
     return used
 
 
+_SHAPES: dict[tuple[int, int], tuple] = {}
+
+
+def _shape(schedule: Schedule, rank: int) -> tuple:
+    """What :meth:`Buffers.register` checks a rank's arrays against: (buffers used,
+    (send, recv) element counts, tmp elements or None, has an op, holds a result).
+    Remembered for the few schedules a process posts again and again (working it out on
+    every small call measured ~2 us)."""
+    key = (id(schedule), rank)
+    hit = _SHAPES.get(key)
+    if hit is not None and hit[0] is schedule:       # ids are reused after GC: check
+        return hit[1]
+    if len(_SHAPES) >= 256:
+        _SHAPES.pop(next(iter(_SHAPES)))
+    lays = schedule.layouts
+    needs = tuple(lays[n].nelems if n in lays else 0 for n in ("send", "recv"))
+    tmp = lays.get("tmp")
+    coll = schedule.collective
+    shape = (frozenset(buffers_used(schedule, rank)), needs,
+             None if tmp is None else tmp.nelems, coll.has_op,
+             coll is not Collective.REDUCE or rank == schedule.root)
+    _SHAPES[key] = (schedule, shape)
+    return shape
+
+
 @dataclass
 class _Req:
     arrays: dict[str, np.ndarray]
@@ -73,22 +98,20 @@ class Buffers:
         if req in self._reqs:
             raise InvalidArgument(f"request {req} is already registered")
         coll = schedule.collective
-        used = buffers_used(schedule, rank)
+        used, needs, tmp_nelems, has_op, result_here = _shape(schedule, rank)
         arrays: dict[str, np.ndarray] = {}
         dtype = None
-        for name, arr in (("send", send), ("recv", recv)):
-            lay = schedule.layouts.get(name)
+        for name, arr, need in (("send", send, needs[0]), ("recv", recv, needs[1])):
             if arr is None:
                 if name in used:
                     raise InvalidArgument(f"{coll} {schedule.algorithm} on rank {rank} needs "
-                                          f"a {name} buffer of {lay.nelems} elements, got None")
+                                          f"a {name} buffer of {need} elements, got None")
                 continue
-            if not isinstance(arr, np.ndarray):
+            if type(arr) is not np.ndarray and not isinstance(arr, np.ndarray):
                 raise InvalidArgument(f"{name} buffer must be a numpy array, got "
                                       f"{type(arr).__name__}")
             if not arr.flags.c_contiguous:
                 raise InvalidArgument(f"{name} buffer must be C-contiguous")
-            need = lay.nelems if lay is not None else 0
             if arr.size != need and (name in used or arr.size < need):
                 raise InvalidArgument(
                     f"{coll} count={schedule.count} on {schedule.nranks} ranks needs a "
@@ -96,19 +119,21 @@ class Buffers:
             if dtype is not None and arr.dtype != dtype:
                 raise InvalidArgument(f"send and recv dtypes differ: {dtype} vs {arr.dtype}")
             dtype = arr.dtype
-            arrays[name] = arr.reshape(-1)
+            arrays[name] = arr if arr.ndim == 1 else arr.reshape(-1)
         if dtype is None:
             dtype = np.dtype(np.uint8)
-        tmp = schedule.layouts.get("tmp")
-        if tmp is not None:
-            arrays["tmp"] = np.empty(tmp.nelems, dtype)
+        if tmp_nelems is not None:
+            arrays["tmp"] = np.empty(tmp_nelems, dtype)
         ropt = None
-        if coll.has_op:
+        if has_op:
             ropt = _ops.get(op if op is not None else "sum")
-            ropt.check(dtype, f"{coll}: ")
+            try:
+                ropt.check(dtype)
+            except InvalidArgument:
+                ropt.check(dtype, f"{coll}: ")      # again, to say which call
+                raise
         elif op is not None:
             _ops.get(op)                # still reject garbage names
-        result_here = coll is not Collective.REDUCE or rank == schedule.root
         self._reqs[req] = _Req(arrays, dtype, ropt.combine if ropt else None,
                                ropt is _ops.AVG, schedule.nranks, result_here, ropt)
         return dtype
@@ -172,6 +197,13 @@ class Buffers:
             raise InvalidArgument(f"payload of {src.size} elements for a region of "
                                   f"{region.nelems}")
         arr = r.arrays[region.buf]
+        if len(region.runs) == 1:
+            a, b = region.runs[0]
+            if reduce:
+                r.ufunc(arr[a:b], src, out=arr[a:b])
+            else:
+                arr[a:b] = src
+            return
         pos = 0
         for a, b in region.runs:
             n = b - a
@@ -199,12 +231,23 @@ class Buffers:
                 pos += n
             return
         sa, da = r.arrays[src.buf], r.arrays[dst.buf]
-        if _addresses(sa, src.runs) == _addresses(da, dst.runs):
+        shared = sa is da or np.may_share_memory(sa, da)
+        if not shared and len(src.runs) == 1 and len(dst.runs) == 1:
+            # The common small case (a schedule's own-block copy): one slice each, distinct
+            # memory; the address comparison below costs more than the copy.
+            (a, b), (c, d) = src.runs[0], dst.runs[0]
+            if b - a == d - c:
+                if reduce:
+                    r.ufunc(da[c:d], sa[a:b], out=da[c:d])
+                else:
+                    da[c:d] = sa[a:b]
+                return
+        if shared and _addresses(sa, src.runs) == _addresses(da, dst.runs):
             # In place (send is recv, or send is recv's own block as MPI_IN_PLACE allows).
             if reduce:
                 raise InvalidArgument("a reducing copy of a region onto itself")
             return
-        if np.may_share_memory(sa, da):
+        if shared:
             # Overlapping but different ranges: read everything before writing anything.
             data = np.concatenate([sa[a:b] for a, b in src.runs]) if src.runs else sa[:0]
         else:

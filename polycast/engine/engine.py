@@ -93,7 +93,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         self._lost: dict[int, str] = {}
         self._pacer = Pacer(self.config.pacing_gbps, self.config.pacing_min_fraction)
         self._sig_cache: dict[tuple, tuple] = {}    # -> (schedule, sig)
-        self._plans: dict[tuple, tuple] = {}        # (id(schedule), rank) -> (schedule, plan)
+        self._plans: dict[int, tuple] = {}          # id(schedule) -> (schedule, plan)
         self._grant_wait: deque = deque()           # (request, (src, tag)): RTS refused a grant
         self._recent: dict[int, tuple] = {}         # seq -> (sig, description thunk): over
         # What the driver knows of peers beyond the protocol ("stopped", "not running"),
@@ -116,20 +116,16 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
              dtype: str = "", op: str = "") -> list[Action]:
         """Start a collective. Raises InvalidArgument (before anything is sent) when the
         schedule does not fit this engine; returns the first actions."""
-        if not isinstance(schedule, Schedule):
-            raise InvalidArgument(f"post needs a Schedule, got {type(schedule).__name__}")
-        if not isinstance(req, int) or req in self._reqs:
+        hit = self._plans.get(id(schedule))
+        if hit is not None and hit[0] is schedule:
+            plan = hit[1]               # checked against this engine when it was made
+        else:
+            plan = self._get_plan(schedule)
+        if type(req) is not int and not isinstance(req, int) or req in self._reqs:
             raise InvalidArgument(f"request id {req!r} is already outstanding (or not an "
                                   "int); use a fresh id per call")
-        if schedule.nranks != self.nranks:
-            raise InvalidArgument(f"{schedule.describe()} is for {schedule.nranks} ranks but "
-                                  f"this communicator has {self.nranks}")
-        if len(schedule.programs) != self.nranks:
-            raise InvalidArgument(f"{schedule.describe()} has {len(schedule.programs)} "
-                                  f"programs for {self.nranks} ranks")
-        if not isinstance(itemsize, int) or itemsize < 1:
+        if type(itemsize) is not int and not isinstance(itemsize, int) or itemsize < 1:
             raise InvalidArgument(f"itemsize must be a positive integer, got {itemsize!r}")
-        plan = self._get_plan(schedule)
         if plan.streams and itemsize > self.config.mtu_nbytes:
             raise InvalidArgument(f"itemsize {itemsize} exceeds mtu_nbytes "
                                   f"{self.config.mtu_nbytes}: one element must fit a datagram")
@@ -147,7 +143,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
                                  schedule.options)
             self._sig_cache[key] = (schedule, sig)
         r = Request(req, seq, schedule, plan, itemsize, sig, (dtype, op))
-        r.prog = schedule.program(self.rank)
+        r.prog = plan.prog
         self._reqs[req] = r
         self._by_seq[seq] = r
         out: list[Action] = []
@@ -195,10 +191,20 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         return out
 
     def _get_plan(self, schedule: Schedule) -> Plan:
-        key = (id(schedule), self.rank)
+        """The plan of this rank's program of ``schedule``, checked against this engine
+        (made once per schedule: a planner posts the same schedules again and again)."""
+        key = id(schedule)
         hit = self._plans.get(key)
         if hit is not None and hit[0] is schedule:
             return hit[1]
+        if not isinstance(schedule, Schedule):
+            raise InvalidArgument(f"post needs a Schedule, got {type(schedule).__name__}")
+        if schedule.nranks != self.nranks:
+            raise InvalidArgument(f"{schedule.describe()} is for {schedule.nranks} ranks but "
+                                  f"this communicator has {self.nranks}")
+        if len(schedule.programs) != self.nranks:
+            raise InvalidArgument(f"{schedule.describe()} has {len(schedule.programs)} "
+                                  f"programs for {self.nranks} ranks")
         plan = make_plan(schedule, self.rank)
         if len(self._plans) >= 64:
             self._plans.pop(next(iter(self._plans)))
@@ -509,22 +515,31 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         self._remember_request(r)
         del self._reqs[r.req]
         self._by_seq.pop(r.seq, None)
-        for tid in [r.op_timer, r.rec_timer, r.mis_timer, *r.pace_timers, *r.eos_timers]:
-            if tid is not None and tid in self._timers:
-                self._cancel_timer(out, tid)
+        timers = self._timers
+        tid = r.op_timer
+        if tid is not None and timers.pop(tid, None) is not None:
+            out.append(_cancel_timer(tid))
+        if r.rec_timer is not None or r.mis_timer is not None or r.pace_timers or \
+                r.eos_timers:
+            for tid in [r.rec_timer, r.mis_timer, *r.pace_timers, *r.eos_timers]:
+                if tid is not None and tid in timers:
+                    self._cancel_timer(out, tid)
+            r.pace_timers.clear()
+            r.eos_timers.clear()
         r.op_timer = r.rec_timer = r.mis_timer = None
-        r.pace_timers.clear()
-        r.eos_timers.clear()
-        for token in r.tokens:
-            self._tokens.pop(token, None)
-        r.tokens.clear()
+        if r.tokens:
+            for token in r.tokens:
+                self._tokens.pop(token, None)
+            r.tokens.clear()
         if r.held_nbytes:
             self._early.release(r.held_nbytes)
             r.held_nbytes = 0
-        r.held.clear()
-        for s in r.streams.values():
-            s.held = []
-            s.deferred = []
+        if r.held:
+            r.held.clear()
+        if r.streams:
+            for s in r.streams.values():
+                s.held = []
+                s.deferred = []
         if self.config.external_streams:
             self._close_streams(r, out)
 

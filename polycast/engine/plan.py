@@ -30,6 +30,7 @@ class Plan:
     multicast: bool                         # the schedule multicasts (FIN ring on every rank)
     roots: tuple = ()                       # steps with no dependencies, in order
     send_index: dict = field(default_factory=dict)  # (peer, tag) -> step index (SEND)
+    prog: tuple = ()                        # the rank's program (its steps)
 
 
 _USES_MULTICAST: dict[int, tuple[Schedule, bool]] = {}
@@ -118,7 +119,7 @@ def make_plan(schedule: Schedule, rank: int) -> Plan:
             mcast_nelems += ne
     return Plan(ndeps, succ, runs, nelems, dst_runs, recv_index, streams, frozenset(peers),
                  n_mrecv, mcast_nelems, bool(streams) or _uses_multicast(schedule),
-                 tuple(i for i, d in enumerate(ndeps) if d == 0), send_index)
+                 tuple(i for i, d in enumerate(ndeps) if d == 0), send_index, tuple(prog))
 
 
 def slice_runs(runs, start: int, stop: int) -> tuple[tuple[int, int], ...]:

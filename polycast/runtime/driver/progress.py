@@ -318,9 +318,10 @@ class Progress:
             while not request._done:
                 now = mono()
                 left = deadline - now
-                if left <= 0 or not self._thread.is_alive():
+                if left <= 0:
                     return
-                if not lock.acquire(timeout=min(left, IDLE_POLL_SECONDS)):
+                if not lock.acquire(False) and \
+                        not lock.acquire(timeout=min(left, IDLE_POLL_SECONDS)):
                     continue
                 try:
                     if full or now - self._last_full_round >= FULL_ROUND_SECONDS:
@@ -333,6 +334,8 @@ class Progress:
                     lock.release()
                 if request._done:
                     return
+                if not self._thread.is_alive():
+                    return
                 full = False
                 if timeout <= 0:
                     spun = False
@@ -343,15 +346,35 @@ class Progress:
                         full = got == 2
                         continue
                     spun = True
-                    if not did_full:
+                futex_sleep = self._waitset is not None and not self.d.mcast_requests
+                if not did_full:
+                    if not futex_sleep:
                         full = True         # the blocking timeout comes from a full round
                         continue
+                    # Only the rings (and commands) can wake a futex sleeper: what the
+                    # sleep is bounded by needs no select, just the timers.
+                    timeout = self._idle_timeout(mono())
                 self._block(min(timeout, left))
-                full, spun = True, False
+                # Woken by a ring or a command: a quick round takes it (a full one still
+                # runs every FULL_ROUND_SECONDS). From select, a socket may be ready.
+                full, spun = not futex_sleep, False
         finally:
             with self._drive_cv:
                 self._driving -= 1
                 self._drive_ended = time.monotonic()
+
+    def _idle_timeout(self, now: float) -> float:
+        """How long a thread with nothing to do may sleep: until the next timer or paced
+        datagram, at most IDLE_POLL_SECONDS (1 s without requests or rings)."""
+        d = self.d
+        t = IDLE_POLL_SECONDS if d.requests or d.peers.rings_in else 1.0
+        due = d.timers.next_deadline()
+        if due is not None:
+            t = min(t, max(0.0, due - now))
+        due = d.mcast.next_paced()
+        if due is not None:
+            t = min(t, max(0.0, due - now))
+        return t
 
     def _select_timeout(self, busy: bool) -> float:
         d = self.d
@@ -362,15 +385,7 @@ class Progress:
             if time.monotonic() - self._last_activity < SPIN_SECONDS:
                 os.sched_yield()
                 return 0.0
-        t = IDLE_POLL_SECONDS if d.requests or d.peers.rings_in else 1.0
-        now = time.monotonic()
-        due = d.timers.next_deadline()
-        if due is not None:
-            t = min(t, max(0.0, due - now))
-        due = d.mcast.next_paced()
-        if due is not None:
-            t = min(t, max(0.0, due - now))
-        return t
+        return self._idle_timeout(time.monotonic())
 
     def _drain_commands(self) -> None:
         while self._cmds:
