@@ -187,6 +187,13 @@ def message(msg, what: str, *, blocks: int = 1, writable: bool = False) -> np.nd
     """A buffer argument (array, buffer or spec) as the flat array of elements the call
     uses: ``blocks`` equal blocks of ``count`` elements from ``displ`` (count defaults to
     the buffer's elements from ``displ`` divided by ``blocks``)."""
+    if type(msg) is np.ndarray and blocks == 1 and msg.ndim == 1 and msg.flags.c_contiguous:
+        # The common case (a flat array, no spec) without the general path's steps:
+        # as_array's checks in the same order.
+        check_dtype(msg.dtype, what)
+        if writable and not msg.flags.writeable:
+            raise InvalidArgument(f"{what} is read-only; a receive buffer must be writable")
+        return msg
     buf, count, displ, dtype = _unpack(msg, what, vector=False)
     if buf is None and count == 0 and isinstance(msg, (list, tuple)):
         # [None, 0, dtype]: mpi4py's empty message (MPI_BOTTOM with count 0)
@@ -274,8 +281,9 @@ def vector(msg, what: str, nranks: int, *, writable: bool = False) -> Vector:
 
 def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     """``a`` and ``b`` are the very same elements (aliased arguments, as IN_PLACE)."""
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.nbytes == b.nbytes)
+    if a.nbytes != b.nbytes or not (a is b or np.may_share_memory(a, b)):
+        return False            # (the addresses below cost ~1 us: only when they may be)
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
 def check_disjoint(send: np.ndarray, recv: np.ndarray, call: str) -> None:
