@@ -55,6 +55,8 @@ class ActionRunner:
         self.allocate: set[int] = set()     # receives whose buffer is made on Matched
 
     def run(self, cs: CommState, actions) -> None:
+        if not actions:
+            return          # most send-done events (and many messages) ask for nothing
         if self._in_run:
             self._queued.append((cs, actions))
             return
