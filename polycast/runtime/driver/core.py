@@ -137,6 +137,7 @@ class Driver:
                                dtype, op)
             return
         # Straight into the engine from this thread: no hand-off, no wake-up.
+        self.progress.user_active()
         with self.progress.lock:
             self._post_and_flush(comm_id, request, schedule, itemsize, dtype, op)
 
@@ -160,6 +161,7 @@ class Driver:
         if self.progress.has_commands():
             self.progress.call(fn, *args)
             return
+        self.progress.user_active()
         with self.progress.lock:
             fn(*args)
 

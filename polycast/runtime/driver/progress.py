@@ -121,6 +121,16 @@ class Progress:
             self._cmd_word.value = (self._cmd_word.value + 1) & 0xFFFFFFFF
             futex.wake_private(self._cmd_addr, 8)
 
+    def user_active(self) -> None:
+        """A user thread posted just now, on its own thread: the progress thread stays
+        parked as it does after a drive. A blocking caller waits next (and drives), or
+        finds its call already done and posts again; were the progress thread awake it
+        would take the answers instead, every one a hand-off between the two threads
+        (measured: 2 ranks, 8-byte allreduce, 40 % of messages taken by the progress thread,
+        each a futex wake-up and a fight for the lock and the GIL). Parked, it still runs a
+        round every PARK_SECONDS for requests nobody waits on."""
+        self._drive_ended = time.monotonic()
+
     def has_commands(self) -> bool:
         return bool(self._cmds)
 
