@@ -31,31 +31,15 @@ IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost d
 # cores: the peer we wait for often runs in our yield), but the wall bound caps it all.
 # 8-byte allreduce, 4 ranks on 2 cores: 50, 200 and 500 us measured alike (300-380 us,
 # the spread is other load), 20 us worse (426 us: more sleeps, so more doorbells).
+# With futex sleeps (no doorbells) spinning still wins there: 4 ranks, recdoubling, the
+# ranks at real-time priority so the machine's other load stays out: no spin 323 us, 20,
+# 50 and 200 us alike at 240-270 us (a sleep and its timer cost ~16-20 us of CPU in this VM).
 DRIVE_SPIN_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_US", "50")) * 1e-6
 DRIVE_SPIN_WALL_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_WALL_US", "1000")) * 1e-6
-# More ranks on this host than cores for them (4 ranks on 2 cores here): a rank that waits
-# has nothing to gain from spinning (the peer it waits for needs a core, and a yield only
-# gives it this core's queue), so it sleeps on the rings' futexes at once and its core goes
-# to a rank with work. POLYCAST_DRIVE_SPIN_US, when set, applies to both cases.
-OVERSUBSCRIBED_SPIN_SECONDS = 0.0
 YIELD_RAN_OTHERS_SECONDS = 10e-6    # a yield longer than this ran someone else
 FULL_ROUND_SECONDS = 0.0005  # a driving thread's bound between full rounds (sockets, timers)
 PARK_SECONDS = 0.002          # the progress thread's nap while user threads drive progress
 SPIN_SECONDS = float(os.environ.get("POLYCAST_SPIN_US", "0")) * 1e-6
-
-
-def drive_spin_seconds(world) -> float:
-    """How long a thread driving progress watches the rings before it sleeps:
-    DRIVE_SPIN_SECONDS when every rank of this host can have a core of its own, else
-    OVERSUBSCRIBED_SPIN_SECONDS (POLYCAST_DRIVE_SPIN_US overrides both)."""
-    if "POLYCAST_DRIVE_SPIN_US" in os.environ:
-        return DRIVE_SPIN_SECONDS
-    local = 1 + sum(1 for p in world.peers.values() if p.same_host)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return DRIVE_SPIN_SECONDS if local <= cores else OVERSUBSCRIBED_SPIN_SECONDS
 
 
 class Progress:
@@ -87,12 +71,10 @@ class Progress:
         self._cmd_word = ctypes.c_uint32(0)
         self._cmd_addr = ctypes.addressof(self._cmd_word)
         self._waitset: futex.WaitSet | None = None
-        self.spin_seconds = DRIVE_SPIN_SECONDS       # set by start(), once peers are known
         self._thread = threading.Thread(target=self._main, name="polycast-progress",
                                         daemon=True)
 
     def start(self) -> None:
-        self.spin_seconds = drive_spin_seconds(self.d.world)
         peers = self.d.peers
         if peers.futex and not peers.tcp_only:
             addrs = [(a, False) for a in peers.bell_addrs()] + [(self._cmd_addr, True)]
@@ -372,7 +354,7 @@ class Progress:
                     spun = False
                     continue
                 if not spun:
-                    got = self._spin(self.spin_seconds)
+                    got = self._spin(DRIVE_SPIN_SECONDS)
                     if got:
                         full = got == 2
                         continue
