@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,9 +34,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 
+REALTIME = []        # --realtime: the command prefix that runs a case at real-time priority
+
+
 def bench(repo: str, nranks: int, coll: str, algos: str, size: str, iters: int, warmup: int,
           transport: str, timeout: float) -> list[dict]:
-    cmd = [sys.executable, "-m", "polycast.cli.main", "bench", "-n", str(nranks), coll,
+    cmd = [*REALTIME, sys.executable, "-m", "polycast.cli.main", "bench", "-n", str(nranks), coll,
            "--algo", algos, "--sizes", size, "--iters", str(iters), "--warmup", str(warmup),
            "--transport", transport, "--json"]
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -79,7 +83,8 @@ def compare(args) -> int:
                         if rows:
                             times.setdefault((transport, n, coll, algo, label), []).append(
                                 rows[0]["time_us"])
-    print(f"8-byte engine-path latency, before = {trees[0][1]}, after = {trees[1][1]}; "
+    print(f"8-byte engine-path latency, before = {trees[0][1]}, after = {trees[1][1]}"
+          f"{' (ranks at real-time priority)' if REALTIME else ''}; "
           f"{args.reps} alternating runs each, medians; load average during: min "
           f"{min(loads):.1f}, median {statistics.median(loads):.1f}, max {max(loads):.1f}")
     print("| transport | ranks | collective (algo) | before us | after us | after/before |")
@@ -118,7 +123,17 @@ def main(argv=None) -> int:
     p.add_argument("--collectives", default="allreduce",
                    help="with --before: comma-separated, from " + ", ".join(ALGOS))
     p.add_argument("--reps", type=int, default=3, help="with --before: runs per case and tree")
+    p.add_argument("--realtime", action="store_true",
+                   help="run every case at real-time round-robin priority 1 (chrt -r 1; root): "
+                        "the machine's other load cannot run while the ranks are runnable, "
+                        "so a loaded shared machine measures like a quiet one (each case is "
+                        "short; Linux keeps 5%% of every second for other tasks)")
     args = p.parse_args(argv)
+    if args.realtime:
+        chrt = shutil.which("chrt")
+        if chrt is None:
+            p.error("--realtime needs chrt (util-linux)")
+        REALTIME[:] = [chrt, "-r", "1"]
     if args.before:
         return compare(args)
     repo = os.path.abspath(args.repo)
