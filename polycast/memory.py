@@ -199,10 +199,12 @@ class Buffers:
         arr = r.arrays[region.buf]
         if len(region.runs) == 1:
             a, b = region.runs[0]
+            if a or b != arr.size:
+                arr = arr[a:b]
             if reduce:
-                r.ufunc(arr[a:b], src, out=arr[a:b])
+                r.ufunc(arr, src, out=arr)
             else:
-                arr[a:b] = src
+                arr[...] = src
             return
         pos = 0
         for a, b in region.runs:
@@ -237,10 +239,14 @@ class Buffers:
             # memory; the address comparison below costs more than the copy.
             (a, b), (c, d) = src.runs[0], dst.runs[0]
             if b - a == d - c:
+                if a or b != sa.size:
+                    sa = sa[a:b]
+                if c or d != da.size:
+                    da = da[c:d]
                 if reduce:
-                    r.ufunc(da[c:d], sa[a:b], out=da[c:d])
+                    r.ufunc(da, sa, out=da)
                 else:
-                    da[c:d] = sa[a:b]
+                    da[...] = sa
                 return
         if shared and _addresses(sa, src.runs) == _addresses(da, dst.runs):
             # In place (send is recv, or send is recv's own block as MPI_IN_PLACE allows).
