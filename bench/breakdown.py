@@ -16,7 +16,8 @@ driver      runtime/driver: turning actions into I/O and I/O into events, rounds
 shm ring    runtime/shm.py: writing frames into / reading them from the rings
 tcp         runtime/tcp.py (socket send/recv included)
 multicast   UDP multicast send/receive (runtime/driver/datagrams.py, runtime/mcast.py)
-copies      polycast/memory.py: Deliver/Copy/gather (numpy copies and reductions)
+copies      polycast/memory.py: Deliver/Copy/gather (numpy copies and reductions), and
+            runtime/cma.py: single-copy reads of a peer's memory (process_vm_readv)
 api         comm/, schedules, bench_rank: building and posting the call
 waiting     spinning, yielding and select while nothing has arrived
 threads     lock and condition hand-offs between the user and progress threads
@@ -77,6 +78,7 @@ CASES = [
 # (substring of the frame's file, category), tried from the innermost frame outwards.
 _FILE_RULES = (
     ("polycast/memory.py", "copies"),
+    ("polycast/runtime/cma.py", "copies"),         # single-copy reads (process_vm_readv)
     ("polycast/runtime/shm.py", "shm ring"),
     ("polycast/runtime/tcp.py", "tcp"),
     ("polycast/runtime/driver/datagrams.py", "multicast"),

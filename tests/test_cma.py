@@ -159,3 +159,28 @@ def test_writer_dead_before_its_descriptor_is_read_marks_it_lost():
         io.close()
         b.close()
         sel.close()
+
+
+LARGE = re.compile(r"LARGE OK single_copy=(\d+)/(\d+) tcp_lazy=(\d+) tcp_streamed=(\d+)")
+
+
+@pytest.mark.parametrize("transport,cma_env", [("shm", "1"), ("shm", "0"), ("tcp", "1")])
+def test_large_messages_exact(transport, cma_env):
+    """100 KiB .. 12 MiB collectives on 3 ranks, exact: over shm with single-copy (and with
+    it off: the rings carry every byte), and over TCP, where large DATA payloads that have
+    arrived are received straight into their destination (tcp.SocketPayload)."""
+    from test_runtime_helpers import spawn_ranks
+    results = spawn_ranks(3, ["tests/large_exact.py"], timeout=240,
+                          env={"POLYCAST_TRANSPORT": transport, "POLYCAST_SYMM": "0",
+                               "POLYCAST_CMA": cma_env})
+    for r in results:
+        m = LARGE.search(r.out)
+        assert r.returncode == 0 and m, (
+            f"rank {r.rank} exit {r.returncode}\n{r.out[-3000:]}\n{r.err[-3000:]}")
+        single, lazy = int(m.group(1)), int(m.group(3))
+        if transport == "tcp":
+            assert single == 0 and lazy > 0, m.group(0)
+        elif cma_env == "0" or cma.disabled_reason() is not None:
+            assert single == 0 and lazy == 0, m.group(0)
+        else:
+            assert single > 0, m.group(0)

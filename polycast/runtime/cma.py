@@ -33,11 +33,10 @@ import errno
 import os
 import struct
 import sys
-import threading
 
 import numpy as np
 
-from ..errors import PeerLost
+from .lazy import LazyPayload
 
 # Frames carrying a descriptor (seq, address, nbytes) followed by the engine header; the
 # acknowledgement carries the highest seq the reader is done with.
@@ -154,81 +153,18 @@ def address_of(view) -> int:
     return np.frombuffer(view, np.uint8).__array_interface__["data"][0]
 
 
-_scratch = threading.local()
-
-
-def scratch(nbytes: int) -> np.ndarray:
-    """A per-thread byte array of at least ``nbytes`` (a reduction reads into it, then
-    combines at once): reused, so large reads do not fault in fresh pages every time."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.nbytes < nbytes:
-        buf = _scratch.buf = np.empty(max(nbytes, 1 << 20), np.uint8)
-    return buf[:nbytes]
-
-
-class RemotePayload:
+class RemotePayload(LazyPayload):
     """``nbytes`` bytes at ``addr`` in process ``pid`` (rank ``src``), readable until
     :meth:`finish`; after that only what was kept (``own``/finish's own read) is."""
 
-    __slots__ = ("src", "pid", "addr", "nbytes", "used", "local", "closed", "error")
+    __slots__ = ("pid", "addr")
 
     def __init__(self, src: int, pid: int, addr: int, nbytes: int) -> None:
-        self.src, self.pid, self.addr, self.nbytes = src, pid, addr, nbytes
-        self.used = False           # read at least once while the writer waited
-        self.local = None           # bytes of our own, once read for keeping
-        self.closed = False         # acknowledged: the writer's buffer is no longer ours
-        self.error: str | None = None
+        super().__init__(src, nbytes)
+        self.pid, self.addr = pid, addr
 
-    def __len__(self) -> int:
-        return self.nbytes
-
-    def read_into(self, ranges) -> None:
-        """Copy the payload into local (address, nbytes) ranges (their total = nbytes)."""
-        if self.local is not None:
-            src = np.frombuffer(self.local, np.uint8)
-            pos = 0
-            for a, n in ranges:
-                ctypes.memmove(a, src[pos:pos + n].ctypes.data, n)
-                pos += n
-            return
-        if self.closed:
-            raise PeerLost(self.src, "a single-copy payload was used after it was released "
-                                     "(driver bug)")
-        try:
-            read(self.pid, ranges, [(self.addr, self.nbytes)])
-        except OSError as exc:
-            self.error = self._why(exc)
-            raise PeerLost(self.src, self.error) from None
-        self.used = True
-
-    def array(self) -> np.ndarray:
-        """The payload as a byte array (a per-thread scratch: use it before the next)."""
-        if self.local is not None:
-            return np.frombuffer(self.local, np.uint8)
-        buf = scratch(self.nbytes)
-        self.read_into([(buf.ctypes.data, self.nbytes)])
-        return buf
-
-    def own(self):
-        """The payload as memory of our own (the engine keeps it for later)."""
-        if self.local is None:
-            buf = np.empty(self.nbytes, np.uint8)
-            self.read_into([(buf.ctypes.data, self.nbytes)])
-            self.local = memoryview(buf)
-        return self.local
-
-    def __bytes__(self) -> bytes:
-        return bytes(self.own())
-
-    def finish(self) -> None:
-        """The frame was handled: read what nobody read (it is kept for later, or was
-        dropped), then the writer's buffer is released. Raises PeerLost when the writer
-        is gone."""
-        if not self.used and self.local is None and self.error is None:
-            self.own()
-        self.closed = True
-        if self.error is not None:
-            raise PeerLost(self.src, self.error)
+    def _read(self, ranges) -> None:
+        read(self.pid, ranges, [(self.addr, self.nbytes)])
 
     def _why(self, exc: OSError) -> str:
         size = f"{self.nbytes} bytes"

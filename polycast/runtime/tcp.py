@@ -7,22 +7,90 @@ otherwise deadlock). Reads go into a preallocated buffer; a large payload is rec
 ``recv_into`` straight into an array of a per-link pool (:class:`_Pool`), given back when
 the engine lets go of the payload: a fresh array per message cost a page fault per 4 KiB
 (the kernel zeroes and maps every page) on top of the copy itself.
+
+Better still, a large frame the sender marked ``lazy_ok`` (a DATA: the engine only delivers
+or keeps its payload) whose payload has all arrived in the kernel (``FIONREAD``) is handed
+to the engine as a :class:`SocketPayload`: Deliver receives it with ``recv_into`` straight
+into the destination, the one copy out of the kernel. The link reads nothing more until
+that frame is finished (:meth:`polycast.runtime.lazy.LazyPayload.finish`). A payload still
+arriving is waited for a little (``LAZY_WAIT_S``, the sender is mid-``sendmsg``), then
+streamed into a pool array as before, so a slow sender costs at most that.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import fcntl
+import select
 import socket
+import struct
+import termios
+import time
 import weakref
 
 import numpy as np
 
 from .frames import PREFIX, PREFIX_NBYTES, is_driver_kind
+from .lazy import LazyPayload
 
 RX_NBYTES = 1 << 18           # staging for headers and small payloads
 DIRECT_MIN_NBYTES = 1 << 15   # payloads at least this big are received into their own array
 IOV_MAX = 512
 SOCK_BUF_NBYTES = 4 << 20
+# Set in a frame's header length by the sender: the payload may be read late (a DATA).
+LAZY_FLAG = 0x4000_0000
+LAZY_MAX_NBYTES = 4 << 20     # at most this much waits in the kernel (half its 8 MiB buffer)
+LAZY_WAIT_S = 0.005           # how long a frame's header waits for the rest of its payload
+STALL_S = 10.0                # a payload that had all arrived and still does not read: lost
+_INQ = struct.Struct("i")
+
+
+class SocketPayload(LazyPayload):
+    """A payload whose first bytes are in the link's staging buffer (``prefix``) and the
+    rest, all arrived, in the socket."""
+
+    __slots__ = ("link", "prefix")
+
+    def __init__(self, link: "TcpLink", prefix: memoryview, nbytes: int) -> None:
+        super().__init__(link.peer, nbytes)
+        self.link, self.prefix = link, prefix
+
+    def _read(self, ranges) -> None:
+        sock = self.link.sock
+        pre, k = self.prefix, 0
+        deadline = None
+        for a, n in ranges:
+            view = memoryview((ctypes.c_char * n).from_address(a)).cast("B")
+            pos = 0
+            if k < len(pre):
+                take = min(n, len(pre) - k)
+                view[:take] = pre[k:k + take]
+                k += take
+                pos = take
+            while pos < n:
+                try:
+                    got = sock.recv_into(view[pos:])
+                except (BlockingIOError, InterruptedError):
+                    # all of it had arrived (FIONREAD): only a kernel hiccup gets here
+                    deadline = deadline or time.monotonic() + STALL_S
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise OSError(f"no data for {STALL_S:g} s in the middle of a "
+                                      f"message that had arrived") from None
+                    select.select([sock], [], [], left)
+                    continue
+                if got == 0:
+                    raise OSError(f"rank {self.peer_name()} closed its connection in the "
+                                  f"middle of a message")
+                pos += got
+
+    def peer_name(self) -> int:
+        return self.link.peer
+
+    def _released(self) -> None:
+        self.prefix = None
+        self.link._lazy = None
 
 
 class _Pool:
@@ -72,6 +140,9 @@ class TcpLink:
         self._start = self._end = 0
         self._cur = None        # (hdr_len, header bytes, payload array, filled) being received
         self._pool = _Pool()
+        self._lazy: SocketPayload | None = None     # handed out, not finished: read nothing
+        self._wait_since: float | None = None       # a lazy frame's header waits for the rest
+        self.lazy_frames = self.streamed_frames = 0    # large payloads: read late / streamed
         self.closed = False
         self.bye = False
 
@@ -80,8 +151,12 @@ class TcpLink:
     def want_write(self) -> bool:
         return bool(self._out)
 
-    def enqueue(self, hdr_len: int, header: bytes, views: list, nbytes: int, token) -> None:
-        """Queue one frame; ``token`` comes back from :meth:`flush` once it is all written."""
+    def enqueue(self, hdr_len: int, header: bytes, views: list, nbytes: int, token,
+                lazy_ok: bool = False) -> None:
+        """Queue one frame; ``token`` comes back from :meth:`flush` once it is all written.
+        ``lazy_ok``: the receiver may hand its payload on unread (a DATA)."""
+        if lazy_ok and nbytes >= DIRECT_MIN_NBYTES:
+            hdr_len |= LAZY_FLAG
         bufs = [PREFIX.pack(hdr_len, nbytes)]
         if header:
             bufs.append(header)
@@ -142,18 +217,19 @@ class TcpLink:
         """Receive what is available; append ``(hdr_len, header, payload)`` per whole frame
         to ``out`` (payload: a memoryview, or None). Raises :class:`LinkClosed` on EOF."""
         for _ in range(max_rounds):
+            if self._lazy is not None:
+                return          # its payload is the next thing in the socket
+            if self._wait_since is not None and self._cur is None:
+                # a lazy frame's header is parsed and waits for the rest of its payload
+                # in the kernel: re-parse, do not read
+                n = len(out)
+                self._parse(out)
+                if self._wait_since is not None or self._lazy is not None or len(out) == n:
+                    return
+                continue
             try:
                 if self._cur is not None:
-                    hdr_len, header, arr, filled = self._cur
-                    n = self.sock.recv_into(memoryview(arr)[filled:])
-                    if n == 0:
-                        self._eof()
-                    filled += n
-                    if filled == len(arr):
-                        self._cur = None
-                        out.append((hdr_len, header, memoryview(arr)))
-                    else:
-                        self._cur = (hdr_len, header, arr, filled)
+                    if not self._stream(out):
                         return
                     continue
                 if self._end == len(self._rx):
@@ -170,6 +246,45 @@ class TcpLink:
                     raise
                 raise LinkClosed(f"connection to rank {self.peer} broke: {exc}") from None
 
+    def _stream(self, out: list) -> bool:
+        """Receive more of the large payload in ``_cur``; whether to go on reading. A lazy
+        one is streamed only until its last LAZY_MAX_NBYTES, which are then waited for in
+        the kernel and handed out unread behind the streamed part."""
+        hdr_len, header, arr, filled, lazy = self._cur
+        left = len(arr) - filled
+        if lazy and left <= LAZY_MAX_NBYTES:
+            if self._inq() >= left:
+                self._wait_since = self._cur = None
+                self._lazy = SocketPayload(self, memoryview(arr)[:filled], len(arr))
+                self.lazy_frames += 1
+                out.append((hdr_len, header, self._lazy))
+                return False
+            now = time.monotonic()
+            if self._wait_since is None:
+                self._wait_since = now
+            if now - self._wait_since < LAZY_WAIT_S:
+                return False
+            self._wait_since, lazy = None, False        # the sender is slow: stream it
+        stop = len(arr) - LAZY_MAX_NBYTES if lazy else len(arr)
+        n = self.sock.recv_into(memoryview(arr)[filled:stop])
+        if n == 0:
+            self._eof()
+        filled += n
+        if filled == len(arr):
+            self._cur = None
+            out.append((hdr_len, header, memoryview(arr)))
+            return True
+        self._cur = (hdr_len, header, arr, filled, lazy)
+        return lazy and filled == stop
+
+    def _inq(self) -> int:
+        """Bytes waiting in the socket's receive queue."""
+        try:
+            return _INQ.unpack(fcntl.ioctl(self.sock.fileno(), termios.FIONREAD,
+                                           b"\0" * 4))[0]
+        except OSError:
+            return 0
+
     def _eof(self):
         self.closed = True
         raise LinkClosed(f"rank {self.peer} closed its connection", orderly=self.bye)
@@ -183,7 +298,12 @@ class TcpLink:
         rx = self._rx
         while self._end - self._start >= PREFIX_NBYTES:
             hdr_len, plen = PREFIX.unpack_from(rx, self._start)
-            hl = 0 if is_driver_kind(hdr_len) else hdr_len
+            lazy = False
+            if is_driver_kind(hdr_len):
+                hl = 0
+            else:
+                lazy = bool(hdr_len & LAZY_FLAG)
+                hdr_len = hl = hdr_len & ~LAZY_FLAG
             have = self._end - self._start - PREFIX_NBYTES
             if have < hl:
                 if self._start > 0:
@@ -198,10 +318,26 @@ class TcpLink:
                 out.append((hdr_len, header, payload))
                 self._start = p0 + plen
                 continue
+            if lazy and plen - avail <= LAZY_MAX_NBYTES:
+                if self._inq() >= plen - avail:
+                    self._wait_since = None
+                    self._lazy = SocketPayload(self, self._rxv[p0:self._end], plen)
+                    self.lazy_frames += 1
+                    out.append((hdr_len, header, self._lazy))
+                    self._start = self._end = 0     # the prefix view is read before reuse
+                    return
+                now = time.monotonic()
+                if self._wait_since is None:
+                    self._wait_since = now
+                if now - self._wait_since < LAZY_WAIT_S:
+                    return              # not consumed: parsed again on the next read
+                lazy = False            # the sender is slow: stream it
+            self._wait_since = None
             if plen >= DIRECT_MIN_NBYTES or plen > len(rx) - PREFIX_NBYTES - hl:
                 arr = self._pool.take(plen)
+                self.streamed_frames += 1
                 arr[:avail] = np.frombuffer(rx, np.uint8, avail, p0)
-                self._cur = (hdr_len, header, arr, avail)
+                self._cur = (hdr_len, header, arr, avail, lazy)
                 self._start = self._end = 0
                 return
             if self._start > 0:

@@ -26,7 +26,7 @@ from ...errors import PeerLost
 from .. import cma, futex
 from ..frames import KIND_BYE, KIND_CMA, KIND_CMA_DONE, KIND_DOORBELL, is_driver_kind
 from ..shm import SLEEP_FUTEX
-from ..tcp import LinkClosed
+from ..tcp import LinkClosed, SocketPayload
 from ..world import World
 
 
@@ -82,8 +82,11 @@ class PeerIO:
             self._send_single_copy(r, header, views[0], nbytes, token)
             return True
         peer = self.world.peers[r]
-        link = peer.ring_out if peer.ring_out is not None else peer.tcp
-        link.enqueue(len(header), header, views, nbytes, token)
+        if peer.ring_out is not None:
+            peer.ring_out.enqueue(len(header), header, views, nbytes, token)
+        else:   # a DATA's payload may be received straight into its destination
+            peer.tcp.enqueue(len(header), header, views, nbytes, token,
+                             lazy_ok and self.world.key is None)
         self._dirty.add(r)
         return True
 
@@ -261,6 +264,12 @@ class PeerIO:
                 self.world.peers[src].tcp.bye = True
             return
         self._on_frame(src, header_bytes, payload)
+        if type(payload) is SocketPayload:
+            # read now what the engine did not take, so the socket's next frame can be
+            try:
+                payload.finish()
+            except PeerLost:
+                self.mark_lost(src, payload.error)
 
     def _single_copy_frame(self, src: int, frame) -> None:
         """A descriptor: the engine gets a RemotePayload; whatever it did not read while

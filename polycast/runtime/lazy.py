@@ -1,0 +1,110 @@
+"""Payloads the transport has not copied yet: the engine's Deliver reads them straight into
+their destination.
+
+A reliable transport may hand the engine, as the payload of a DATA or P2P_DATA frame (whose
+payload the engine only delivers or keeps, SEAMS2.md), a :class:`LazyPayload` instead of
+bytes: shared memory's single-copy descriptors (:class:`polycast.runtime.cma.RemotePayload`,
+the bytes are in the sender's memory) and TCP frames whose payload still waits in the
+socket (:class:`polycast.runtime.tcp.SocketPayload`). ``Buffers.deliver`` calls
+:meth:`LazyPayload.read_into` with the destination's address ranges (the one copy);
+``engine.early.own`` calls :meth:`LazyPayload.own` for memory of its own. The transport
+calls :meth:`LazyPayload.finish` once the frame has been handled: what nobody read is read
+then, so nothing the engine keeps depends on the sender's memory or the socket any more.
+Each payload is read from its source at most once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from ..errors import PeerLost
+
+_scratch = threading.local()
+
+
+def scratch(nbytes: int) -> np.ndarray:
+    """A per-thread byte array of at least ``nbytes`` (a reduction reads into it, then
+    combines at once): reused, so large reads do not fault in fresh pages every time."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = _scratch.buf = np.empty(max(nbytes, 1 << 20), np.uint8)
+    return buf[:nbytes]
+
+
+class LazyPayload:
+    """``nbytes`` bytes from rank ``src`` that are read on demand; subclasses provide
+    ``_read(ranges)`` (raises OSError) and ``_why(exc)``."""
+
+    __slots__ = ("src", "nbytes", "used", "local", "closed", "error")
+
+    def __init__(self, src: int, nbytes: int) -> None:
+        self.src, self.nbytes = src, nbytes
+        self.used = False           # read from the source (into a destination, or kept)
+        self.local = None           # bytes of our own, once read for keeping
+        self.closed = False         # finished: the source is no longer ours to read
+        self.error: str | None = None
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def _read(self, ranges) -> None:
+        raise NotImplementedError
+
+    def _why(self, exc: OSError) -> str:
+        return f"reading its {self.nbytes} bytes message failed: {exc}"
+
+    def read_into(self, ranges) -> None:
+        """Copy the payload into local (address, nbytes) ranges (their total = nbytes)."""
+        if self.local is not None:
+            src = np.frombuffer(self.local, np.uint8)
+            pos = 0
+            for a, n in ranges:
+                ctypes.memmove(a, src[pos:pos + n].ctypes.data, n)
+                pos += n
+            return
+        if self.closed or self.used or self.error is not None:
+            raise PeerLost(self.src, self.error or "a lazy payload was read twice or after "
+                                                   "it was released (driver bug)")
+        self.used = True
+        try:
+            self._read(ranges)
+        except OSError as exc:
+            self.error = self._why(exc)
+            raise PeerLost(self.src, self.error) from None
+
+    def array(self) -> np.ndarray:
+        """The payload as a byte array (a per-thread scratch: use it before the next)."""
+        if self.local is not None:
+            return np.frombuffer(self.local, np.uint8)
+        buf = scratch(self.nbytes)
+        self.read_into([(buf.ctypes.data, self.nbytes)])
+        return buf
+
+    def own(self):
+        """The payload as memory of our own (the engine keeps it for later)."""
+        if self.local is None:
+            buf = np.empty(self.nbytes, np.uint8)
+            self.read_into([(buf.ctypes.data, self.nbytes)])
+            self.local = memoryview(buf)
+        return self.local
+
+    def __bytes__(self) -> bytes:
+        return bytes(self.own())
+
+    def finish(self) -> None:
+        """The frame was handled: read what nobody read (it is kept for later, or was
+        dropped), then release the source. Raises PeerLost when it cannot be read."""
+        try:
+            if not self.used and self.error is None:
+                self.own()
+        finally:
+            self.closed = True
+            self._released()
+        if self.error is not None:
+            raise PeerLost(self.src, self.error)
+
+    def _released(self) -> None:
+        """The source may go on (the socket's next frame may be read)."""
