@@ -14,6 +14,9 @@ scatter         P*count (root only)    count                  rank r gets root's
 gather          count                  P*count (root only)    block r = rank r's send
 alltoall        P*count                P*count                recv block p = p's block r
 barrier         0                      0                      nobody leaves early
+scan            count                  count                  op over ranks 0..r, in order
+exscan          count                  count                  op over ranks 0..r-1 (rank 0:
+                                                              recv left as it was)
 =============== ====================== ====================== ==========================
 """
 
@@ -34,6 +37,8 @@ class Collective(str, enum.Enum):
     GATHER = "gather"
     ALLTOALL = "alltoall"
     BARRIER = "barrier"
+    SCAN = "scan"
+    EXSCAN = "exscan"
 
     def __str__(self) -> str:
         return self.value
@@ -54,7 +59,13 @@ class Collective(str, enum.Enum):
     @property
     def has_op(self) -> bool:
         """True if the collective combines data with a reduction op."""
-        return self in (Collective.REDUCE, Collective.ALLREDUCE, Collective.REDUCE_SCATTER)
+        return self in (Collective.REDUCE, Collective.ALLREDUCE, Collective.REDUCE_SCATTER,
+                        Collective.SCAN, Collective.EXSCAN)
+
+    @property
+    def ordered(self) -> bool:
+        """A prefix (scan): its op need not commute, blocks combine in rank order."""
+        return self in (Collective.SCAN, Collective.EXSCAN)
 
     @property
     def rooted(self) -> bool:
@@ -84,6 +95,8 @@ class Collective(str, enum.Enum):
             Collective.GATHER: (count, P * count),
             Collective.ALLTOALL: (P * count, P * count),
             Collective.BARRIER: (0, 0),
+            Collective.SCAN: (count, count),
+            Collective.EXSCAN: (count, count),
         }[self]
 
     def total_elements(self, nranks: int, count: int) -> int:

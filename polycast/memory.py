@@ -59,8 +59,10 @@ def _shape(schedule: Schedule, rank: int) -> tuple:
     if len(_SHAPES) >= 256:
         _SHAPES.pop(next(iter(_SHAPES)))
     lays = schedule.layouts
-    needs = tuple(lays[n].nelems if n in lays else 0 for n in ("send", "recv"))
+    # .on(rank): a vector call's buffers differ per rank (polycast.schedule.ir.PerRank)
+    needs = tuple(lays[n].on(rank).nelems if n in lays else 0 for n in ("send", "recv"))
     tmp = lays.get("tmp")
+    tmp = None if tmp is None else tmp.on(rank)
     coll = schedule.collective
     shape = (frozenset(buffers_used(schedule, rank)), needs,
              None if tmp is None else tmp.nelems, coll.has_op,
@@ -132,6 +134,9 @@ class Buffers:
             except InvalidArgument:
                 ropt.check(dtype, f"{coll}: ")      # again, to say which call
                 raise
+            if coll.ordered and ropt is _ops.AVG:
+                raise InvalidArgument(f"{coll}: op avg is not defined for a scan (MPI has "
+                                      "none); scan with sum and divide by rank + 1")
         elif op is not None:
             _ops.get(op)                # still reject garbage names
         self._reqs[req] = _Req(arrays, dtype, ropt.combine if ropt else None,

@@ -109,9 +109,10 @@ class Op:
             raise InvalidArgument(f"Op.Create needs a callable, got {type(fn).__name__}")
 
         def combine(a, b, out):
-            # The engine folds an incoming block into the local one: out = a op b. With
-            # inoutvec = a (which out is), fn computes b op a, the same for a commutative
-            # op; non-commutative ops never run here (see the module docstring).
+            # The engine folds an incoming block b into the local one a: out = b op a
+            # (MPI's invec op inoutvec, the schedule IR's order). Only the scan schedules
+            # rely on it (polycast.algorithms.scan); other collectives take
+            # non-commutative ops through the ordered path (see the module docstring).
             res = fn(b, out if out is a else a, out.dtype)
             if res is not None and res is not out:
                 out[...] = res

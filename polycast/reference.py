@@ -99,4 +99,8 @@ def reference(collective: str | Collective, inputs: list[np.ndarray], root: int 
                 for r in range(P)]
     if coll is Collective.BARRIER:
         return [np.zeros(0, dt) for _ in range(P)]
+    if coll is Collective.SCAN:
+        return [reduce_all(x[:r + 1]) for r in range(P)]
+    if coll is Collective.EXSCAN:        # rank 0's recv is not written (MPI: undefined)
+        return [None] + [reduce_all(x[:r]) for r in range(1, P)]
     raise InvalidArgument(f"no reference for {coll}")  # pragma: no cover

@@ -1,20 +1,26 @@
 """Allgather algorithms. Every rank's ``send`` (count elements, cut into ``nchunks``
-pieces) lands in part ``r`` of every rank's ``recv`` (P parts of ``nchunks`` pieces)."""
+pieces) lands in part ``r`` of every rank's ``recv`` (P parts of ``nchunks`` pieces).
+
+With ``counts`` (Allgatherv) rank r's send holds ``counts[r]`` elements and part r of recv
+exactly that many: the same programs over uneven blocks (polycast.schedule.vector)."""
 
 from __future__ import annotations
 
-from ..schedule.ir import Layout
+from ..schedule.ir import Layout, per_rank
+from ..schedule.vector import vector_layouts
 from .phases import Flow, chunk_blocks, pow2_below, recursive_doubling
 from .registry import Spec, register
 
 
 def _layouts(spec: Spec):
     k, P = spec.nchunks, spec.nranks
+    if spec.counts is not None:
+        return vector_layouts(spec.collective, P, spec.counts, k)
     return Layout(spec.count, 1, k), Layout(P * spec.count, P, k)
 
 
 @register("allgather", "ring", "P-1 steps, each rank forwards one shard to its successor; "
-          "sends and receives (P-1)S per rank")
+          "sends and receives (P-1)S per rank", options=("counts",))
 def ring(spec: Spec):
     P = spec.nranks
     send, recv = _layouts(spec)
@@ -34,7 +40,7 @@ def ring(spec: Spec):
 
 @register("allgather", "mcast",
           "every rank multicasts its shard once (S sent per rank); `roots` streams at a "
-          "time, handed on by tokens (SC24)", multicast=True, options=("roots",))
+          "time, handed on by tokens (SC24)", multicast=True, options=("roots", "counts"))
 def mcast(spec: Spec):
     """Bandwidth-optimal allgather over multicast (specs/mcast-protocol.md).
 
@@ -63,7 +69,8 @@ def mcast(spec: Spec):
 
 @register("allgather", "recdoubling",
           "log2(P) exchanges with partners at doubling distance; any P (the ranks above the "
-          "largest power of two fold into a partner first and get the result last)")
+          "largest power of two fold into a partner first and get the result last)",
+          options=("counts",))
 def recdoubling(spec: Spec):
     """Recursive doubling. With P = p2 + rem (p2 a power of two), rank p2+i first hands its
     shard to rank i, the p2 ranks run recursive doubling (rank i < rem carrying two
@@ -84,14 +91,19 @@ def recdoubling(spec: Spec):
 
 
 @register("allgather", "bruck", "ceil(log2 P) steps for any P: at distance 1, 2, 4... each "
-          "rank passes on what it has; a final local rotation puts shards in rank order")
+          "rank passes on what it has; a final local rotation puts shards in rank order",
+          options=("counts",))
 def bruck(spec: Spec):
     """Bruck et al. Rank r collects shards in ``tmp`` in the order r, r+1, ... (mod P): at
     distance d it sends its first min(d, P-d) shards to rank r-d, which appends them; a
     final local copy rotates ``tmp`` into ``recv``."""
     P, k = spec.nranks, spec.nchunks
     send, recv = _layouts(spec)
-    b = spec.builder("bruck", send, recv, tmp=recv)
+    tmp = recv
+    if spec.counts is not None:     # tmp part j of rank r holds rank r+j's shard
+        tmp = per_rank(Layout.uneven([spec.counts[(r + j) % P] for j in range(P)], k)
+                       for r in range(P))
+    b = spec.builder("bruck", send, recv, tmp=tmp)
     for r in range(P):
         b.copy(r, "send", b.blocks("send"), "tmp", b.blocks("tmp", 0))
     d = 1
@@ -111,7 +123,7 @@ def bruck(spec: Spec):
 
 
 @register("allgather", "direct", "every rank sends its shard straight to every other rank "
-          "(P-1 messages each, no forwarding)")
+          "(P-1 messages each, no forwarding)", options=("counts",))
 def direct(spec: Spec):
     P = spec.nranks
     send, recv = _layouts(spec)

@@ -1,24 +1,30 @@
 """Alltoall algorithms: part p of rank r's ``send`` ends in part r of rank p's ``recv``
-(both buffers P parts of count elements, each cut into ``nchunks`` pieces)."""
+(both buffers P parts of count elements, each cut into ``nchunks`` pieces). With
+``counts`` (Alltoallv, counts[i][j] elements from i to j) the parts are uneven."""
 
 from __future__ import annotations
 
 from ..schedule.ir import Layout
+from ..schedule.vector import vector_layouts
 from .registry import Spec, register
 
 
-def _layout(spec: Spec) -> Layout:
-    return Layout(spec.nranks * spec.count, spec.nranks, spec.nchunks)
+def _layouts(spec: Spec):
+    if spec.counts is not None:
+        return vector_layouts(spec.collective, spec.nranks, spec.counts, spec.nchunks)
+    lay = Layout(spec.nranks * spec.count, spec.nranks, spec.nchunks)
+    return lay, lay
 
 
 @register("alltoall", "pairwise", "P-1 rounds; in round i rank r sends to r+i and "
-          "receives from r-i, one round after the other; (P-1)/P of the buffer each way")
+          "receives from r-i, one round after the other; (P-1)/P of the buffer each way",
+          options=("counts",))
 def pairwise(spec: Spec):
     """Round i starts once round i-1's receive is done, as MPI's pairwise exchange (one
     sendrecv per round) does: it bounds the messages in flight to one per rank."""
     P = spec.nranks
-    lay = _layout(spec)
-    b = spec.builder("pairwise", lay, lay)
+    send, recv = _layouts(spec)
+    b = spec.builder("pairwise", send, recv)
     for r in range(P):
         b.copy(r, "send", b.blocks("send", r), "recv", b.blocks("recv", r))
         prev = ()

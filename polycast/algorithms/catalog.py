@@ -10,3 +10,4 @@ from . import reduce_scatter  # noqa: F401
 from . import allreduce  # noqa: F401
 from . import hierarchical  # noqa: F401
 from . import innet  # noqa: F401
+from . import scan  # noqa: F401

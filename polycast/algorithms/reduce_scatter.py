@@ -5,12 +5,15 @@ Partial sums are kept in ``tmp`` (a copy of ``send`` made lazily); ``send`` is r
 from __future__ import annotations
 
 from ..schedule.ir import Layout
+from ..schedule.vector import vector_layouts
 from .phases import Flow, chunk_blocks, pow2_below, recursive_halving, ring_reduce_scatter
 from .registry import Spec, register
 
 
 def _layouts(spec: Spec):
     k, P = spec.nchunks, spec.nranks
+    if spec.counts is not None:         # Reduce_scatter with recvcounts: part p is counts[p]
+        return vector_layouts(spec.collective, P, spec.counts, k)
     return Layout(P * spec.count, P, k), Layout(spec.count, 1, k)
 
 
@@ -28,7 +31,8 @@ def _deliver(fl: Flow, rank: int, part: int) -> None:
 
 
 @register("reduce_scatter", "ring", "P-1 steps around the ring, each rank reducing one part "
-          "into its partial sum and passing it on; sends (P-1)/P of the input per rank")
+          "into its partial sum and passing it on; sends (P-1)/P of the input per rank",
+          options=("counts",))
 def ring(spec: Spec):
     P, k = spec.nranks, spec.nchunks
     b, fl = _setup(spec, "ring")
@@ -40,7 +44,8 @@ def ring(spec: Spec):
 
 @register("reduce_scatter", "rechalving",
           "log2(P) exchanges, halving the data each time; any P (the ranks above the "
-          "largest power of two fold into a partner first and get their part last)")
+          "largest power of two fold into a partner first and get their part last)",
+          options=("counts",))
 def rechalving(spec: Spec):
     """Recursive halving. With P = p2 + rem, rank p2+i first sends its whole input to rank
     i; the p2 ranks halve over virtual parts (rank i < rem also owning part p2+i); rank i
@@ -62,7 +67,8 @@ def rechalving(spec: Spec):
 
 
 @register("reduce_scatter", "direct", "pairwise direct: each rank sends part p straight to "
-          "rank p and reduces its own part from every other rank (P-1 messages each)")
+          "rank p and reduces its own part from every other rank (P-1 messages each)",
+          options=("counts",))
 def direct(spec: Spec):
     P = spec.nranks
     send, recv = _layouts(spec)

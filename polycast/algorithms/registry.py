@@ -15,6 +15,7 @@ from ..collectives import Collective, check_rank_args
 from ..errors import InvalidArgument, UnknownName, Unsupported
 from ..schedule.builder import Builder, number_messages
 from ..schedule.ir import Layout, Schedule, Step
+from ..schedule.vector import check_counts
 from . import estimate
 
 
@@ -34,6 +35,11 @@ class Spec:
 
     def opt(self, name: str, default=None):
         return self.options.get(name, default)
+
+    @property
+    def counts(self):
+        """A vector call's counts (polycast.schedule.vector), or None for a uniform one."""
+        return self.options.get("counts")
 
     def builder(self, algorithm: str, send: Layout | None, recv: Layout | None,
                 tmp: Layout | None = None, **options) -> Builder:
@@ -55,7 +61,8 @@ class Algorithm:
     innet: bool = False                   # the network reduces (SHARP-like): its sends to one
     #                                       destination are combined in the switches (simulator);
     #                                       elsewhere they run as the plain point-to-point schedule
-    options: tuple[str, ...] = ()         # option names beyond nchunks/channels
+    options: tuple[str, ...] = ()         # option names beyond nchunks/channels; "counts":
+    #                                       builds the vector form (Allgatherv, ...) too
 
     def unsupported_reason(self, nranks: int, options: dict | None = None) -> str | None:
         if nranks < self.min_ranks:
@@ -121,11 +128,19 @@ def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
     if not isinstance(channels, int) or channels < 1:
         raise InvalidArgument(f"channels must be a positive integer, got {channels!r}")
     algo = get(coll, algorithm)
+    if "counts" in options and options["counts"] is None:
+        del options["counts"]                   # the uniform call
     unknown = set(options) - set(algo.options)
     if unknown:
         raise InvalidArgument(
             f"{coll} {algorithm} takes no option(s) {sorted(unknown)}; its options: "
             f"{', '.join(('nchunks', 'channels') + algo.options)}")
+    if options.get("counts") is not None:
+        # A vector call (polycast.schedule.vector): the counts, as tuples, are the schedule's
+        # options, hence part of the call's signature; ``count`` becomes the largest.
+        options["counts"] = counts = check_counts(coll, nranks, options["counts"])
+        flat = [c for row in counts for c in row] if coll is Collective.ALLTOALL else counts
+        count = max(flat, default=0)
     reason = algo.unsupported_reason(nranks, options)
     if reason:
         raise Unsupported(f"{coll} algorithm {algorithm!r} {reason} (asked for {nranks}); "
@@ -161,7 +176,7 @@ def split_channels(base: Schedule, channels: int) -> Schedule:
     and instance ``ch`` works on slice ``ch`` of every part. Block ``(p, s)`` of instance
     ``ch`` becomes block ``(p, ch*sub + s)`` of a layout with ``sub*channels`` pieces.
     """
-    layouts = {n: Layout(l.nelems, l.parts, l.sub * channels) for n, l in base.layouts.items()}
+    layouts = {n: l.with_sub(l.sub * channels) for n, l in base.layouts.items()}
     programs = []
     for prog in base.programs:
         out: list[Step] = []

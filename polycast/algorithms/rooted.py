@@ -12,14 +12,18 @@ parts as the biggest non-root subtree (the largest power of two below P).
 
 from __future__ import annotations
 
-from ..schedule.ir import Layout
+from ..schedule.ir import Layout, per_rank
 from .broadcast import binomial_rooted
 from .registry import Spec, register
 
 
 def _layouts(spec: Spec):
-    """(whole: P parts, one: 1 part) layouts, both cut into nchunks pieces per part."""
+    """(whole: P parts, one: 1 part) layouts, both cut into nchunks pieces per part; with
+    ``counts`` (Gatherv/Scatterv) part p of whole and rank p's one hold counts[p]."""
     P, k = spec.nranks, spec.nchunks
+    if spec.counts is not None:
+        return (Layout.uneven(spec.counts, k),
+                per_rank(Layout(c, 1, k) for c in spec.counts))
     return Layout(P * spec.count, P, k), Layout(spec.count, 1, k)
 
 
@@ -37,11 +41,17 @@ def _binomial_plan(spec: Spec):
     biggest = max((len(span((c - spec.root) % P)) for c in tree.children[spec.root]),
                   default=0)
     tmp = Layout(biggest * spec.count, biggest, k) if biggest > 1 else None
+    if tmp is not None and spec.counts is not None:
+        # tmp part j of relative rank v holds relative rank v+j's block (none past P)
+        R = spec.root
+        tmp = per_rank(Layout.uneven([spec.counts[(v + j + R) % P] if v + j < P else 0
+                                      for j in range(biggest)], k)
+                       for v in ((r - R) % P for r in range(P)))
     return tree, span, tmp
 
 
 @register("scatter", "linear", "the root sends each rank its part directly; root sends "
-          "(P-1)/P of its buffer, one hop")
+          "(P-1)/P of its buffer, one hop", options=("counts",))
 def scatter_linear(spec: Spec):
     P, R = spec.nranks, spec.root
     whole, one = _layouts(spec)
@@ -55,7 +65,7 @@ def scatter_linear(spec: Spec):
 
 
 @register("scatter", "binomial", "binomial tree, ceil(log2 P) rounds; each rank passes "
-          "its subtree's parts on; pipelined in nchunks pieces")
+          "its subtree's parts on; pipelined in nchunks pieces", options=("counts",))
 def scatter_binomial(spec: Spec):
     P, R, k = spec.nranks, spec.root, spec.nchunks
     whole, one = _layouts(spec)
@@ -82,7 +92,7 @@ def scatter_binomial(spec: Spec):
 
 
 @register("gather", "linear", "every rank sends its buffer to the root directly; root "
-          "receives (P-1) parts, one hop")
+          "receives (P-1) parts, one hop", options=("counts",))
 def gather_linear(spec: Spec):
     P, R = spec.nranks, spec.root
     whole, one = _layouts(spec)
@@ -96,7 +106,8 @@ def gather_linear(spec: Spec):
 
 
 @register("gather", "binomial", "binomial tree, ceil(log2 P) rounds; each rank collects "
-          "its subtree's parts and passes them up; pipelined in nchunks pieces")
+          "its subtree's parts and passes them up; pipelined in nchunks pieces",
+          options=("counts",))
 def gather_binomial(spec: Spec):
     P, R, k = spec.nranks, spec.root, spec.nchunks
     whole, one = _layouts(spec)

@@ -87,6 +87,8 @@ def make_plan(schedule: Schedule, rank: int) -> Plan:
         kind = st.kind
         if st.blocks:
             lay = layouts.get(st.buf)
+            if lay is not None:
+                lay = lay.on(rank)          # a vector call's buffers differ per rank
             if lay is None:
                 raise InvalidArgument(f"{schedule.describe()}: rank {rank} step {idx} names "
                                       f"buffer {st.buf!r}, which has no layout")
@@ -96,7 +98,7 @@ def make_plan(schedule: Schedule, rank: int) -> Plan:
         runs.append(r)
         nelems.append(ne)
         if kind is COPY:
-            dst_runs.append(_runs(layouts[st.dst], st.dst_blocks)[0] if st.dst_blocks else ())
+            dst_runs.append(_runs(layouts[st.dst].on(rank), st.dst_blocks)[0] if st.dst_blocks else ())
             continue
         dst_runs.append(())
         if kind is MCAST:

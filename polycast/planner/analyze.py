@@ -121,7 +121,7 @@ def analyze(s: Schedule, fabric, innet: bool = False) -> Terms:
             ph = phases.get(h)
             if ph is None:
                 ph = phases[h] = _Phase()
-            x = s.step_nelems(st) * inv if st.blocks else 0.0
+            x = s.step_nelems(st, rank) * inv if st.blocks else 0.0
             size_of[(rank, idx)] = x
             if kind is Kind.SEND:
                 crossed[(rank, idx)] = ph.send(rank, st.peer, x, nlev, sizes, innet)

@@ -70,6 +70,10 @@ def call(comm, coll: Collective, send, recv, root: int, op: str, algorithm: str 
         req = comm.Igather(send, recv, root, **kw)
     elif coll is Collective.ALLTOALL:
         req = comm.Ialltoall(send, recv, **kw)
+    elif coll is Collective.SCAN:
+        req = comm.Iscan(send, recv, op, **kw)
+    elif coll is Collective.EXSCAN:
+        req = comm.Iexscan(send, recv, op, **kw)
     else:
         req = comm.Ibarrier(**kw)
     if blocking:
@@ -86,7 +90,7 @@ def one(ck: Checker, coll: Collective, algo: str | None, count: int, root: int =
     expect = reference(coll, inputs, root=root, op=op)
     _, nrecv = coll.buffer_counts(P, count)
     recv = np.full(nrecv, 99, dtype=dtype) if expect[r] is not None or \
-        coll is Collective.BROADCAST else None
+        coll in (Collective.BROADCAST, Collective.EXSCAN) else None
     if coll in (Collective.REDUCE, Collective.GATHER) and r != root:
         recv = None
     name = f"{coll}/{algo or 'auto'}/P{P}/n{count}/root{root}/{op}/{dtype}"

@@ -15,6 +15,16 @@ the schedule asks for). A buffer of ``nelems`` elements is cut by a :class:`Layo
 ``b = p*sub + s``. Sizes need not divide: pieces differ by at most one element, and may be
 empty. Steps name blocks, never byte offsets, so one schedule serves any element size.
 
+Uneven (vector) layouts: ``Layout.uneven(counts, sub)`` gives part ``p`` exactly
+``counts[p]`` elements (packed in part order; zeros allowed), each part still cut into
+``sub`` near-equal pieces. When a buffer's size differs between ranks (Allgatherv's send,
+Alltoallv's rows), the schedule holds a :class:`PerRank` layout: one Layout per rank, all
+with the same ``parts`` and ``sub`` so that steps name the same blocks everywhere and only
+their element ranges differ. ``layout.on(rank)`` is the rank's Layout in both cases
+(``Schedule.layout(buf, rank)``). The vector counts of such a schedule are in
+``options["counts"]`` (so they are part of the call's signature: ranks passing different
+counts mismatch); see :func:`vector_sizes` for what they mean per collective.
+
 Matching
 --------
 The k-th SEND from rank a to rank b (in a's program order) is received by the k-th RECV
@@ -31,6 +41,9 @@ Completion rules (the "runtime's ordering rules" the verifier assumes)
 * MCAST completes once all its datagrams were sent; MRECV completes once every block it
   names holds the root's data (the reliable-multicast protocol recovers losses).
 * COPY runs synchronously.
+* A reducing RECV or COPY stores ``incoming op local`` (MPI's ``invec op inoutvec``: the
+  arriving or copied data is the left operand). Only scans rely on the order (their ops
+  need not commute; the verifier checks they combine in rank order).
 """
 
 from __future__ import annotations
@@ -88,22 +101,54 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """How a buffer of ``nelems`` elements is cut into ``parts * sub`` blocks."""
+    """How a buffer of ``nelems`` elements is cut into ``parts * sub`` blocks: near-equal
+    parts, or exactly ``counts[p]`` elements in part ``p`` when ``counts`` is given."""
 
     nelems: int
     parts: int = 1
     sub: int = 1
+    counts: tuple[int, ...] | None = None
+    _starts: tuple[int, ...] | None = field(default=None, init=False, repr=False,
+                                            compare=False)
+
+    def __post_init__(self) -> None:
+        if self.counts is not None:
+            if len(self.counts) != self.parts or sum(self.counts) != self.nelems \
+                    or min(self.counts, default=0) < 0:
+                raise ValueError(f"uneven layout: counts {self.counts} do not make "
+                                 f"{self.parts} parts of {self.nelems} elements")
+            starts = [0]
+            for c in self.counts:
+                starts.append(starts[-1] + c)
+            object.__setattr__(self, "_starts", tuple(starts))
+
+    @classmethod
+    def uneven(cls, counts, sub: int = 1) -> "Layout":
+        """Part ``p`` holds exactly ``counts[p]`` elements (packed in part order)."""
+        counts = tuple(int(c) for c in counts)
+        return cls(sum(counts), len(counts), sub, counts)
 
     @property
     def nblocks(self) -> int:
         return self.parts * self.sub
 
+    def on(self, rank: int) -> "Layout":
+        """This layout as rank ``rank`` sees it (the same on every rank)."""
+        return self
+
+    def with_sub(self, sub: int) -> "Layout":
+        """The same parts, each cut into ``sub`` pieces."""
+        return Layout(self.nelems, self.parts, sub, self.counts)
+
     def block_range(self, b: int) -> tuple[int, int]:
         """Element range ``[start, stop)`` of block ``b``."""
         p, s = divmod(b, self.sub)
-        n, parts, sub = self.nelems, self.parts, self.sub
-        lo, hi = p * n // parts, (p + 1) * n // parts
-        w = hi - lo
+        if self._starts is None:
+            n, parts = self.nelems, self.parts
+            lo, hi = p * n // parts, (p + 1) * n // parts
+        else:
+            lo, hi = self._starts[p], self._starts[p + 1]
+        w, sub = hi - lo, self.sub
         return lo + s * w // sub, lo + (s + 1) * w // sub
 
     def block_len(self, b: int) -> int:
@@ -127,6 +172,44 @@ class Layout:
         return sum(self.block_len(b) for b in blocks)
 
 
+@dataclass(frozen=True, slots=True)
+class PerRank:
+    """A buffer whose size differs between ranks (a vector collective's send or recv):
+    one :class:`Layout` per rank, all cut into the same ``parts * sub`` blocks, so steps
+    name blocks alike on every rank. Element ranges come from ``on(rank)``."""
+
+    layouts: tuple[Layout, ...]
+
+    def __post_init__(self) -> None:
+        shapes = {(l.parts, l.sub) for l in self.layouts}
+        if len(shapes) != 1:
+            raise ValueError(f"per-rank layouts must share parts and sub, got {shapes}")
+
+    @property
+    def parts(self) -> int:
+        return self.layouts[0].parts
+
+    @property
+    def sub(self) -> int:
+        return self.layouts[0].sub
+
+    @property
+    def nblocks(self) -> int:
+        return self.layouts[0].nblocks
+
+    def on(self, rank: int) -> Layout:
+        return self.layouts[rank]
+
+    def with_sub(self, sub: int) -> "PerRank":
+        return PerRank(tuple(l.with_sub(sub) for l in self.layouts))
+
+
+def per_rank(layouts) -> "Layout | PerRank":
+    """One Layout when every rank's is the same, else a :class:`PerRank`."""
+    layouts = tuple(layouts)
+    return layouts[0] if all(l == layouts[0] for l in layouts) else PerRank(layouts)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Per-rank programs for one collective call. Pure data; see the module docstring."""
@@ -136,7 +219,7 @@ class Schedule:
     nranks: int
     root: int
     count: int                          # elements, per the collective's convention
-    layouts: dict[str, Layout]          # buffer name -> layout (only buffers in use)
+    layouts: dict[str, "Layout | PerRank"]  # buffer name -> layout (only buffers in use)
     programs: tuple[tuple[Step, ...], ...]
     options: dict = field(default_factory=dict)   # the generator's parameters, for display
 
@@ -151,13 +234,33 @@ class Schedule:
     def uses_multicast(self) -> bool:
         return any(s.kind in (Kind.MCAST, Kind.MRECV) for p in self.programs for s in p)
 
-    def step_nelems(self, step: Step) -> int:
-        """Elements a step moves (0 for control messages)."""
+    def layout(self, buf: str, rank: int) -> Layout:
+        """Rank ``rank``'s layout of buffer ``buf``."""
+        return self.layouts[buf].on(rank)
+
+    @property
+    def counts(self):
+        """A vector schedule's counts (see :func:`vector_sizes`), or None."""
+        return self.options.get("counts")
+
+    def step_nelems(self, step: Step, rank: int | None = None) -> int:
+        """Elements a step of ``rank`` moves (0 for control messages); ``rank`` may be
+        left out when the step's buffer is cut alike on every rank."""
         if not step.blocks:
             return 0
-        return self.layouts[step.buf].nelems_of(step.blocks)
+        lay = self.layouts[step.buf]
+        if rank is None:
+            if isinstance(lay, PerRank):
+                raise ValueError(f"{step.buf!r} differs per rank: say which rank's step")
+            return lay.nelems_of(step.blocks)
+        return lay.on(rank).nelems_of(step.blocks)
 
     def describe(self) -> str:
-        opts = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.options.items()))
         return (f"{self.collective} {self.algorithm} P={self.nranks} root={self.root} "
                 f"count={self.count}" + (f" ({opts})" if opts else ""))
+
+
+def _short(v) -> str:
+    text = str(v)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -52,7 +52,7 @@ def traffic(schedule: Schedule, itemsize: int = 1) -> Traffic:
             if kind is Kind.COPY:
                 continue
             nmsg += 1
-            nbytes = s.step_nelems(st) * itemsize
+            nbytes = s.step_nelems(st, rank) * itemsize
             if kind is Kind.SEND:
                 sent[rank] += nbytes
                 messages += 1

@@ -12,7 +12,10 @@ It proves, for one schedule, that
   graph of dependencies plus send->receive edges has no cycle;
 * no rank sends data it does not hold;
 * every rank ends with exactly the right data: each output block holds the right origin
-  block, and for reductions combines exactly one contribution from every rank;
+  block, and for reductions combines exactly one contribution from every rank; for a scan
+  (whose op need not commute) every combination joins two adjacent runs of ranks with the
+  incoming one on the left (a reducing step stores ``incoming op local``, MPI's
+  ``invec op inoutvec``), so the result is the op over ranks in rank order;
 * for a barrier, every rank's completion causally follows every rank's entry.
 
 Values are symbolic: a block holds ``(origin_block, rank_mask)`` — the index of the input
@@ -24,7 +27,9 @@ from __future__ import annotations
 from ..collectives import Collective
 from ..errors import ScheduleError
 from .graph import Node, global_order, match_messages
-from .ir import Kind, Layout, Schedule, Step
+from ..errors import InvalidArgument
+from .ir import Kind, Layout, PerRank, Schedule, Step
+from .vector import check_counts, vector_sizes
 
 
 def verify(schedule: Schedule) -> None:
@@ -37,6 +42,7 @@ class _Verifier:
         self.s = s
         self.P = s.nranks
         self.root_only_recv = s.collective in (Collective.REDUCE, Collective.GATHER)
+        self.ordered = s.collective.ordered
 
     def fail(self, msg: str, rank: int | None = None, idx: int | None = None) -> None:
         where = ""
@@ -64,14 +70,25 @@ class _Verifier:
         self.execute(matches)
 
     def check_layouts(self) -> None:
-        """The send and recv layouts must cover exactly the call's buffers."""
-        nsend, nrecv = self.s.collective.buffer_counts(self.P, self.s.count)
-        for name, want in (("send", nsend), ("recv", nrecv)):
-            lay = self.s.layouts.get(name)
-            if lay is not None and lay.nelems != want:
-                self.fail(f"the {name!r} layout covers {lay.nelems} elements but a "
-                          f"{self.s.collective} of count {self.s.count} over {self.P} ranks "
-                          f"has {want}")
+        """The send and recv layouts must cover exactly the call's buffers (on every rank:
+        a vector call's differ per rank, see polycast.schedule.vector)."""
+        s = self.s
+        if s.counts is not None:
+            try:
+                counts = check_counts(s.collective, self.P, s.counts)
+            except InvalidArgument as exc:
+                self.fail(str(exc))
+            sizes = vector_sizes(s.collective, self.P, counts)
+            what = f"a {s.collective} of counts {counts}"
+        else:
+            sizes = [s.collective.buffer_counts(self.P, s.count)] * self.P
+            what = f"a {s.collective} of count {s.count} over {self.P} ranks"
+        for rank, (nsend, nrecv) in enumerate(sizes):
+            for name, want in (("send", nsend), ("recv", nrecv)):
+                lay = s.layouts.get(name)
+                if lay is not None and lay.on(rank).nelems != want:
+                    self.fail(f"the {name!r} layout covers {lay.on(rank).nelems} elements "
+                              f"on rank {rank} but {what} has {want}")
 
     def check_step(self, rank: int, idx: int, st: Step) -> None:
         for d in st.deps:
@@ -106,7 +123,7 @@ class _Verifier:
             if len(st.blocks) != len(st.dst_blocks):
                 self.fail("copy with different numbers of source and destination blocks",
                           rank, idx)
-            src, dst = self.s.layouts.get(st.buf), self.s.layouts.get(st.dst)
+            src, dst = self.s.layout(st.buf, rank), self.s.layout(st.dst, rank)
             for a, b in zip(st.blocks, st.dst_blocks):
                 if src.block_len(a) != dst.block_len(b):
                     self.fail(f"copy of block {a} ({src.block_len(a)} elements) into block "
@@ -201,7 +218,7 @@ class _Verifier:
             self.fail(f"receives {len(rt.blocks)} blocks but the matching send from rank "
                       f"{snode[0]} step {snode[1]} carries {len(st.blocks)}", *rnode)
         if st.blocks:
-            sl, rl = s.layouts[st.buf], s.layouts[rt.buf]
+            sl, rl = s.layout(st.buf, snode[0]), s.layout(rt.buf, rnode[0])
             for a, b in zip(st.blocks, rt.blocks):
                 if sl.block_len(a) != rl.block_len(b):
                     self.fail(f"block {b} has {rl.block_len(b)} elements but the matching "
@@ -277,6 +294,11 @@ class _Verifier:
         if old[1] & new[1]:
             dup = [r for r in range(self.P) if (old[1] & new[1]) >> r & 1]
             self.fail(f"counts the contribution of rank(s) {dup} twice", rank, idx)
+        if self.ordered and not (_run(new[1]) and _run(old[1])
+                                 and new[1].bit_length() == (old[1] & -old[1]).bit_length() - 1):
+            self.fail(f"combines {_show(new, self.P)} (incoming, the left operand) with "
+                      f"{_show(old, self.P)}: not the next run of ranks to its left, so a "
+                      "non-commutative op would come out of rank order", rank, idx)
         return (old[0], old[1] | new[1])
 
     # ------------------------------------------------------------------------------------
@@ -298,12 +320,21 @@ class _Verifier:
             self.fail("has no recv layout")
         want = self.expected(lay_s, lay_r)
         check_ranks = [s.root] if c in (Collective.REDUCE, Collective.GATHER) else range(P)
+        if c is Collective.EXSCAN:
+            check_ranks = range(1, P)       # rank 0's recv is not written (MPI: undefined)
         for rank in check_ranks:
             got = values[rank]["recv"]
+            mine = lay_r.on(rank)
             for b in range(lay_r.nblocks):
                 exp = want(rank, b)
+                n = mine.block_len(b)
+                origin = (exp[1] & -exp[1]).bit_length() - 1     # lowest contributing rank
+                if lay_s.on(origin).block_len(exp[0]) != n:
+                    self.fail(f"recv block {b} has {n} elements but the data it must hold "
+                              f"(block {exp[0]} of rank {origin}'s send) has "
+                              f"{lay_s.on(origin).block_len(exp[0])}", rank)
                 if got[b] != exp:
-                    if lay_r.block_len(b) == 0 and got[b] is None:
+                    if n == 0 and got[b] is None:
                         continue        # empty blocks need not move
                     self.fail(f"recv block {b} ends holding {_show(got[b], P)} instead of "
                               f"{_show(exp, P)}", rank)
@@ -319,11 +350,17 @@ class _Verifier:
                 self.fail(f"layouts do not fit {c}: {what} (send {lay_s}, recv {lay_r})")
 
         if c is Collective.BROADCAST:
-            need(lay_s == lay_r, "send and recv must be cut alike")
+            need(_alike(lay_s, lay_r), "send and recv must be cut alike")
             return lambda r, b: (b, 1 << root)
         if c in (Collective.REDUCE, Collective.ALLREDUCE):
-            need(lay_s == lay_r, "send and recv must be cut alike")
+            need(_alike(lay_s, lay_r), "send and recv must be cut alike")
             return lambda r, b: (b, full)
+        if c is Collective.SCAN:
+            need(_alike(lay_s, lay_r), "send and recv must be cut alike")
+            return lambda r, b: (b, (2 << r) - 1)
+        if c is Collective.EXSCAN:
+            need(_alike(lay_s, lay_r), "send and recv must be cut alike")
+            return lambda r, b: (b, (1 << r) - 1)
         if c in (Collective.ALLGATHER, Collective.GATHER):
             nb = lay_s.nblocks
             need(lay_r.sub == lay_s.sub and lay_r.parts == P * lay_s.parts,
@@ -340,10 +377,29 @@ class _Verifier:
                  "send must be P copies of recv's cut")
             return lambda r, b: (r * nb + b, 1 << root)
         if c is Collective.ALLTOALL:
-            need(lay_s == lay_r and lay_s.parts % P == 0, "send and recv cut alike, P parts")
+            need(_shape(lay_s) == _shape(lay_r) and lay_s.parts % P == 0,
+                 "send and recv in the same blocks, P parts")
             per = lay_r.nblocks // P
             return lambda r, b: (r * per + b % per, 1 << (b // per))
         self.fail(f"no expectation for {c}")
+
+
+def _run(mask: int) -> bool:
+    """The ranks of ``mask`` are consecutive."""
+    x = mask >> ((mask & -mask).bit_length() - 1)
+    return mask > 0 and x & (x + 1) == 0
+
+
+def _shape(lay) -> tuple[int, int]:
+    return lay.parts, lay.sub
+
+
+def _alike(a, b) -> bool:
+    """Cut into the same blocks of the same sizes on every rank."""
+    if isinstance(a, PerRank) or isinstance(b, PerRank):
+        n = len(a.layouts) if isinstance(a, PerRank) else len(b.layouts)
+        return all(a.on(r) == b.on(r) for r in range(n))
+    return a == b
 
 
 def _show(v, P: int) -> str:

@@ -50,7 +50,7 @@ class Options:
     timeout_seconds: float | None = None
 
     def algorithm(self, coll: Collective) -> str | None:
-        return getattr(self, coll.value)
+        return getattr(self, coll.value, None)      # scan/exscan: torch has none
 
     def validate(self, comm) -> None:
         """Unknown or unsupported algorithm names raise now, naming the choices."""
