@@ -47,7 +47,8 @@ def rows_for(collective: Collective, nranks: int, count: int, nbytes: int, nchun
     for algo in algorithms(collective):
         opts = _options(algo, nranks, ranks_per_host)
         row = {"collective": str(collective), "algorithm": algo.name, "nranks": nranks,
-               "nbytes": nbytes, "multicast": algo.multicast}
+               "nbytes": nbytes, "multicast": algo.multicast,
+               "vector": "counts" in algo.options}
         try:
             sched = build(collective, algo.name, nranks, count, nchunks=nchunks, **opts)
             t = traffic(sched, itemsize)
@@ -117,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
             rows.append([r["algorithm"], format_bytes(r["max_sent_nbytes"]),
                          format_bytes(r["max_recv_nbytes"]), r["steps"], r["depth"],
                          format_bytes(r["switch_link_nbytes"]),
-                         "multicast" if r["multicast"] else ""])
+                         ", ".join(n for n, on in (("multicast", r["multicast"]),
+                                                   ("vector", r["vector"])) if on)])
         print_table(f"{c}  P={P}  S={format_size(sizes[c][1])}",
                     ["algorithm", "sent/rank", "recv/rank", "steps", "depth",
                      "1-switch link bytes", "note"], rows,

@@ -15,6 +15,7 @@ import sys
 
 from ..algorithms import get
 from ..collectives import Collective
+from ..schedule.vector import VECTOR, check_counts
 from ..errors import InvalidArgument, UnknownName
 from ..units import format_size, parse_size
 from . import checks
@@ -29,6 +30,19 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "latency=250ns,switch_latency=300ns (default fattree:radix=32)")
     p.add_argument("--link", default="400Gbps", help="host link rate (default 400Gbps)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _counts(coll, text: str, nodes: int):
+    """--counts: "1,2,3" (or rows "1,2;3,4" for alltoall), checked for ``nodes`` ranks."""
+    try:
+        rows = [[int(x) for x in row.split(",")] for row in text.split(";")]
+    except ValueError:
+        raise InvalidArgument(f"--counts must be integers separated by ',' (rows by ';'), "
+                              f"got {text!r}") from None
+    counts = rows if coll is Collective.ALLTOALL else rows[0]
+    if coll is not Collective.ALLTOALL and len(rows) != 1:
+        raise InvalidArgument(f"--counts for {coll} is one row of {nodes} integers")
+    return check_counts(coll, nodes, counts)
 
 
 def add_parser(sub) -> None:
@@ -55,6 +69,13 @@ def add_parser(sub) -> None:
         c.add_argument("--channels", type=int, default=1)
         c.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                        help="algorithm option (e.g. roots=4); repeatable")
+        if coll in VECTOR:
+            c.add_argument("--counts", default=None, metavar="C0,C1,..." + (
+                ";..." if coll is Collective.ALLTOALL else ""),
+                help="the vector form (MPI's " + coll.value + "v): elements per rank "
+                     + ("(rows i: what rank i sends each rank, separated by ';')"
+                        if coll is Collective.ALLTOALL else "")
+                     + "; --size is then ignored")
         c.add_argument("--loss", type=float, default=0.0,
                        help="probability that a datagram is lost at a receiver (seeded)")
         c.add_argument("--seed", type=int, default=0)
@@ -155,6 +176,8 @@ def run_collective(args: argparse.Namespace) -> int:
     checks.algorithm_names(coll, names, args.nodes, allow_auto=True)
     options = checks.algorithm_options(coll, [n for n in names if n != "auto"],
                                        _options(args.opt))
+    if getattr(args, "counts", None):
+        options["counts"] = _counts(coll, args.counts, args.nodes)
     checks.output_path(args.trace, "--trace", (".json",))
     checks.output_path(args.plot, "--plot", (".png", ".pdf", ".svg"))
     from ..sim.topology import parse_seconds
@@ -175,6 +198,9 @@ def run_collective(args: argparse.Namespace) -> int:
         choice = choose_on_topology(coll, nbytes, topo, args.root, host_gbps=args.host_gbps,
                                     host_latency_s=host_latency_s)
         auto = (choice.algorithm, choice.nchunks)
+        if "counts" in options and "counts" not in get(coll, auto[0]).options:
+            raise InvalidArgument(f"auto chose {coll} {auto[0]}, which has no vector form "
+                                  "(--counts): name an algorithm that has one (polycast algos)")
         if not args.json:
             notes.append(f"auto: {choice.algorithm}"
                          + (f" nchunks {choice.nchunks}" if choice.nchunks > 1 else "")

@@ -6,31 +6,32 @@
 >>> comm.Reduce_scatter(x, y, recvcounts=counts, op="sum")
 >>> comm.Scan(x, y, op="sum")                              # y = x_0 + ... + x_rank
 
-How they run. Each call first agrees on its counts: a small blocking Allgather of one row
-of integers per rank (its own counts, or a CRC of the counts it was given), so every rank
-sees the same table and
+How they run. The data moves on **vector schedules**: the algorithms' own programs over
+uneven blocks (polycast.schedule.vector; every one verified like the uniform ones), so each
+rank sends and receives exactly its counts -- no padding to the largest. The counts are part
+of the call's signature, so ranks that pass different counts get a MismatchError on every
+rank instead of wrong data. ``auto`` is the planner's choice among the algorithms that have
+a vector form (``polycast algos``: the ``counts`` option).
 
-* counts that disagree between ranks (a receiver expecting 3 elements from a sender that
-  sends 4, ranks passing different ``counts``) raise the same InvalidArgument on every
-  rank before any data moves; a check only the root can make (Gatherv, Scatterv) refuses
-  the data step, which fails it on every rank naming the root's reason;
-* the data moves with the uniform collective (Allgather, Gather, Scatter, Alltoall,
-  Reduce_scatter_block) on blocks padded to the largest count — the engine's verified
-  schedules, every algorithm and the symmetric-memory path, unchanged. When every count is
-  the same and the buffers are packed, the user's arrays are used directly (no padding, no
-  copies); otherwise the data goes through padded temporaries and is copied out when the
-  request completes (in ``Wait``/``Test``). The padding costs ``P * max(counts) /
-  sum(counts)`` times the bytes of an exact schedule: small for FSDP's uneven shards, large
-  for very skewed Alltoallv (MoE-style) traffic.
+Where MPI does not give every rank every count, the call first agrees on them (a small
+blocking engine Allgather of one row of integers per rank):
 
-``Scan``/``Exscan`` gather every rank's input (Allgather) and fold the prefix locally in
-rank order, so any op (non-commutative user ops too) gives MPI's result; it moves ``P``
-times the data of a recursive-doubling scan. The count agreement and the scan's gather go
-through the engine (not symmetric memory) because that is where a refusing rank takes its
-turn; the data steps of the other calls may take any path, since after the agreement either
-every rank raises or the only refusals left are of engine-only calls (Gather, Scatter,
-Alltoall). The ``I``-forms of all these post the data
-step and return; the count agreement before it waits for the peers to reach the call.
+* ``Gatherv`` / ``Scatterv``: only the root has the counts; the others know their own;
+* ``Alltoallv``: each rank knows its row (what it sends) and column (what it receives);
+* ``Reduce_scatter`` without ``recvcounts`` (each rank's recvbuf size is its count).
+
+That agreement also makes counts that disagree (a receiver expecting 3 elements from a
+sender that sends 4) raise the same InvalidArgument on every rank before any data moves; a
+check only the root can make refuses the data step, which fails it on every rank.
+``Allgatherv``, ``Reduce_scatter`` with ``recvcounts``, ``Scan`` and ``Exscan`` need no
+agreement: their ``I``-forms post and return at once.
+
+Blocks packed in rank order (the default displacements) are read and written in the
+user's arrays directly; other displacements go through a packed temporary, copied out when
+the request completes (in ``Wait``/``Test``). ``Scan``/``Exscan`` run the scan schedules
+(recursive doubling, or a pipelined chain for large buffers), which combine in rank order
+(``incoming op local``, checked by the verifier), so any op -- a non-commutative
+``Op.Create`` one too -- gives MPI's result.
 """
 
 from __future__ import annotations
@@ -40,11 +41,15 @@ import zlib
 import numpy as np
 
 from .. import ops as _ops
+from ..algorithms import algorithms, build, get
 from ..collectives import Collective
 from ..errors import InvalidArgument
+from ..planner import choose
 from ..runtime.driver import Request
-from .buffers import IN_PLACE, check_disjoint, message, same_memory, vector
-from .ordered import fold
+from ..schedule.guard import agreed
+from ..schedule.vector import total_elements as _vector_elements
+from . import choice
+from .buffers import IN_PLACE, check_disjoint, dtype_name, message, same_memory, vector
 
 
 def _crc(counts) -> int:
@@ -63,20 +68,35 @@ def _then(req: Request, fn) -> Request:
     return req
 
 
-def _pad(v, P: int, m: int, dtype) -> np.ndarray:
-    """The blocks of vector buffer ``v`` laid out ``m`` elements apart (zeros between)."""
-    out = np.zeros(P * m, dtype)
-    for i in range(P):
-        c, d = v.counts[i], v.displs[i]
-        out[i * m:i * m + c] = v.array[d:d + c]
+def _packed(v) -> np.ndarray:
+    """The blocks of vector buffer ``v`` end to end in rank order: the user's array
+    itself when they already are, else a packed copy."""
+    n = sum(v.counts)
+    if v.packed:
+        return v.array[:n]
+    out = np.empty(n, v.array.dtype)
+    pos = 0
+    for c, d in zip(v.counts, v.displs):
+        out[pos:pos + c] = v.array[d:d + c]
+        pos += c
     return out
 
 
-def _unpad(tmp: np.ndarray, v, P: int, m: int, skip: int | None = None) -> None:
-    for i in range(P):
-        c, d = v.counts[i], v.displs[i]
-        if i != skip and c:
-            v.array[d:d + c] = tmp[i * m:i * m + c]
+def _landing(v) -> tuple[np.ndarray, object]:
+    """Where a vector output ``v`` is received: (packed array, what to run once the request
+    completes -- None when the array is the user's own)."""
+    n = sum(v.counts)
+    if v.packed:
+        return v.array[:n], None
+    tmp = np.empty(n, v.array.dtype)
+
+    def unpack():
+        pos = 0
+        for c, d in zip(v.counts, v.displs):
+            if c:
+                v.array[d:d + c] = tmp[pos:pos + c]
+            pos += c
+    return tmp, unpack
 
 
 def _own_block(sendbuf, rv, r: int, call: str) -> np.ndarray:
@@ -93,18 +113,6 @@ def _own_block(sendbuf, rv, r: int, call: str) -> np.ndarray:
         raise InvalidArgument(f"{call}: sendbuf is {send.dtype}, recvbuf "
                               f"{rv.array.dtype}: they must match")
     return send
-
-
-def _padded(send: np.ndarray, m: int, dtype=None) -> np.ndarray:
-    """``send`` in a zeroed block of ``m`` elements: the uniform schedule's block size."""
-    out = np.zeros(m, send.dtype if dtype is None else dtype)
-    out[:send.size] = send
-    return out
-
-
-def _uniform(v, m: int) -> bool:
-    """Every block ``m`` long and packed: the array can be used as it is."""
-    return all(c == m for c in v.counts) and v.packed
 
 
 class VectorCollectives:
@@ -129,40 +137,90 @@ class VectorCollectives:
     def _empty_done(self, call: str) -> Request:
         return self._done(f"{call} of no elements")
 
+    # -- posting a vector schedule ------------------------------------------------------
+    def _vector_algorithm(self, coll: Collective, nbytes: int, algorithm: str | None
+                          ) -> tuple[str, int]:
+        """(algorithm, nchunks) of a vector call of ``nbytes`` (S): the one asked for, which
+        must have a vector form, or the planner's choice among those that have one."""
+        import os
+        name = (algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO") or "auto").lower()
+        if name != "auto":
+            if "counts" not in get(coll, name).options:
+                raise InvalidArgument(
+                    f"{coll} algorithm {name!r} has no vector form; those that have one: "
+                    f"{', '.join(a.name for a in algorithms(coll) if 'counts' in a.options)}")
+            return name, choice.pipeline_nchunks(self, coll, name, nbytes)
+        cache = self.__dict__.setdefault("_vector_choices", {})
+        key = (coll, nbytes.bit_length(), self.mcast_error is None)
+        hit = cache.get(key)
+        if hit is None:
+            only = tuple(a.name for a in algorithms(coll) if "counts" in a.options)
+            c = choose(coll, nbytes, choice.shape(self), choice.fabric(self, False),
+                       only=only)
+            hit = cache[key] = (c.algorithm, c.nchunks)
+        return hit
+
+    def _post_v(self, coll: Collective, send, recv, counts, root: int = 0, op=None,
+                algorithm: str | None = None, after=None) -> Request:
+        """Post the vector schedule of ``coll`` for ``counts`` (polycast.schedule.vector)
+        with this rank's packed ``send``/``recv`` (None where it has none)."""
+        if self._freed:
+            raise InvalidArgument(f"{self!r} was freed")
+        P = self.size
+        opname = _ops.get(op if op is not None else "sum").name if coll.has_op else ""
+        dt = (send if send is not None else recv).dtype
+        nbytes = _vector_elements(coll, P, counts) * dt.itemsize
+        algo, nchunks = self._vector_algorithm(coll, nbytes, algorithm)
+        key = ("vector", coll, algo, counts, root, nchunks)
+        with self._lock:
+            sched = self._schedules.get(key)
+            if sched is None:
+                sched = agreed(build(coll, algo, P, 0, root=root, nchunks=nchunks,
+                                     counts=counts))
+                self._schedules[key] = sched
+                if len(self._schedules) > 64:
+                    self._schedules.popitem(last=False)
+            else:
+                self._schedules.move_to_end(key)
+        drv = self._driver
+        req_id = drv.new_request_id()
+        drv.buffers.register(req_id, sched, self.rank, send, recv, opname or None)
+        rank = self.rank
+        req = Request(req_id, self.id, lambda: f"rank {rank}: {sched.describe()}",
+                      self.timeout_seconds)
+        req.on_done = after
+        drv.post(self.id, req, sched, dt.itemsize, dtype_name(dt), opname)
+        return req
+
     # -- Allgatherv --------------------------------------------------------------------
-    def Iallgatherv(self, sendbuf, recvbuf) -> Request:
+    def Iallgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
         """``recvbuf`` is ``[buf, counts]`` or ``[buf, counts, displs]`` (mpi4py's
         forms) on every rank; ``sendbuf`` has ``counts[rank]`` elements, or is
-        IN_PLACE (this rank's block of recvbuf is its input)."""
+        IN_PLACE (this rank's block of recvbuf is its input). Every rank has the counts:
+        no agreement, the vector schedule is posted at once."""
         P, r, call = self.size, self.rank, "Allgatherv"
-        a = {}
-
-        def row():
-            rv = a["rv"] = vector(recvbuf, "recvbuf", P, writable=True)
+        try:
+            rv = vector(recvbuf, "recvbuf", P, writable=True)
             send = _own_block(sendbuf, rv, r, call)
             if send.size != rv.counts[r]:
                 raise InvalidArgument(f"{call}: sendbuf has {send.size} elements, but "
                                       f"counts[{r}] is {rv.counts[r]}")
-            a["send"] = send
-            return [_crc(rv.counts), send.size]
-        t = self._table(call, row)
-        rv, send = a["rv"], a["send"]
-        if len(set(t[:, 0].tolist())) != 1:
-            raise InvalidArgument(f"{call}: ranks passed different counts (rank {r}: "
-                                  f"{list(rv.counts)}); every rank must pass the same")
-        m = max(rv.counts)
-        if m == 0:
-            return self._empty_done(call)
-        if _uniform(rv, m):                      # Iallgather takes the aliased block
-            return self.Iallgather(send, rv.array[:P * m])
-        tmp_send = _padded(send, m, rv.array.dtype)
-        tmp = np.empty(P * m, rv.array.dtype)
-        return _then(self.Iallgather(tmp_send, tmp), lambda: _unpad(tmp, rv, P, m))
+            if max(rv.counts) == 0:
+                return self._empty_done(call)
+            recv, after = _landing(rv)
+            if after is not None and send.size and np.may_share_memory(send, rv.array):
+                send = send.copy()          # IN_PLACE in a buffer with gaps
+            return self._post_v(Collective.ALLGATHER, send, recv, tuple(rv.counts),
+                                algorithm=algorithm, after=after)
+        except Exception as exc:
+            raise self._refused(call, exc)
 
     # -- Gatherv, Scatterv ----------------------------------------------------------------
-    def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+    def Igatherv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
+                 ) -> Request:
         """``recvbuf`` (``[buf, counts(, displs)]``) matters at the root only; IN_PLACE as
-        sendbuf at the root keeps its block where it is."""
+        sendbuf at the root keeps its block where it is. Only the root has the counts:
+        they are agreed first (see the module docstring)."""
         P, r, call = self.size, self.rank, "Gatherv"
         a = {}
 
@@ -180,30 +238,32 @@ class VectorCollectives:
             return [send.size, send.dtype.itemsize]
         t = self._table(call, row)
         rt, rv, send = a["root"], a["rv"], a["send"]
-        sizes = t[:, 0].tolist()
-        m = max(sizes)
+        sizes = tuple(t[:, 0].tolist())
         if len(set(t[:, 1].tolist())) != 1:
             raise InvalidArgument(f"{call}: ranks send elements of different sizes "
                                   f"(itemsize per rank: {t[:, 1].tolist()})")
         try:
-            if r == rt and list(rv.counts) != sizes:
+            if r == rt and tuple(rv.counts) != sizes:
                 raise InvalidArgument(f"{call}: the root's counts {list(rv.counts)} do not "
-                                      f"match what the ranks send {sizes}")
+                                      f"match what the ranks send {list(sizes)}")
+            if max(sizes) == 0:
+                return self._empty_done(call)
+            if r != rt:
+                return self._post_v(Collective.GATHER, send, None, sizes, rt,
+                                    algorithm=algorithm)
+            recv, after = _landing(rv)
+            if after is not None and send.size and np.may_share_memory(send, rv.array):
+                send = send.copy()
+            return self._post_v(Collective.GATHER, send, recv, sizes, rt,
+                                algorithm=algorithm, after=after)
         except Exception as exc:
             raise self._refused(call, exc)
-        if m == 0:
-            return self._empty_done(call)
-        if r != rt:
-            return self.Igather(_padded(send, m), None, rt)
-        if _uniform(rv, m):                      # Igather takes the aliased block
-            return self.Igather(send, rv.array[:P * m], rt)
-        tmp_send = _padded(send, m)
-        tmp = np.empty(P * m, rv.array.dtype)
-        return _then(self.Igather(tmp_send, tmp, rt), lambda: _unpad(tmp, rv, P, m))
 
-    def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+    def Iscatterv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
+                  ) -> Request:
         """``sendbuf`` (``[buf, counts(, displs)]``) matters at the root only; IN_PLACE as
-        recvbuf at the root leaves its block where it is."""
+        recvbuf at the root leaves its block where it is. Only the root has the counts:
+        they are agreed first."""
         P, r, call = self.size, self.rank, "Scatterv"
         a = {}
 
@@ -235,30 +295,28 @@ class VectorCollectives:
             return [n]
         t = self._table(call, row)
         rt, sv, recv = a["root"], a["sv"], a["recv"]
-        sizes = t[:, 0].tolist()
-        m = max(sizes)
+        sizes = tuple(t[:, 0].tolist())
         try:
-            if r == rt and list(sv.counts) != sizes:
+            if r == rt and tuple(sv.counts) != sizes:
                 raise InvalidArgument(f"{call}: the root's counts {list(sv.counts)} do not "
-                                      f"match what the ranks receive {sizes}")
+                                      f"match what the ranks receive {list(sizes)}")
+            if max(sizes) == 0:
+                return self._empty_done(call)
+            if r != rt:
+                return self._post_v(Collective.SCATTER, None, recv, sizes, rt,
+                                    algorithm=algorithm)
+            if recv is None:                # IN_PLACE: its own block stays where it is
+                recv = np.empty(sizes[r], sv.array.dtype)
+            return self._post_v(Collective.SCATTER, _packed(sv), recv, sizes, rt,
+                                algorithm=algorithm)
         except Exception as exc:
             raise self._refused(call, exc)
-        if m == 0:
-            return self._empty_done(call)
-        if r == rt:
-            send = sv.array[:P * m] if _uniform(sv, m) else _pad(sv, P, m, sv.array.dtype)
-            tmp = np.empty(m, sv.array.dtype)
-            out = recv
-            return _then(self.Iscatter(send, tmp, rt),
-                         lambda: out is not None and out.__setitem__(slice(None), tmp[:out.size]))
-        tmp = np.empty(m, recv.dtype)
-        return _then(self.Iscatter(None, tmp, rt),
-                     lambda: recv.__setitem__(slice(None), tmp[:recv.size]))
 
     # -- Alltoallv -------------------------------------------------------------------
-    def Ialltoallv(self, sendbuf, recvbuf) -> Request:
+    def Ialltoallv(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
         """``[sbuf, scounts(, sdispls)]`` and ``[rbuf, rcounts(, rdispls)]``; IN_PLACE as
-        sendbuf: recvbuf's blocks are the input (its counts both ways)."""
+        sendbuf: recvbuf's blocks are the input (its counts both ways). Each rank knows
+        only its own row and column of the counts: they are agreed first."""
         P, r, call = self.size, self.rank, "Alltoallv"
         a = {}
 
@@ -285,27 +343,30 @@ class VectorCollectives:
             if list(rv.counts) != expect:
                 raise InvalidArgument(f"{call}: rank {r} expects counts {list(rv.counts)} "
                                       f"but the ranks send it {expect}")
+            if int(t.max()) == 0:
+                return self._empty_done(call)
+            counts = tuple(tuple(row) for row in t.tolist())
+            send = _packed(sv)
+            if sv is rv and rv.packed:
+                send = send.copy()              # in place: the input is read as it lands
+            recv, after = _landing(rv)
+            return self._post_v(Collective.ALLTOALL, send, recv, counts,
+                                algorithm=algorithm, after=after)
         except Exception as exc:
             raise self._refused(call, exc)
-        m = int(t.max())
-        if m == 0:
-            return self._empty_done(call)
-        dt = rv.array.dtype
-        if sv is not rv and _uniform(sv, m) and _uniform(rv, m):
-            return self.Ialltoall(sv.array[:P * m], rv.array[:P * m])
-        send = _pad(sv, P, m, dt)                  # a copy: safe in place too
-        tmp = np.empty(P * m, dt)
-        return _then(self.Ialltoall(send, tmp), lambda: _unpad(tmp, rv, P, m))
 
     # -- Reduce_scatter with counts -------------------------------------------------------
-    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op="sum") -> Request:
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op="sum", *,
+                        algorithm: str | None = None) -> Request:
         """Rank ``i`` gets the reduction of elements ``[sum(counts[:i]), sum(counts[:i+1]))``
-        of every rank's sendbuf. ``recvcounts`` None: each rank's recvbuf size. IN_PLACE:
-        recvbuf holds the input and gets the result in its first ``counts[rank]``."""
+        of every rank's sendbuf. ``recvcounts`` None: each rank's recvbuf size (agreed
+        first). IN_PLACE: recvbuf holds the input and gets the result in its first
+        ``counts[rank]``. A non-commutative op runs on the uniform schedule in rank order
+        (padded to the largest count)."""
         P, r, call = self.size, self.rank, "Reduce_scatter"
         a = {}
 
-        def row():
+        def checked():
             opx = a["op"] = _ops.get(op)
             if sendbuf is IN_PLACE:
                 full = message(recvbuf, "recvbuf", writable=True)
@@ -324,12 +385,32 @@ class VectorCollectives:
                 if recv is not None and recv.size < counts[r]:
                     raise InvalidArgument(f"{call}: recvbuf has {recv.size} elements, "
                                           f"recvcounts[{r}] is {counts[r]}")
+                if send.size != sum(counts):
+                    raise InvalidArgument(f"{call}: sendbuf needs sum(recvcounts) = "
+                                          f"{sum(counts)} elements, got {send.size}")
             elif recv is None:
                 raise InvalidArgument(f"{call}: IN_PLACE needs recvcounts")
             a["send"], a["recv"], a["counts"] = send, recv, counts
             mine = counts[r] if counts is not None else recv.size
             return [_crc(counts) if counts is not None else -1, mine, send.size]
-        t = self._table(call, row)
+
+        if recvcounts is not None:
+            try:
+                checked()
+                send, recv, counts, opx = a["send"], a["recv"], tuple(a["counts"]), a["op"]
+                if opx.commute:
+                    if max(counts) == 0:
+                        return self._empty_done(call)
+                    n = counts[r]
+                    if recv is None:                # IN_PLACE: the input is read meanwhile
+                        out, send = send[:n], send.copy()
+                    else:
+                        out = recv[:n]
+                    return self._post_v(Collective.REDUCE_SCATTER, send, out, counts,
+                                        op=opx.name, algorithm=algorithm)
+            except Exception as exc:
+                raise self._refused(call, exc)
+        t = self._table(call, checked)
         send, recv, counts, opx = a["send"], a["recv"], a["counts"], a["op"]
         if counts is None:
             counts = tuple(t[:, 1].tolist())
@@ -343,20 +424,27 @@ class VectorCollectives:
         if m == 0:
             return self._empty_done(call)
         out = recv if recv is not None else send[:counts[r]]
-        if all(c == m for c in counts) and recv is not None:
-            return self.Ireduce_scatter_block(send, recv[:m], opx)
+        n = counts[r]
+        if opx.commute:
+            try:
+                if recv is None:
+                    send = send.copy()
+                return self._post_v(Collective.REDUCE_SCATTER, send, out[:n], tuple(counts),
+                                    op=opx.name, algorithm=algorithm)
+            except Exception as exc:
+                raise self._refused(call, exc)
+        # A non-commutative op: the uniform schedule's ordered path, blocks padded.
         offs = np.cumsum((0,) + tuple(counts))
         tmp_send = np.zeros(P * m, send.dtype)
         for i in range(P):
             tmp_send[i * m:i * m + counts[i]] = send[offs[i]:offs[i + 1]]
         tmp = np.empty(m, send.dtype)
-        n = counts[r]
         return _then(self.Ireduce_scatter_block(tmp_send, tmp, opx),
                      lambda: out[:n].__setitem__(slice(None), tmp[:n]))
 
     # -- Scan, Exscan ---------------------------------------------------------------------
-    def _scan(self, sendbuf, recvbuf, op, exclusive: bool) -> Request:
-        P, r = self.size, self.rank
+    def _scan(self, sendbuf, recvbuf, op, exclusive: bool, algorithm: str | None) -> Request:
+        coll = Collective.EXSCAN if exclusive else Collective.SCAN
         call = "Exscan" if exclusive else "Scan"
         try:
             opx = _ops.get(op)
@@ -373,51 +461,40 @@ class VectorCollectives:
                 raise InvalidArgument(f"{call}: sendbuf ({send.size} x {send.dtype}) and "
                                       f"recvbuf ({recv.size} x {recv.dtype}) must match")
             opx.check(recv.dtype, f"{call}: ")
-            n = send.size
-            every = np.empty(P * n, send.dtype)
+            # The scan schedules combine in rank order (incoming op local, verified), so
+            # any op runs on them, non-commutative user ops too (polycast.algorithms.scan).
+            return self._post(coll, send, recv, send.size, 0, opx.name, algorithm)
         except Exception as exc:
             raise self._refused(call, exc)
-        # Through the engine (as _table): a rank refused above took its turn there.
-        req = self._post(Collective.ALLGATHER, send, every, n)
-        upto = r if exclusive else r + 1
 
-        def fold_prefix():
-            if upto == 0 or n == 0:
-                return                       # Exscan: rank 0's recvbuf is left as it was
-            parts = [every[i * n:(i + 1) * n] for i in range(upto)]
-            if opx.fn is not None:
-                fold(parts, opx, recv)
-                return
-            acc = parts[0].copy()
-            for x in parts[1:]:
-                opx.combine(acc, x, acc)
-            recv[...] = acc
-        return _then(req, fold_prefix)
+    def Iscan(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None) -> Request:
+        return self._scan(sendbuf, recvbuf, op, False, algorithm)
 
-    def Iscan(self, sendbuf, recvbuf, op="sum") -> Request:
-        return self._scan(sendbuf, recvbuf, op, False)
-
-    def Iexscan(self, sendbuf, recvbuf, op="sum") -> Request:
-        return self._scan(sendbuf, recvbuf, op, True)
+    def Iexscan(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None
+                ) -> Request:
+        return self._scan(sendbuf, recvbuf, op, True, algorithm)
 
     # -- blocking forms -------------------------------------------------------------------
-    def Allgatherv(self, sendbuf, recvbuf) -> None:
-        self.Iallgatherv(sendbuf, recvbuf).Wait()
+    def Allgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
+        self.Iallgatherv(sendbuf, recvbuf, algorithm=algorithm).Wait()
 
-    def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
-        self.Igatherv(sendbuf, recvbuf, root).Wait()
+    def Gatherv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
+                ) -> None:
+        self.Igatherv(sendbuf, recvbuf, root, algorithm=algorithm).Wait()
 
-    def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
-        self.Iscatterv(sendbuf, recvbuf, root).Wait()
+    def Scatterv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
+                 ) -> None:
+        self.Iscatterv(sendbuf, recvbuf, root, algorithm=algorithm).Wait()
 
-    def Alltoallv(self, sendbuf, recvbuf) -> None:
-        self.Ialltoallv(sendbuf, recvbuf).Wait()
+    def Alltoallv(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
+        self.Ialltoallv(sendbuf, recvbuf, algorithm=algorithm).Wait()
 
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op="sum") -> None:
-        self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op).Wait()
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op="sum", *,
+                       algorithm: str | None = None) -> None:
+        self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm=algorithm).Wait()
 
-    def Scan(self, sendbuf, recvbuf, op="sum") -> None:
-        self.Iscan(sendbuf, recvbuf, op).Wait()
+    def Scan(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None) -> None:
+        self.Iscan(sendbuf, recvbuf, op, algorithm=algorithm).Wait()
 
-    def Exscan(self, sendbuf, recvbuf, op="sum") -> None:
-        self.Iexscan(sendbuf, recvbuf, op).Wait()
+    def Exscan(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None) -> None:
+        self.Iexscan(sendbuf, recvbuf, op, algorithm=algorithm).Wait()

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..algorithms import build, get
 from ..collectives import Collective, parse_dtype
+from ..schedule.vector import total_elements as vector_elements
 from ..errors import InvalidArgument, UnknownName
 from ..units import parse_size
 from .driver import RankTimeline, SimConfig, Simulation, pacing_gbps_for
@@ -144,8 +145,10 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     req = sim.post(sched, itemsize)
     sim.run()
     wall = time.perf_counter() - wall
-    return make_result(sim, [req], coll, algorithm, coll.total_elements(nodes, count) * itemsize,
-                       wall)
+    counts = opts.get("counts")
+    total = coll.total_elements(nodes, count) if counts is None else \
+        vector_elements(coll, nodes, sched.counts)
+    return make_result(sim, [req], coll, algorithm, total * itemsize, wall)
 
 
 def make_result(sim: Simulation, reqs: list[int], coll: Collective, algorithm: str,
