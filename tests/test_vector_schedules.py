@@ -170,3 +170,19 @@ def test_vector_schedules_run_on_the_simulated_engine():
     assert res.link_bytes == 2 * 4 * 3 * 1003
     res = simulate("scan", "recdoubling", 5, 4000, topology="switch")
     assert res.time_s > 0 and res.link_bytes == 2 * 4000 * (4 + 3 + 1)
+
+
+def test_sim_cli_takes_counts(capsys):
+    import json as _json
+
+    from polycast.cli.main import main
+    assert main(["sim", "alltoall", "-n", "3", "-t", "switch", "--algo", "pairwise",
+                 "--counts", "0,1,500;2,0,500;3,4,0", "--json"]) == 0
+    res = _json.loads(capsys.readouterr().out)
+    assert res["link_bytes"] == 2 * 4 * (1 + 500 + 2 + 500 + 3 + 4)
+    assert main(["sim", "alltoall", "-n", "3", "--algo", "pairwise",
+                 "--counts", "1,2"]) == 2
+    assert "3 rows of 3 integers" in capsys.readouterr().err
+    assert main(["algos", "-n", "4", "-c", "alltoall", "--json"]) == 0
+    rows = {r["algorithm"]: r for r in _json.loads(capsys.readouterr().out)}
+    assert rows["pairwise"]["vector"] and not rows["bruck"]["vector"]
