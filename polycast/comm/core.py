@@ -78,16 +78,19 @@ class CommCore:
         nchunks = choice.pipeline_nchunks(self, coll, algo, nbytes)
         return self._built(coll, algo, count, root, nchunks)
 
-    def _built(self, coll: Collective, algo: str, count: int, root: int, nchunks: int):
-        """The schedule, from this communicator's cache (schedules are pure data)."""
+    def _built(self, coll: Collective, algo: str, count: int, root: int, nchunks: int,
+               counts=None):
+        """The schedule, from this communicator's cache (schedules are pure data);
+        ``counts``: a vector call's (polycast.schedule.vector)."""
         P = self.size
-        key = (coll, algo, count, root, nchunks)
+        key = (coll, algo, count, root, nchunks, counts)
         with self._lock:
             sched = self._schedules.get(key)
             if sched is None:
                 # agreed(): no rank may finish a call another rank refused (see
                 # polycast.schedule.guard), so rooted schedules get an entry barrier.
-                sched = agreed(build(coll, algo, P, count, root=root, nchunks=nchunks))
+                sched = agreed(build(coll, algo, P, count, root=root, nchunks=nchunks,
+                                     counts=counts))
                 self._schedules[key] = sched
                 if len(self._schedules) > 64:
                     self._schedules.popitem(last=False)
@@ -116,6 +119,10 @@ class CommCore:
             choice.log(self, coll, nbytes, algo, sched.options.get("nchunks", 1),
                        auto=algo == choice.plan(self, coll, nbytes, False).algorithm
                        and not (algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO")))
+        return self._post_built(sched, send, recv, dt, opname, after)
+
+    def _post_built(self, sched, send, recv, dt: np.dtype, opname: str, after) -> Request:
+        """Register this rank's arrays for ``sched`` and post it to the driver."""
         drv = self._driver
         req_id = drv.new_request_id()
         drv.buffers.register(req_id, sched, self.rank, send, recv, opname or None)

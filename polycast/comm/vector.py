@@ -41,15 +41,14 @@ import zlib
 import numpy as np
 
 from .. import ops as _ops
-from ..algorithms import algorithms, build, get
+from ..algorithms import algorithms, get
 from ..collectives import Collective
 from ..errors import InvalidArgument
 from ..planner import choose
 from ..runtime.driver import Request
-from ..schedule.guard import agreed
 from ..schedule.vector import total_elements as _vector_elements
 from . import choice
-from .buffers import IN_PLACE, check_disjoint, dtype_name, message, same_memory, vector
+from .buffers import IN_PLACE, check_disjoint, message, same_memory, vector
 
 
 def _crc(counts) -> int:
@@ -171,26 +170,8 @@ class VectorCollectives:
         dt = (send if send is not None else recv).dtype
         nbytes = _vector_elements(coll, P, counts) * dt.itemsize
         algo, nchunks = self._vector_algorithm(coll, nbytes, algorithm)
-        key = ("vector", coll, algo, counts, root, nchunks)
-        with self._lock:
-            sched = self._schedules.get(key)
-            if sched is None:
-                sched = agreed(build(coll, algo, P, 0, root=root, nchunks=nchunks,
-                                     counts=counts))
-                self._schedules[key] = sched
-                if len(self._schedules) > 64:
-                    self._schedules.popitem(last=False)
-            else:
-                self._schedules.move_to_end(key)
-        drv = self._driver
-        req_id = drv.new_request_id()
-        drv.buffers.register(req_id, sched, self.rank, send, recv, opname or None)
-        rank = self.rank
-        req = Request(req_id, self.id, lambda: f"rank {rank}: {sched.describe()}",
-                      self.timeout_seconds)
-        req.on_done = after
-        drv.post(self.id, req, sched, dt.itemsize, dtype_name(dt), opname)
-        return req
+        sched = self._built(coll, algo, 0, root, nchunks, counts)
+        return self._post_built(sched, send, recv, dt, opname, after)
 
     # -- Allgatherv --------------------------------------------------------------------
     def Iallgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
