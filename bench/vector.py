@@ -18,7 +18,8 @@ Paths, timed in alternating rounds (so the machine's load hits all alike):
   schedule, exact blocks, no agreement for Allgatherv (Alltoallv keeps it: each rank knows
   only its own row and column of counts);
 * ``padded-auto`` / ``vector-auto``: the same with ``auto`` (the padded allgather may take
-  the symmetric-memory path on one host, whose bytes the engine does not count).
+  the symmetric-memory path on one host, whose bytes the engine does not count; so may
+  ``vector-auto``'s Allgatherv when the planner estimates it faster: its label says so).
 
 ``bytes`` are what the engines of all ranks sent for one call (EngineStats.message_bytes_out,
 agreement included); ``ms`` the slowest rank's median time per call. Each output is
@@ -133,6 +134,9 @@ def _rank(args) -> None:
         S = 4 * (sum(ag_counts) if call == "allgatherv" else max(sum(scounts), sum(rcounts)))
         from polycast.collectives import Collective
         auto = "%s/%d" % comm._vector_algorithm(Collective.parse(coll), S, None)
+        if call == "allgatherv" and comm._padded_symm_wins(Collective.ALLGATHER, ag_counts,
+                                                           np.float32):
+            auto = "symm,padded"
         for p in paths:
             med = comm.allreduce(statistics.median(times[p]), op="max")
             good = comm.allreduce(int(ok[p]), op="min")

@@ -11,7 +11,10 @@ uneven blocks (polycast.schedule.vector; every one verified like the uniform one
 rank sends and receives exactly its counts -- no padding to the largest. The counts are part
 of the call's signature, so ranks that pass different counts get a MismatchError on every
 rank instead of wrong data. ``auto`` is the planner's choice among the algorithms that have
-a vector form (``polycast algos``: the ``counts`` option).
+a vector form (``polycast algos``: the ``counts`` option) -- except that on one host, once
+symmetric memory is set up, ``auto`` Allgatherv and Reduce_scatter take the uniform call
+padded to the largest count through symmetric memory when the planner estimates it faster
+than the exact schedule on the engine (mild skew; they then agree on the counts first).
 
 Where MPI does not give every rank every count, the call first agrees on them (a small
 blocking engine Allgather of one row of integers per rank):
@@ -98,6 +101,20 @@ def _landing(v) -> tuple[np.ndarray, object]:
     return tmp, unpack
 
 
+def _padded(send: np.ndarray, m: int) -> np.ndarray:
+    """``send`` in a zeroed block of ``m`` elements: the uniform schedule's block size."""
+    out = np.zeros(m, send.dtype)
+    out[:send.size] = send
+    return out
+
+
+def _unpad(tmp: np.ndarray, v, m: int) -> None:
+    """Rank i's block of uniform ``tmp`` (blocks ``m`` apart) into vector buffer ``v``."""
+    for i, (c, d) in enumerate(zip(v.counts, v.displs)):
+        if c:
+            v.array[d:d + c] = tmp[i * m:i * m + c]
+
+
 def _own_block(sendbuf, rv, r: int, call: str) -> np.ndarray:
     """This rank's input to a gathering call whose output is vector buffer ``rv``:
     ``sendbuf``, or its own block of ``rv`` for IN_PLACE (or the very same memory)."""
@@ -149,15 +166,41 @@ class VectorCollectives:
                     f"{coll} algorithm {name!r} has no vector form; those that have one: "
                     f"{', '.join(a.name for a in algorithms(coll) if 'counts' in a.options)}")
             return name, choice.pipeline_nchunks(self, coll, name, nbytes)
+        return self._vector_plan(coll, nbytes)[:2]
+
+    def _vector_plan(self, coll: Collective, nbytes: int) -> tuple[str, int, float]:
+        """The planner's (algorithm, nchunks, estimated seconds) among the algorithms with
+        a vector form, per power-of-two size class (as choice.plan: every rank the same)."""
         cache = self.__dict__.setdefault("_vector_choices", {})
-        key = (coll, nbytes.bit_length(), self.mcast_error is None)
+        k = nbytes.bit_length()
+        key = (coll, k, self.mcast_error is None)
         hit = cache.get(key)
         if hit is None:
             only = tuple(a.name for a in algorithms(coll) if "counts" in a.options)
-            c = choose(coll, nbytes, choice.shape(self), choice.fabric(self, False),
-                       only=only)
-            hit = cache[key] = (c.algorithm, c.nchunks)
+            rep = 0 if nbytes == 0 else (3 << (k - 2) if k >= 2 else nbytes)
+            c = choose(coll, rep, choice.shape(self), choice.fabric(self, False), only=only)
+            hit = cache[key] = (c.algorithm, c.nchunks, c.estimate_seconds)
         return hit
+
+    def _padded_symm_wins(self, coll: Collective, counts, dtype) -> bool:
+        """Under ``auto`` on one host: whether the uniform call padded to the largest count
+        through symmetric memory beats the exact vector schedule on the engine, by the
+        planner's estimates (mild skew, as FSDP's shards: usually; a 1000x skew: not).
+        Only once an earlier call has set symmetric memory up: asking must not be a
+        collective step, since a rank whose arguments failed is not here to take it. The
+        padded path then agrees on the counts first through the engine, where such a
+        rank's refusal is seen (the symmetric-memory path does not see it)."""
+        import os
+        if os.environ.get(f"POLYCAST_{coll.name}_ALGO", "auto").lower() != "auto" \
+                or self.__dict__.get("_symm_state") is None:
+            return False
+        P, it = self.size, np.dtype(dtype).itemsize
+        padded = P * max(counts) * it
+        if not padded or not self.takes_symm(coll, dtype, nbytes=padded):
+            return False
+        symm = choice.plan(self, coll, padded, symm=True)
+        return symm.algorithm == "symm" and \
+            symm.estimate_seconds < self._vector_plan(coll, sum(counts) * it)[2]
 
     def _post_v(self, coll: Collective, send, recv, counts, root: int = 0, op=None,
                 algorithm: str | None = None, after=None) -> Request:
@@ -178,7 +221,8 @@ class VectorCollectives:
         """``recvbuf`` is ``[buf, counts]`` or ``[buf, counts, displs]`` (mpi4py's
         forms) on every rank; ``sendbuf`` has ``counts[rank]`` elements, or is
         IN_PLACE (this rank's block of recvbuf is its input). Every rank has the counts:
-        no agreement, the vector schedule is posted at once."""
+        no agreement, the vector schedule is posted at once (but see the module docstring
+        for ``auto`` on one host)."""
         P, r, call = self.size, self.rank, "Allgatherv"
         try:
             rv = vector(recvbuf, "recvbuf", P, writable=True)
@@ -188,13 +232,23 @@ class VectorCollectives:
                                       f"counts[{r}] is {rv.counts[r]}")
             if max(rv.counts) == 0:
                 return self._empty_done(call)
-            recv, after = _landing(rv)
-            if after is not None and send.size and np.may_share_memory(send, rv.array):
-                send = send.copy()          # IN_PLACE in a buffer with gaps
-            return self._post_v(Collective.ALLGATHER, send, recv, tuple(rv.counts),
-                                algorithm=algorithm, after=after)
+            symm = algorithm is None and self._padded_symm_wins(
+                Collective.ALLGATHER, rv.counts, rv.array.dtype)
+            if not symm:
+                recv, after = _landing(rv)
+                if after is not None and send.size and np.may_share_memory(send, rv.array):
+                    send = send.copy()          # IN_PLACE in a buffer with gaps
+                return self._post_v(Collective.ALLGATHER, send, recv, tuple(rv.counts),
+                                    algorithm=algorithm, after=after)
         except Exception as exc:
             raise self._refused(call, exc)
+        t = self._table(call, lambda: [_crc(rv.counts)])
+        if len(set(t[:, 0].tolist())) != 1:
+            raise InvalidArgument(f"{call}: ranks passed different counts (rank {r}: "
+                                  f"{list(rv.counts)}); every rank must pass the same")
+        m = max(rv.counts)
+        tmp = np.empty(P * m, rv.array.dtype)
+        return _then(self.Iallgather(_padded(send, m), tmp), lambda: _unpad(tmp, rv, m))
 
     # -- Gatherv, Scatterv ----------------------------------------------------------------
     def Igatherv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
@@ -375,26 +429,39 @@ class VectorCollectives:
             mine = counts[r] if counts is not None else recv.size
             return [_crc(counts) if counts is not None else -1, mine, send.size]
 
-        if recvcounts is not None:
+        def exact(counts) -> bool:
+            """The vector schedule (else: the uniform one, padded; for non-commutative
+            ops, whose ordered path it has, or when symmetric memory wins under auto)."""
+            opx = a["op"]
+            return opx.commute and not (algorithm is None and opx.builtin and
+                                        self._padded_symm_wins(Collective.REDUCE_SCATTER,
+                                                               counts, a["send"].dtype))
+
+        def post(counts):
+            send, recv, opx = a["send"], a["recv"], a["op"]
+            n = counts[r]
+            if recv is None:                # IN_PLACE: the input is read meanwhile
+                out, send = send[:n], send.copy()
+            else:
+                out = recv[:n]
+            return self._post_v(Collective.REDUCE_SCATTER, send, out, counts,
+                                op=opx.name, algorithm=algorithm)
+
+        if recvcounts is not None:          # every rank has the counts: no agreement
             try:
                 checked()
-                send, recv, counts, opx = a["send"], a["recv"], tuple(a["counts"]), a["op"]
-                if opx.commute:
-                    if max(counts) == 0:
-                        return self._empty_done(call)
-                    n = counts[r]
-                    if recv is None:                # IN_PLACE: the input is read meanwhile
-                        out, send = send[:n], send.copy()
-                    else:
-                        out = recv[:n]
-                    return self._post_v(Collective.REDUCE_SCATTER, send, out, counts,
-                                        op=opx.name, algorithm=algorithm)
+                counts = tuple(a["counts"])
+                if max(counts) == 0:
+                    return self._empty_done(call)
+                if exact(counts):
+                    return post(counts)
             except Exception as exc:
                 raise self._refused(call, exc)
         t = self._table(call, checked)
         send, recv, counts, opx = a["send"], a["recv"], a["counts"], a["op"]
         if counts is None:
             counts = tuple(t[:, 1].tolist())
+        counts = tuple(counts)
         if len(set(t[:, 0].tolist())) != 1 or t[:, 1].tolist() != list(counts):
             raise InvalidArgument(f"{call}: ranks disagree on recvcounts (rank {r}: "
                                   f"{list(counts)}, the ranks' own: {t[:, 1].tolist()})")
@@ -404,18 +471,14 @@ class VectorCollectives:
         m = max(counts)
         if m == 0:
             return self._empty_done(call)
-        out = recv if recv is not None else send[:counts[r]]
-        n = counts[r]
-        if opx.commute:
+        if recvcounts is None and exact(counts):
             try:
-                if recv is None:
-                    send = send.copy()
-                return self._post_v(Collective.REDUCE_SCATTER, send, out[:n], tuple(counts),
-                                    op=opx.name, algorithm=algorithm)
+                return post(counts)
             except Exception as exc:
                 raise self._refused(call, exc)
-        # A non-commutative op: the uniform schedule's ordered path, blocks padded.
-        offs = np.cumsum((0,) + tuple(counts))
+        out = recv if recv is not None else send[:counts[r]]
+        n = counts[r]
+        offs = np.cumsum((0,) + counts)
         tmp_send = np.zeros(P * m, send.dtype)
         for i in range(P):
             tmp_send[i * m:i * m + counts[i]] = send[offs[i]:offs[i + 1]]
