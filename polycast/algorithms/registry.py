@@ -147,7 +147,8 @@ def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
                           f"valid for {nranks} ranks: "
                           f"{', '.join(supported(coll, nranks)) or 'none'}")
     if nranks > estimate.CHECK_ABOVE_RANKS:    # refuse what would not fit in memory
-        estimate.check(coll, algorithm, nranks, nchunks, channels, **options)
+        estimate.check(coll, algorithm, nranks, nchunks, channels,   # counts: same shape
+                       **{k: v for k, v in options.items() if k != "counts"})
     spec = Spec(coll, nranks, count, root, nchunks, dict(options))
     # Schedules are millions of small immutable objects at 1024 ranks; the cyclic garbage
     # collector would rescan them all repeatedly (15-40 % of build time) and finds nothing.

@@ -122,8 +122,8 @@ def suite_algos(ck: Checker) -> None:
                     one(ck, coll, algo, count, root)
             if coll.has_op:
                 one(ck, coll, algo, 33, 0, op="max", dtype="int32")
-                one(ck, coll, algo, 33, P - 1 if coll.rooted else 0, op="avg",
-                    dtype="float64")
+                one(ck, coll, algo, 33, P - 1 if coll.rooted else 0,
+                    op="prod" if coll.ordered else "avg", dtype="float64")   # scans: no avg
 
 
 def suite_api(ck: Checker) -> None:
