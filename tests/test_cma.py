@@ -173,14 +173,20 @@ def test_large_messages_exact(transport, cma_env):
     results = spawn_ranks(3, ["tests/large_exact.py"], timeout=240,
                           env={"POLYCAST_TRANSPORT": transport, "POLYCAST_SYMM": "0",
                                "POLYCAST_CMA": cma_env})
+    lazy_total = 0
     for r in results:
         m = LARGE.search(r.out)
         assert r.returncode == 0 and m, (
             f"rank {r.rank} exit {r.returncode}\n{r.out[-3000:]}\n{r.err[-3000:]}")
         single, lazy = int(m.group(1)), int(m.group(3))
+        lazy_total += lazy
         if transport == "tcp":
-            assert single == 0 and lazy > 0, m.group(0)
+            assert single == 0, m.group(0)
         elif cma_env == "0" or cma.disabled_reason() is not None:
             assert single == 0 and lazy == 0, m.group(0)
         else:
             assert single > 0, m.group(0)
+    if transport == "tcp":
+        # payloads that had all arrived when their header was read went straight to their
+        # destination (which ones did depends on timing; some always do: 100 KiB ones)
+        assert lazy_total > 0
