@@ -44,7 +44,7 @@ BUILTIN_LINKS = {
 #: A multicast stream's share of the port: receivers handle every datagram in Python.
 BUILTIN_MULTICAST = {"pacing": 0.25}
 #: Symmetric memory, per collective: (seconds, seconds per byte of S) at 4 ranks. The fixed
-#: part is one barrier round (runtime/symm/staged.py: calls up to 4 MiB a rank take one);
+#: part is one barrier round (runtime/symm/staged.py: calls up to 1 MiB a rank take one);
 #: bench/peers.py measured the engine slower than this path at every size on one host
 #: (e.g. 8 B broadcast, 4 ranks: engine 367 us, symm 95 us), below the engine's model.
 BUILTIN_SYMM = {
