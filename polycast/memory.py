@@ -204,12 +204,7 @@ class Buffers:
         arr = r.arrays[region.buf]
         if len(region.runs) == 1:
             a, b = region.runs[0]
-            if a or b != arr.size:
-                arr = arr[a:b]
-            if reduce:
-                r.ufunc(arr, src, out=arr)
-            else:
-                arr[...] = src
+            _into(arr, a, b, src, r.ufunc if reduce else None)
             return
         pos = 0
         for a, b in region.runs:
@@ -244,14 +239,8 @@ class Buffers:
             # memory; the address comparison below costs more than the copy.
             (a, b), (c, d) = src.runs[0], dst.runs[0]
             if b - a == d - c:
-                if a or b != sa.size:
-                    sa = sa[a:b]
-                if c or d != da.size:
-                    da = da[c:d]
-                if reduce:
-                    r.ufunc(da, sa, out=da)
-                else:
-                    da[...] = sa
+                _into(da, c, d, sa if not a and b == sa.size else sa[a:b],
+                      r.ufunc if reduce else None)
                 return
         if shared and _addresses(sa, src.runs) == _addresses(da, dst.runs):
             # In place (send is recv, or send is recv's own block as MPI_IN_PLACE allows).
@@ -285,6 +274,18 @@ class Buffers:
         r = self._reqs.get(req)
         if r is not None and r.avg and r.result_here and "recv" in r.arrays:
             apply_avg(r.arrays["recv"], r.nranks)
+
+
+def _into(dst: np.ndarray, a: int, b: int, src: np.ndarray, ufunc) -> None:
+    """``src`` into ``dst[a:b]``, combined with ``ufunc`` when given. A run covering the
+    whole (flat) array uses the array itself: slicing an 8-byte array cost more than
+    the copy."""
+    if a or b != dst.size:
+        dst = dst[a:b]
+    if ufunc is not None:
+        ufunc(dst, src, out=dst)
+    else:
+        dst[...] = src
 
 
 def _addresses(arr: np.ndarray, runs) -> list[tuple[int, int]]:
