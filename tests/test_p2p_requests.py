@@ -30,7 +30,7 @@ def test_the_null_request():
     assert not r and r == REQUEST_NULL and not (r != REQUEST_NULL)
     st = Status()
     st._fill(3, 4, 5)
-    assert r.Wait(st) is None and r.Test() and (st.source, st.tag, st.count) == (
+    assert r.Wait(st) is True and r.wait() is None and r.Test() and (st.source, st.tag, st.count) == (
         polycast.ANY_SOURCE, polycast.ANY_TAG, 0)
     with pytest.raises(TypeError):
         hash(r)                                 # an MPI handle, as mpi4py's
@@ -39,7 +39,8 @@ def test_the_null_request():
     assert Request.Waitany([r, None]) == UNDEFINED
     assert Request.Testany([r]) == (UNDEFINED, True)
     assert Request.Waitsome([r]) is None and Request.Testsome([r]) is None
-    assert Request.Testall([r]) and Request.Waitall([r]) == [None]
+    assert Request.Testall([r]) and Request.Waitall([r]) is True
+    assert Request.waitall([r, r]) == [None, None]
 
 
 def test_waitany_and_testany_skip_finished_requests(comm):
@@ -89,7 +90,7 @@ def test_cancel_of_an_unmatched_receive(comm):
     r.Cancel()
     st = Status()
     assert r.Get_status(st) and st.Is_cancelled()
-    assert r.Wait(st) is None and st.Is_cancelled() and not r
+    assert r.Wait(st) and st.Is_cancelled() and not r
     comm.Send(np.arange(3.0), 0, 7)            # goes to the next receive, not the cancelled
     z = np.zeros(3)
     comm.Recv(z, 0, 7, st)
@@ -146,3 +147,26 @@ def test_waitall_extends_statuses_and_persistent_requests(comm):
         Prequest().Start()
     with pytest.raises(TypeError, match="not MPI handles"):
         Prequest(comm.Send_init(out, 0, 4))
+
+
+def test_status_copy_and_setters_and_nondestructive_get_status(comm):
+    st = Status()
+    st.source, st.tag, st.error = 1, 2, 12
+    st.Set_elements(np.float64, 3)
+    st.Set_cancelled(True)
+    cp = Status(st)
+    assert (cp.source, cp.tag, cp.error, cp.Get_count(np.float64), cp.Is_cancelled()) == (
+        1, 2, 12, 3, True)
+    cp.count = 7
+    assert cp.Get_count() == 7 and st.count == 24
+    with pytest.raises(TypeError):
+        Status(123)
+    reqs = [comm.isend(i, 0, tag=20 + i) for i in range(2)] + [Request()]
+    sts: list = []
+    assert Request.Get_status_all(reqs, sts) and len(sts) == 3
+    assert Request.Get_status_any(reqs) == (0, True) and Request.Get_status_some(reqs) == [0, 1]
+    assert all(reqs[:2])                        # not finished by the Get_status calls
+    assert Request.Waitall(reqs) is True and not any(reqs)
+    assert [comm.recv(source=0, tag=20 + i) for i in range(2)] == [0, 1]
+    assert Request.Get_status_any(reqs) == (UNDEFINED, True)
+    assert Request.Get_status_some(reqs) is None

@@ -261,7 +261,7 @@ class PointToPointMethods:
             warnings.warn("recv: the 'buf' argument is ignored (polycast receives an object "
                           "into a buffer of its size; mpi4py deprecates it)", UserWarning,
                           stacklevel=2)
-        return self.irecv(None, source, tag).Wait(status)
+        return self.irecv(None, source, tag).wait(status)
 
     def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None):
@@ -270,7 +270,7 @@ class PointToPointMethods:
         try:
             sreq.Wait()
         finally:
-            obj = rreq.Wait(status)
+            obj = rreq.wait(status)
         return obj
 
     def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:

@@ -56,11 +56,11 @@ class Prequest:
     def driver(self):
         return None if self._active is None else self._active.driver
 
-    def Wait(self, status=None, timeout: float | None = None):
-        """Wait for the current run (at once if none is active)."""
+    def Wait(self, status=None, timeout: float | None = None) -> bool:
+        """Wait for the current run (at once if none is active); True, as Request.Wait."""
         req = self._active
         if req is None:
-            return None
+            return Request().Wait(status)
         try:
             return req.Wait(status, timeout)
         finally:

@@ -44,12 +44,20 @@ _EMPTY = (ANY_SOURCE, ANY_TAG, 0)       # MPI's empty status (a null request, a 
 class Status:
     """What a receive or probe found: source, tag and size (mpi4py's Status)."""
 
-    def __init__(self) -> None:
-        self.source, self.tag, self.nbytes, self.error = ANY_SOURCE, ANY_TAG, 0, 0
-        self.cancelled = False
+    def __init__(self, status: "Status | None" = None) -> None:
+        """An empty status, or a copy of ``status``."""
+        if status is not None and not isinstance(status, Status):
+            raise TypeError(f"Status({status!r}): expected a Status to copy, or nothing")
+        if status is None:
+            self.source, self.tag, self.nbytes, self.error = ANY_SOURCE, ANY_TAG, 0, 0
+            self.cancelled = False
+        else:
+            self.source, self.tag, self.nbytes = status.source, status.tag, status.nbytes
+            self.error, self.cancelled = status.error, status.cancelled
 
     def _fill(self, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
-        self.source, self.tag, self.nbytes = source, tag, nbytes
+        # A request that completed: its error is raised, never left in a status.
+        self.source, self.tag, self.nbytes, self.error = source, tag, nbytes, 0
         self.cancelled = cancelled
 
     def Get_source(self) -> int:
@@ -88,11 +96,22 @@ class Status:
     def Set_cancelled(self, flag: bool) -> None:
         self.cancelled = bool(flag)
 
+    def Set_elements(self, datatype, count: int) -> None:
+        """Say ``count`` elements of ``datatype`` were received (MPI_Status_set_elements)."""
+        import numpy as np
+        self.nbytes = int(count) * np.dtype(datatype).itemsize
+
     def __repr__(self) -> str:
         return f"<polycast.Status source={self.source} tag={self.tag} nbytes={self.nbytes}>"
 
-    # mpi4py's properties
-    count = property(lambda self: self.nbytes)
+    # mpi4py's property: the count in bytes
+    @property
+    def count(self) -> int:
+        return self.nbytes
+
+    @count.setter
+    def count(self, nbytes: int) -> None:
+        self.nbytes = int(nbytes)
 
 
 def _is_null_eq(a, b) -> bool:
@@ -176,10 +195,11 @@ class Request:
             self._fill(status)
         return True
 
-    def Wait(self, status=None, timeout: float | None = None):
+    def Wait(self, status=None, timeout: float | None = None) -> bool:
         """Wait for completion, at most ``timeout`` seconds (default: the communicator's
         timeout plus a margin; the engine itself fails requests after that timeout), and
-        fill ``status`` when given (mpi4py's ``Wait(status)``)."""
+        fill ``status`` when given. Returns True, as mpi4py's ``Wait(status)``;
+        :meth:`wait` returns the object an object receive got."""
         if isinstance(status, (int, float)):
             status, timeout = None, status          # Wait(seconds), polycast's older form
         elif status is not None and not hasattr(status, "_fill"):
@@ -199,7 +219,7 @@ class Request:
         self._finalize()
         if status is not None:
             self._fill(status)
-        return self.result
+        return True
 
     def _fill(self, status) -> None:
         # A collective's status, or a null request's, says nothing: MPI's empty status.
@@ -243,7 +263,9 @@ class Request:
 
     # mpi4py's lowercase forms (object messages: Wait's result is the object)
     def wait(self, status=None):
-        return self.Wait(status)
+        """:meth:`Wait`, returning the request's result (an object receive's object)."""
+        self.Wait(status)
+        return self.result
 
     def test(self, status=None):
         done = self.Test(status)
@@ -267,16 +289,21 @@ class Request:
 
     # -- many requests (mpi4py's class methods; also on Prequest) --------------------------
     @staticmethod
-    def Waitall(requests, statuses=None, timeout: float | None = None) -> list:
+    def Waitall(requests, statuses=None, timeout: float | None = None) -> bool:
         """Wait for every request (in order); the first error is raised after all ended.
         ``statuses``: a list, filled with one Status per request (extended if shorter).
-        Returns each request's result (None for a null one)."""
+        Returns True (:meth:`waitall`: each request's result, None for a null one)."""
+        Request._wait_all(requests, statuses, timeout)
+        return True
+
+    @staticmethod
+    def _wait_all(requests, statuses, timeout: float | None) -> list:
         deadline = None if timeout is None else time.monotonic() + timeout
         sts = _statuses(statuses, len(requests))
         first = None
         results = []
         for i, r in enumerate(requests):
-            st = sts[i] if sts is not None else None
+            st = _at(sts, i)
             if not _live(r):
                 if st is not None:
                     st._fill(*_EMPTY)
@@ -284,7 +311,8 @@ class Request:
                 continue
             try:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                results.append(r.Wait(st, timeout=left))
+                r.Wait(st, timeout=left)
+                results.append(_result(r))
             except PolycastError as exc:
                 results.append(None)
                 first = first or exc
@@ -347,7 +375,7 @@ class Request:
         first = None
         for k, i in enumerate(done):
             try:
-                requests[i].Wait(sts[k] if sts is not None else None)
+                requests[i].Wait(_at(sts, k))
             except PolycastError as exc:    # finish the others, then say it
                 first = first or exc
         if first is not None:
@@ -355,8 +383,48 @@ class Request:
         return done
 
     @staticmethod
+    def Get_status_any(requests, status=None) -> tuple[int, bool]:
+        """:meth:`Testany` without finishing the request (MPI-4.1)."""
+        live = [i for i, r in enumerate(requests) if _live(r)]
+        for i in live:
+            if requests[i]._done:
+                requests[i].Get_status(status)
+                return i, True
+        if not live and status is not None:
+            status._fill(*_EMPTY)
+        return UNDEFINED, not live
+
+    @staticmethod
+    def Get_status_all(requests, statuses=None) -> bool:
+        """:meth:`Testall` without finishing the requests (MPI-4.1)."""
+        if not all(r._done for r in requests if _live(r)):
+            return False
+        sts = _statuses(statuses, len(requests))
+        for i, r in enumerate(requests):
+            st = _at(sts, i)
+            if st is not None:
+                r.Get_status(st) if _live(r) else st._fill(*_EMPTY)
+        return True
+
+    @staticmethod
+    def Get_status_some(requests, statuses=None) -> list[int] | None:
+        """:meth:`Testsome` without finishing the requests (MPI-4.1)."""
+        live = [i for i, r in enumerate(requests) if _live(r)]
+        if not live:
+            return None
+        done = [i for i in live if requests[i]._done]
+        sts = _statuses(statuses, len(done))
+        for k, i in enumerate(done):
+            requests[i].Get_status(_at(sts, k))
+        return done
+
+    get_status_any = Get_status_any
+    get_status_all = Get_status_all
+    get_status_some = Get_status_some
+
+    @staticmethod
     def waitall(requests, statuses=None) -> list:
-        return Request.Waitall(requests, statuses)
+        return Request._wait_all(requests, statuses, None)
 
     @staticmethod
     def testall(requests, statuses=None):
@@ -401,14 +469,15 @@ def _result(r):
 
 
 def _statuses(statuses, n: int):
-    """``statuses`` with at least ``n`` entries (a list is extended, as mpi4py does)."""
-    if statuses is None:
-        return None
-    if len(statuses) < n:
-        if not isinstance(statuses, list):
-            raise TypeError(f"statuses: need {n} Status objects, got {len(statuses)}")
+    """``statuses`` with at least ``n`` entries when it is a list (extended, as mpi4py
+    does); other sequences are filled as far as they go (see :func:`_at`)."""
+    if isinstance(statuses, list) and len(statuses) < n:
         statuses.extend(Status() for _ in range(n - len(statuses)))
     return statuses
+
+
+def _at(statuses, k: int):
+    return statuses[k] if statuses is not None and k < len(statuses) else None
 
 
 def _wait_for_one(requests) -> int:
