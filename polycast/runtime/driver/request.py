@@ -345,14 +345,7 @@ class Request:
     def Testany(requests, status=None) -> tuple[int, bool]:
         """(index, True) of a complete active request, finished; (UNDEFINED, False) when
         none is complete yet; (UNDEFINED, True) when none is active."""
-        live = [i for i, r in enumerate(requests) if _live(r)]
-        for i in live:
-            if requests[i]._done:
-                requests[i].Wait(status)
-                return i, True
-        if not live and status is not None:
-            status._fill(*_EMPTY)
-        return UNDEFINED, not live
+        return _any_done(requests, status, finish=True)
 
     @staticmethod
     def Waitsome(requests, statuses=None) -> list[int] | None:
@@ -385,14 +378,7 @@ class Request:
     @staticmethod
     def Get_status_any(requests, status=None) -> tuple[int, bool]:
         """:meth:`Testany` without finishing the request (MPI-4.1)."""
-        live = [i for i, r in enumerate(requests) if _live(r)]
-        for i in live:
-            if requests[i]._done:
-                requests[i].Get_status(status)
-                return i, True
-        if not live and status is not None:
-            status._fill(*_EMPTY)
-        return UNDEFINED, not live
+        return _any_done(requests, status, finish=False)
 
     @staticmethod
     def Get_status_all(requests, statuses=None) -> bool:
@@ -462,6 +448,18 @@ REQUEST_NULL = Request()
 def _live(r) -> bool:
     """Counts for the multiple-completion calls: active or complete, not yet finished."""
     return r is not None and not r._inactive
+
+
+def _any_done(requests, status, finish: bool) -> tuple[int, bool]:
+    """Testany (``finish``: Wait the request found) / Get_status_any."""
+    live = [i for i, r in enumerate(requests) if _live(r)]
+    for i in live:
+        if requests[i]._done:
+            (requests[i].Wait if finish else requests[i].Get_status)(status)
+            return i, True
+    if not live and status is not None:
+        status._fill(*_EMPTY)
+    return UNDEFINED, not live
 
 
 def _result(r):
