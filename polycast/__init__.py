@@ -22,13 +22,14 @@ __all__ = [
 ]
 
 # The runtime's user API (mpi4py style): comm = polycast.init(); comm.Allreduce(...)
-from .comm import (ANY_SOURCE, ANY_TAG, IN_PLACE, PROC_NULL, REQUEST_NULL, TAG_UB,  # noqa: E402
-                   UNDEFINED, Comm, Prequest, Status, finalize, init)
+from .comm import (ANY_SOURCE, ANY_TAG, IN_PLACE, MESSAGE_NO_PROC, MESSAGE_NULL,  # noqa: E402
+                   PROC_NULL, REQUEST_NULL, TAG_UB, UNDEFINED, Comm, Message, Prequest,
+                   Status, finalize, init)
 from .runtime.driver import Request  # noqa: E402
 from .ops import (AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC,  # noqa: E402
                   PROD, SUM, Op)
 __all__ += ["init", "finalize", "Comm", "Request", "Prequest", "IN_PLACE", "UNDEFINED",
-            "Status", "REQUEST_NULL",
+            "Status", "REQUEST_NULL", "Message", "MESSAGE_NULL", "MESSAGE_NO_PROC",
             "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "Op", "SUM",
             "PROD", "MIN", "MAX", "AVG", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
             "MAXLOC", "MINLOC"]

@@ -1,6 +1,6 @@
 """A rank program for tests/test_comm_p2p.py: point-to-point through Comm (buffers and
 objects, eager and rendezvous, ANY_SOURCE, to self, Probe, PROC_NULL, non-overtaking,
-truncation, send modes, Cancel, then a collective to show the communicator is in step).
+truncation, send modes, Cancel, Mprobe, then a collective to show the communicator is in step).
 Prints "P2P OK r"."""
 import time
 
@@ -108,6 +108,16 @@ elif r == 1:
     g = np.zeros(2)
     comm.Recv(g, 0, 31, st)
     assert g.tolist() == [5, 6] and not st.Is_cancelled(), (g, st)
+# matched probe: rank 0 takes rank 1's large (rendezvous) message by Mprobe, sized by it
+if r == 1:
+    comm.Send(np.arange(50000, dtype=np.int32), 0, 41)
+elif r == 0:
+    st = polycast.Status()
+    m = comm.Mprobe(polycast.ANY_SOURCE, 41, st)
+    assert comm.Improbe(1, 41) is None and st.Get_source() == 1
+    big = np.empty(st.Get_count(np.int32), np.int32)
+    m.Recv(big)
+    assert (big == np.arange(50000)).all() and not m
 comm.Barrier()
 print("P2P OK", r, flush=True)
 polycast.finalize()

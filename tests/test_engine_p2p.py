@@ -204,3 +204,29 @@ def test_cancel_of_an_unmatched_receive_and_nothing_else():
     assert w.engines[1].cancel_recv(r) is None
     w.run()
     assert (1, r3) in w.done and (0, s3) in w.done and not w.errors
+
+
+def test_matched_probe_then_mrecv_eager_and_rendezvous():
+    w = World(2, SMALL)
+    w.send(0, 1, 3, np.arange(2, dtype=np.int64))              # eager
+    w.send(0, 1, 3, np.arange(20, dtype=np.int64))             # rendezvous
+    w.advance(0.01)
+    e = w.engines[1]
+    first = e.improbe(0, 3)
+    second = e.improbe(ANY_SOURCE, ANY_TAG)
+    assert first[:3] == (0, 3, 16) and second[:3] == (0, 3, 160)
+    assert e.improbe(ANY_SOURCE, ANY_TAG) is None and e.iprobe(0, 3) is None
+    y2, y20 = np.zeros(2, np.int64), np.zeros(20, np.int64)
+    r20 = w._next_req[1]
+    w._next_req[1] += 1
+    w.mem[1].register_arrays(r20, recv=y20)
+    w.posted.add((1, r20))
+    w._execute(1, e.post_mrecv(r20, second[3], y20.nbytes, 8, w.now))   # second first
+    r2 = w._next_req[1]
+    w._next_req[1] += 1
+    w.mem[1].register_arrays(r2, recv=y2)
+    w.posted.add((1, r2))
+    w._execute(1, e.post_mrecv(r2, first[3], y2.nbytes, 8, w.now))
+    w.run()
+    assert y2.tolist() == [0, 1] and y20.tolist() == list(range(20)) and not w.errors
+    assert all(x.stats.early_nbytes == 0 and not x.busy for x in w.engines)

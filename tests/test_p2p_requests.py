@@ -170,3 +170,41 @@ def test_status_copy_and_setters_and_nondestructive_get_status(comm):
     assert [comm.recv(source=0, tag=20 + i) for i in range(2)] == [0, 1]
     assert Request.Get_status_any(reqs) == (UNDEFINED, True)
     assert Request.Get_status_some(reqs) is None
+
+
+def test_matched_probe_takes_the_message_out_of_matching(comm):
+    from polycast.comm.message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
+    c = comm.Dup()
+    assert c.Improbe() is None
+    s = c.Isend(np.arange(4.0), 0, 5)
+    st = Status()
+    m = c.Mprobe(0, 5, st)
+    assert m and isinstance(m, Message) and st.Get_count(np.float64) == 4 and st.tag == 5
+    assert c.Improbe(0, 5) is None and not c.Iprobe(0, 5)     # taken: no receive sees it
+    other = c.Irecv(np.zeros(4), 0, 5)                        # ... nor takes it
+    c.Send(np.full(4, 9.0), 0, 5)                             # this one goes to `other`
+    got = np.zeros(4)
+    m.Recv(got, st)
+    assert got.tolist() == [0, 1, 2, 3] and not m and m == MESSAGE_NULL
+    other.Wait()
+    s.Wait()
+    with pytest.raises(polycast.InvalidArgument, match="MESSAGE_NULL"):
+        m.Recv(got)
+    c.send({"o": 1}, 0, tag=6)
+    assert c.mprobe(0, 6).recv() == {"o": 1}
+    c.isend([2], 0, tag=7).Wait()
+    assert Message.iprobe(c, 0, 7).irecv().wait() == [2]
+    # PROC_NULL: MESSAGE_NO_PROC, received at once, empty; copies; pickling
+    assert c.Mprobe(polycast.PROC_NULL) == MESSAGE_NO_PROC and MESSAGE_NO_PROC
+    cp = Message(MESSAGE_NO_PROC)
+    cp.Recv(None, st)
+    assert cp == MESSAGE_NULL and MESSAGE_NO_PROC and st.source == polycast.PROC_NULL
+    assert pickle.loads(pickle.dumps(MESSAGE_NULL)) is MESSAGE_NULL
+    c.Isend(np.zeros(1), 0, 8).Wait()
+    taken = c.Mprobe(0, 8)
+    with pytest.raises(ValueError):
+        pickle.dumps(taken)
+    with pytest.raises(ValueError):
+        pickle.dumps(c.Irecv(np.zeros(1), 0, 99))
+    taken.Recv(np.zeros(1))
+    c.Free()

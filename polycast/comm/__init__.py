@@ -14,7 +14,8 @@ to the progress thread. Every wait is bounded by the communicator's timeout
 
 Modules: :mod:`.core` (identity, posting, Split/Dup/Free), :mod:`.choice` (which algorithm),
 :mod:`.buffers` (what a buffer may be), :mod:`.collectives` (buffer methods),
-:mod:`.objects` (object methods), :mod:`.p2p` (point-to-point), :mod:`.ordered`
+:mod:`.objects` (object methods), :mod:`.p2p` (point-to-point), :mod:`.message`
+(matched probes), :mod:`.ordered`
 (non-commutative ops), :mod:`.communicator` (``Comm``), :mod:`.lifecycle`
 (``init``, ``finalize``, ``world``).
 """
@@ -25,9 +26,10 @@ from .buffers import IN_PLACE
 from .communicator import Comm
 from .core import UNDEFINED
 from .lifecycle import finalize, init, world
+from .message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, TAG_UB, Status
 from .persistent import Prequest
 
 __all__ = ["Comm", "Request", "IN_PLACE", "UNDEFINED", "init", "finalize", "world",
            "UnknownName", "Status", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "Prequest",
-           "REQUEST_NULL"]
+           "REQUEST_NULL", "Message", "MESSAGE_NULL", "MESSAGE_NO_PROC"]

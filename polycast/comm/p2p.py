@@ -23,10 +23,10 @@ import numpy as np
 
 from ..engine.p2p import ANY_SOURCE, ANY_TAG
 from ..errors import CollectiveTimeout, InvalidArgument
-from ..runtime.driver.request import Request, Status  # noqa: F401  (Status: comm's API)
+from ..runtime.driver.request import PROC_NULL, Request, Status  # noqa: F401  (comm's API)
 from .buffers import message
+from .message import MESSAGE_NO_PROC, Message
 
-PROC_NULL = -1
 TAG_UB = 0x7FFFFFFF
 _EMPTY = np.empty(0, np.uint8)
 
@@ -195,30 +195,63 @@ class PointToPointMethods:
         self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
+        return self._probe(source, tag, status, False) is not None
+
+    def _probe(self, source, tag, status, take: bool):
+        """(source, tag, nbytes[, handle]) of the first message a receive would take (out
+        of matching when ``take``: a matched probe), PROC_NULL's empty one, or None."""
         source, tag = self._peer(source, "source", True), self._tag(tag, True)
         if source == PROC_NULL:
-            if status is not None:
-                status._fill(PROC_NULL, ANY_TAG, 0)
-            return True
-        if self._freed:
-            raise InvalidArgument(f"{self!r} was freed")
-        found = self._driver.iprobe(self.id, source, tag)
+            found = (PROC_NULL, ANY_TAG, 0, None)
+        else:
+            if self._freed:
+                raise InvalidArgument(f"{self!r} was freed")
+            found = self._driver.iprobe(self.id, source, tag, take=take)
         if found is not None and status is not None:
-            status._fill(*found)
-        return found is not None
+            status._fill(*found[:3])
+        return found
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
         """Wait (at most the communicator's timeout) for a message a receive would take."""
+        return self._poll(self.Iprobe, "Probe", source, tag, status)
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status=None) -> Message | None:
+        """A matched probe (MPI_Improbe): the first message a receive would take, taken
+        out of matching as a :class:`~polycast.comm.message.Message` to ``Recv``; None
+        when there is none now."""
+        found = self._probe(source, tag, status, True)
+        if found is None:
+            return None
+        return MESSAGE_NO_PROC if found[0] == PROC_NULL else Message._taken(self, found[3])
+
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> Message:
+        """:meth:`Improbe`, waiting (at most the communicator's timeout) for a message."""
+        return self._poll(self.Improbe, "Mprobe", source, tag, status)
+
+    # objects: the Message's recv()/irecv() give the object
+    improbe, mprobe = Improbe, Mprobe
+
+    def _poll(self, probe, what: str, source, tag, status):
         import time
         deadline = time.monotonic() + self.timeout_seconds
         nap = 20e-6
-        while not self.Iprobe(source, tag, status):
+        while not (found := probe(source, tag, status)):
             if time.monotonic() > deadline:
-                raise CollectiveTimeout(f"rank {self.rank}: Probe(source={source}, tag={tag}) "
+                raise CollectiveTimeout(f"rank {self.rank}: {what}(source={source}, tag={tag}) "
                                         f"found no message in {self.timeout_seconds:g} s")
             time.sleep(nap)
             nap = min(nap * 2, 0.002)
-        return True
+        return found
+
+    def _mrecv(self, handle, buf, objects: bool) -> Request:
+        """Receive a probed message (``Message.Irecv``/``irecv``)."""
+        data = None if objects or buf is None else message(buf, "Recv buf", writable=True)
+        req = self._p2p_request("Mrecv of a probed message")
+        if objects:
+            req.on_done = lambda: _loads(req.result)
+        self._driver.post_recv(self.id, req, -1, -1, data, message=handle)
+        return req
 
     # -- objects (pickle) ------------------------------------------------------------------
     def isend(self, obj, dest: int, tag: int = 0) -> Request:

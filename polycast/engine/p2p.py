@@ -169,6 +169,38 @@ class PointToPoint:
         out.append(Complete(req))
         return out
 
+    def improbe(self, peer: int, tag: int) -> tuple[int, int, int, object] | None:
+        """MPI_Improbe: as :meth:`iprobe`, and the message leaves matching (no receive can
+        take it now): (source, tag, nbytes, handle), the handle for :meth:`post_mrecv`.
+        Its payload stays charged to the early buffer until then."""
+        for i, m in enumerate(self._unexpected):
+            if ((peer == ANY_SOURCE or peer == m.src) and (tag == ANY_TAG or tag == m.tag)):
+                del self._unexpected[i]
+                return m.src, m.tag, m.nbytes, m
+        return None
+
+    def post_mrecv(self, req: int, message, capacity_nbytes: int | None, itemsize: int,
+                   now: float) -> list[Action]:
+        """MPI_Mrecv: receive ``message`` (a handle from :meth:`improbe`) into request
+        ``req``, as :meth:`post_recv` would had it matched it."""
+        m: _Message = message
+        self._p2p_check(req, m.src, m.tag, True)
+        r = P2PRequest(req, False, m.src, m.tag, capacity_nbytes, itemsize)
+        out: list[Action] = []
+        self._early.release(m.cost)
+        m.cost = 0
+        gone = (m.local is not None and self._p2p.get(m.local.req) is not m.local) or (
+            not m.eager and m.local is None and m.src in self._lost)
+        if gone:        # its sender ended meanwhile (timed out, lost): no data will come
+            out.append(Fail(req, PeerLost(m.src, f"{r.desc(self.rank)}: the probed "
+                                                 f"message's sender (rank {m.src}) ended "
+                                                 "before its data came")))
+            return out
+        self._p2p[req] = r
+        r.timer = self._set_timer(out, now + self.config.op_timeout_s, "p2p", r, None)
+        self._p2p_match(r, m, out)
+        return out
+
     def iprobe(self, peer: int, tag: int) -> tuple[int, int, int] | None:
         """(source, tag, nbytes) of the first unexpected message a receive from ``peer``
         with ``tag`` would take, or None (the message stays)."""

@@ -177,9 +177,10 @@ class Driver:
                        send.itemsize, sync)
 
     def post_recv(self, comm_id: int, request: Request, peer: int, tag: int,
-                  recv: np.ndarray | None) -> None:
+                  recv: np.ndarray | None, message=None) -> None:
         """Receive into the flat array ``recv``, or (None) into a new byte array the size
-        of the message, found in ``request.result`` once done."""
+        of the message, found in ``request.result`` once done. ``message``: a handle from
+        ``iprobe(take=True)``, received instead of matching (MPI_Mrecv)."""
         request.driver = self
         self.requests[request.req] = request
         if recv is None:
@@ -188,10 +189,12 @@ class Driver:
             self.buffers.register_arrays(request.req, recv=recv)
         self._in_order(self._p2p_post, comm_id, request, False, peer, tag,
                        None if recv is None else recv.nbytes,
-                       1 if recv is None else recv.itemsize)
+                       1 if recv is None else recv.itemsize, False, message)
 
-    def iprobe(self, comm_id: int, peer: int, tag: int):
-        """(source, tag, nbytes) of the first message a receive would take now, or None."""
+    def iprobe(self, comm_id: int, peer: int, tag: int, take: bool = False):
+        """(source, tag, nbytes) of the first message a receive would take now, or None.
+        ``take`` (a matched probe, MPI_Improbe): the message leaves matching, and a fourth
+        item is its handle for :meth:`post_mrecv`."""
         if self.error is not None:
             raise PolycastError(f"the progress thread died: {self.error!r}")
         with self.progress.lock:
@@ -199,7 +202,7 @@ class Driver:
             if cs is None:
                 raise PolycastError(f"communicator {comm_id} was freed")
             self.progress.round()           # take in what has arrived
-            return cs.engine.iprobe(peer, tag)
+            return (cs.engine.improbe if take else cs.engine.iprobe)(peer, tag)
 
     def cancel_recv(self, comm_id: int, request: Request) -> bool:
         """MPI_Cancel of a receive no message has matched yet: it completes at once,
@@ -221,7 +224,7 @@ class Driver:
         return True
 
     def _p2p_post(self, comm_id: int, request: Request, is_send: bool, peer: int, tag: int,
-                  nbytes, itemsize: int, sync: bool = False) -> None:
+                  nbytes, itemsize: int, sync: bool = False, message=None) -> None:
         cs = self._comms.get(comm_id)
         if cs is None:
             self.runner.fail_request(request.req, PolycastError(
@@ -232,6 +235,8 @@ class Driver:
             if is_send:
                 actions = cs.engine.post_send(request.req, peer, tag, nbytes, itemsize, now,
                                               sync)
+            elif message is not None:
+                actions = cs.engine.post_mrecv(request.req, message, nbytes, itemsize, now)
             else:
                 actions = cs.engine.post_recv(request.req, peer, tag, nbytes, itemsize, now)
         except PolycastError as exc:

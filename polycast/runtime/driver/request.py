@@ -37,6 +37,7 @@ def _call_back(fn, request) -> None:
 
 ANY_SOURCE = -2                 # the engine's wildcards (engine/p2p.py), an empty status's
 ANY_TAG = -1
+PROC_NULL = -1                  # a peer that makes a call complete at once, empty
 UNDEFINED = -32766              # MPI.UNDEFINED: Waitany of no active request, Split color
 _EMPTY = (ANY_SOURCE, ANY_TAG, 0)       # MPI's empty status (a null request, a collective)
 
@@ -252,6 +253,9 @@ class Request:
 
     __eq__ = _is_null_eq
     __hash__ = None              # an MPI handle: equality changes as it completes
+
+    def __reduce__(self):
+        raise ValueError(f"{self.desc}: a request cannot be pickled (it is this process's)")
 
     def _finalize(self) -> None:
         self._finished = True

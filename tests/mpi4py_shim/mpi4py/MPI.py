@@ -33,6 +33,8 @@ KEYVAL_INVALID = APPNUM = -1
 ERR_ARG = 12
 ERR_OTHER = 15
 REQUEST_NULL = polycast.REQUEST_NULL
+Message = polycast.Message
+MESSAGE_NULL, MESSAGE_NO_PROC = polycast.MESSAGE_NULL, polycast.MESSAGE_NO_PROC
 
 
 def _error_class(exc) -> int:
