@@ -44,49 +44,72 @@ def _session_pids(sid: int) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ray")
+def _start_head(tmp, attempt: int):
+    """Start `ray start --head` in its own session; return (process, log file, port or
+    None, the log's text when it did not start)."""
     port = _free_port()
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     argv = [ray_bin if os.path.exists(ray_bin) else "ray", "start", "--head", "--block",
             f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-            "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp}",
+            "--include-dashboard=false", "--disable-usage-stats",
+            f"--temp-dir={tmp}/{attempt}",
             f"--dashboard-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
             f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}",
             f"--runtime-env-agent-port={_free_port()}"]
-    log = open(tmp / "head.log", "w+")
+    log = open(tmp / f"head{attempt}.log", "w+")
     head = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        log.seek(0)
+        text = log.read()
+        if "Ray runtime started" in text:
+            return head, log, port, ""
+        if head.poll() is not None or time.monotonic() > deadline:
+            return head, log, None, text
+        time.sleep(0.2)
+
+
+def _stop_head(head, log) -> None:
+    # End the head: SIGTERM to `ray start` alone lets it stop its daemons in order
+    # (a signal to all of them at once stalls that for half a minute); then whatever
+    # is left of its session (pid = session id) is killed by pid.
+    head.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        head.wait(timeout=15)
+    deadline = time.monotonic() + 10
+    while _session_pids(head.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in _session_pids(head.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if head.poll() is None:
+        head.kill()
+        head.wait(timeout=10)
+    log.close()
+    assert not _session_pids(head.pid), "Ray processes left after the test"
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ray")
+    # Two tries: on a loaded 2-core machine Ray's head can give up on its own raylet
+    # (ray/_private/node.py waits a fixed 30 s for it to register: "GCS cannot find the
+    # node"). That is Ray's start-up, not what this test checks (the sweep's rows).
+    failures = []
+    for attempt in range(2):
+        head, log, port, text = _start_head(tmp, attempt)
+        if port is not None:
+            break
+        _stop_head(head, log)
+        failures.append(text[-3000:])
+    else:
+        pytest.fail(f"Ray head did not start twice within {START_TIMEOUT_S} s:\n"
+                    + "\n---\n".join(failures))
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            log.seek(0)
-            text = log.read()
-            if "Ray runtime started" in text:
-                break
-            if head.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"Ray head did not start within {START_TIMEOUT_S} s:\n{text[-3000:]}")
-            time.sleep(0.2)
         yield f"127.0.0.1:{port}"
     finally:
-        # End the head: SIGTERM to `ray start` alone lets it stop its daemons in order
-        # (a signal to all of them at once stalls that for half a minute); then whatever
-        # is left of its session (pid = session id) is killed by pid.
-        head.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(timeout=15)
-        deadline = time.monotonic() + 10
-        while _session_pids(head.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pid in _session_pids(head.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if head.poll() is None:
-            head.kill()
-            head.wait(timeout=10)
-        log.close()
-        assert not _session_pids(head.pid), "Ray processes left after the test"
+        _stop_head(head, log)
 
 
 def test_sweep_on_ray_matches_local(ray_head, tmp_path):
