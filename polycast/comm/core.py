@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 
+from .. import environ
 from .. import ops as _ops
 from ..algorithms import build
 from ..collectives import Collective
@@ -25,6 +26,12 @@ from .buffers import dtype_name
 _SYMM_STAGED = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER,
                 Collective.BROADCAST)
 _NO_BUFFER = np.empty(0, np.uint8)
+_UINT8 = np.dtype(np.uint8)
+# The variables a call's derived values depend on (read per call: tests set them live).
+_ENV_ALGO = {c: f"POLYCAST_{c.name}_ALGO" for c in Collective}
+_ENV_NCHUNKS = "POLYCAST_NCHUNKS"
+_ENV_DEBUG = "POLYCAST_DEBUG"          # set: every call takes the full path (it logs)
+_CALLS_MAX = 256
 # MPI.UNDEFINED: a Split color for "not in any new communicator" (and Waitany's "none")
 from ..runtime.driver.request import UNDEFINED  # noqa: E402
 
@@ -45,6 +52,7 @@ class CommCore:
         self._freed = False
         self._schedules: collections.OrderedDict = collections.OrderedDict()
         self._supported: dict = {}
+        self._calls: dict = {}      # call arguments -> what _derive made of them
         self._lock = threading.Lock()
 
     # -- identity ---------------------------------------------------------------------------
@@ -104,14 +112,40 @@ class CommCore:
               dtype: np.dtype | None = None, after=None) -> Request:
         if self._freed:
             raise InvalidArgument(f"{self!r} was freed")
+        dt = dtype if dtype is not None else (
+            send.dtype if send is not None else (recv.dtype if recv is not None else _UINT8))
+        # What the call derives from its arguments (root check, op, algorithm, pipelining,
+        # schedule, dtype) depends only on them, this communicator and the variables in
+        # the key: a repeated call takes it from the memo. An entry is keyed by every
+        # argument that can change the answer, so it never serves a call that differs.
+        key = None
+        if type(count) is int and type(root) is int and environ.raw(_ENV_DEBUG) is None:
+            key = (coll, count, root, op, algorithm, dt, self.mcast_error,
+                   environ.raw(_ENV_ALGO[coll]), environ.raw(_ENV_NCHUNKS))
+            try:
+                hit = self._calls.get(key)
+            except TypeError:                   # an unhashable argument: the full path
+                key = hit = None
+        else:
+            hit = None
+        if hit is None:
+            hit = self._derive(coll, count, root, op, algorithm, dt)
+            if key is not None and hit[4]:
+                if len(self._calls) >= _CALLS_MAX:
+                    self._calls.clear()         # bounded: a call repeats its arguments
+                self._calls[key] = hit
+        sched, itemsize, dtname, opname, _ = hit
+        return self._post_built(sched, send, recv, itemsize, dtname, opname, after)
+
+    def _derive(self, coll: Collective, count: int, root, op, algorithm, dtype):
+        """(schedule, itemsize, dtype name, op name, whether it may be memoized) of a call;
+        raises what the call's arguments are refused with."""
         if coll.rooted:
             root = self._check_root(root)
         opname = ""
         if coll.has_op:
             opname = _ops.get(op if op is not None else "sum").name
-        dt = np.dtype(dtype if dtype is not None else
-                      (send.dtype if send is not None else
-                       (recv.dtype if recv is not None else np.uint8)))
+        dt = np.dtype(dtype)
         nbytes = coll.total_elements(self.size, count) * dt.itemsize
         algo = self.choose_algorithm(coll, nbytes, algorithm)
         sched = self._schedule(coll, algo, count, root if coll.rooted else 0, nbytes)
@@ -119,9 +153,14 @@ class CommCore:
             choice.log(self, coll, nbytes, algo, sched.options.get("nchunks", 1),
                        auto=algo == choice.plan(self, coll, nbytes, False).algorithm
                        and not (algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO")))
-        return self._post_built(sched, send, recv, dt, opname, after)
+        # A multicast algorithm asked for without multicast falls back with a warning on
+        # every call: not memoized, so the warning stays.
+        asked = (algorithm or environ.get(_ENV_ALGO[coll]) or "auto").lower()
+        memo = asked == "auto" or asked == algo
+        return sched, dt.itemsize, dtype_name(dt), opname, memo
 
-    def _post_built(self, sched, send, recv, dt: np.dtype, opname: str, after) -> Request:
+    def _post_built(self, sched, send, recv, itemsize: int, dtname: str, opname: str,
+                    after) -> Request:
         """Register this rank's arrays for ``sched`` and post it to the driver."""
         drv = self._driver
         req_id = drv.new_request_id()
@@ -130,7 +169,7 @@ class CommCore:
         req = Request(req_id, self.id, lambda: f"rank {rank}: {sched.describe()}",
                       self.timeout_seconds)
         req.on_done = after
-        drv.post(self.id, req, sched, dt.itemsize, dtype_name(dt), opname)
+        drv.post(self.id, req, sched, itemsize, dtname, opname)
         return req
 
     # -- registered memory ------------------------------------------------------------------

@@ -51,7 +51,7 @@ from ..planner import choose
 from ..runtime.driver import Request
 from ..schedule.vector import total_elements as _vector_elements
 from . import choice
-from .buffers import IN_PLACE, check_disjoint, message, same_memory, vector
+from .buffers import IN_PLACE, check_disjoint, dtype_name, message, same_memory, vector
 
 
 def _crc(counts) -> int:
@@ -214,7 +214,8 @@ class VectorCollectives:
         nbytes = _vector_elements(coll, P, counts) * dt.itemsize
         algo, nchunks = self._vector_algorithm(coll, nbytes, algorithm)
         sched = self._built(coll, algo, 0, root, nchunks, counts)
-        return self._post_built(sched, send, recv, dt, opname, after)
+        return self._post_built(sched, send, recv, dt.itemsize, dtype_name(dt), opname,
+                                after)
 
     # -- Allgatherv --------------------------------------------------------------------
     def Iallgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:

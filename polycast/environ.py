@@ -1,0 +1,34 @@
+"""POLYCAST_* environment variables read on a call's hot path.
+
+Users and tests change them mid-process (``monkeypatch.setenv``, ``os.environ[...] = ...``),
+so a call reads them again every time rather than once at import. ``os.environ.get``
+encodes the name and decodes the value in Python (~0.6 us a read, several reads a call);
+:func:`raw` looks the name up in the same store ``os.environ`` keeps (its bytes mapping on
+POSIX, which every ``os.environ`` write updates) for ~0.05 us, and :func:`get` decodes only
+a value that is set."""
+
+from __future__ import annotations
+
+import os
+
+_KEYS: dict[str, bytes] = {}
+
+
+def raw(name: str) -> bytes | str | None:
+    """The variable's value as ``os.environ`` stores it (bytes on POSIX), or None: cheap
+    enough for a per-call cache key. Equal values mean equal ``os.environ.get`` results."""
+    data = getattr(os.environ, "_data", None)
+    if data is None or os.name != "posix":      # not CPython's POSIX os.environ: ask it
+        return os.environ.get(name)
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = os.fsencode(name)
+    return data.get(key)
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """``os.environ.get(name, default)``, cheaper."""
+    v = raw(name)
+    if v is None:
+        return default
+    return v if isinstance(v, str) else os.fsdecode(v)

@@ -1,0 +1,150 @@
+"""The communicator's per-call memo (CommCore._post): a repeated call takes what it derives
+(schedule, pipelining, dtype, op) from the memo, and an entry never serves a call whose
+arguments or environment differ from the one that made it."""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+from polycast.collectives import Collective
+from polycast.errors import InvalidArgument, PolycastError
+
+
+class _FakeDriver:
+    rank = 0
+
+
+def _comm(monkeypatch, tmp_path, **kw):
+    from polycast.comm import Comm
+    monkeypatch.setenv("POLYCAST_PROFILE", str(tmp_path / "none.json"))   # built-in model
+    comm = Comm(_FakeDriver(), 0, [0, 1, 2, 3], 60.0, **kw)
+    posted = []
+    comm._post_built = lambda sched, send, recv, itemsize, dtname, opname, after: \
+        posted.append((sched.collective, sched.algorithm, sched.count, sched.root,
+                       sched.options.get("nchunks", 1), itemsize, dtname, opname)) or sched
+    return comm, posted
+
+
+def _post(comm, posted, coll, count, root, op, algorithm, dtype):
+    comm._post(coll, None, None, count, root, op, algorithm, dtype)
+    return posted[-1]
+
+
+def _outcome(comm, posted, *args):
+    """What a call posts, or the error it raises (type and message)."""
+    try:
+        return _post(comm, posted, *args)
+    except PolycastError as exc:
+        return type(exc).__name__, str(exc)
+
+
+CASES = [(Collective.ALLREDUCE, "sum"), (Collective.ALLREDUCE, "max"),
+         (Collective.BROADCAST, None), (Collective.ALLGATHER, None),
+         (Collective.REDUCE, "prod"), (Collective.REDUCE_SCATTER, "min")]
+
+
+def test_memo_never_serves_a_call_that_differs(monkeypatch, tmp_path):
+    """A long random sequence of calls, environment changes in between: each call posts
+    exactly what a communicator without any memo (a fresh one) posts for it."""
+    comm, posted = _comm(monkeypatch, tmp_path)
+    rnd = random.Random(9)
+    seen_hits = 0
+    for i in range(400):
+        coll, op = rnd.choice(CASES)
+        count = rnd.choice([1, 2, 4, 1 << 16, 1 << 20])
+        root = rnd.choice([0, 1, 3]) if coll.rooted else 0
+        dtype = np.dtype(rnd.choice(["float32", "float64", "int32"]))
+        algorithm = rnd.choice([None, None, "ring", "auto", "binomial"])
+        if rnd.random() < 0.1:
+            monkeypatch.setenv("POLYCAST_NCHUNKS", str(rnd.choice([1, 2, 3])))
+        elif rnd.random() < 0.1:
+            monkeypatch.delenv("POLYCAST_NCHUNKS", raising=False)
+        env_algo = f"POLYCAST_{coll.name}_ALGO"
+        if rnd.random() < 0.1:
+            monkeypatch.setenv(env_algo, "ring")
+        elif rnd.random() < 0.2:
+            monkeypatch.delenv(env_algo, raising=False)
+        args = (coll, count, root, op, algorithm, dtype)
+        fresh, fresh_posted = _comm(monkeypatch, tmp_path)
+        want = _outcome(fresh, fresh_posted, *args)
+        for _ in range(rnd.choice([1, 2])):         # a repeat is served by the memo
+            before = dict(comm._calls)
+            assert _outcome(comm, posted, *args) == want, (i, args)
+            seen_hits += comm._calls == before and len(before) > 0 \
+                and isinstance(want[0], Collective)
+    assert seen_hits > 100          # the memo was used, not just filled
+
+
+def test_memo_checks_what_it_keys(monkeypatch, tmp_path):
+    comm, posted = _comm(monkeypatch, tmp_path)
+    monkeypatch.delenv("POLYCAST_NCHUNKS", raising=False)
+    monkeypatch.delenv("POLYCAST_BROADCAST_ALGO", raising=False)
+    monkeypatch.delenv("POLYCAST_ALLREDUCE_ALGO", raising=False)
+    f4 = np.dtype("float32")
+    a = _post(comm, posted, Collective.BROADCAST, 4, 1, None, "binomial", f4)
+    assert a[3] == 1 and a[1] == "binomial"
+    # bool is an int, equal to 1 and hashing as 1: still refused, never the root-1 entry
+    with pytest.raises(InvalidArgument, match="root"):
+        comm._post(Collective.BROADCAST, None, None, 4, True, None, "binomial", f4)
+    with pytest.raises(InvalidArgument, match="root"):
+        comm._post(Collective.BROADCAST, None, None, 4, 4, None, "binomial", f4)
+    # another op, dtype, count or algorithm: another entry
+    assert _post(comm, posted, Collective.ALLREDUCE, 4, 0, "sum", None, f4)[7] == "sum"
+    assert _post(comm, posted, Collective.ALLREDUCE, 4, 0, "max", None, f4)[7] == "max"
+    assert _post(comm, posted, Collective.ALLREDUCE, 4, 0, "max", None,
+                 np.dtype("float64"))[5:7] == (8, "float64")
+    assert _post(comm, posted, Collective.ALLREDUCE, 4, 0, "max", "ring", f4)[1] == "ring"
+    # the environment stays live: the variable wins over auto, NCHUNKS over the planner
+    monkeypatch.setenv("POLYCAST_ALLREDUCE_ALGO", "binomial")
+    assert _post(comm, posted, Collective.ALLREDUCE, 4, 0, "max", None, f4)[1] == "binomial"
+    monkeypatch.setenv("POLYCAST_NCHUNKS", "2")
+    assert _post(comm, posted, Collective.ALLREDUCE, 4, 0, "max", None, f4)[4] == 2
+    monkeypatch.setenv("POLYCAST_NCHUNKS", "x")
+    with pytest.raises(PolycastError, match="POLYCAST_NCHUNKS"):
+        comm._post(Collective.ALLREDUCE, None, None, 4, 0, "max", None, f4)
+    monkeypatch.setenv("POLYCAST_ALLREDUCE_ALGO", "nonsense")
+    monkeypatch.delenv("POLYCAST_NCHUNKS")
+    with pytest.raises(InvalidArgument, match="ring"):
+        comm._post(Collective.ALLREDUCE, None, None, 4, 0, "max", None, f4)
+    # an unknown op is refused on every call, cached or not
+    for _ in range(2):
+        with pytest.raises(InvalidArgument):
+            comm._post(Collective.ALLREDUCE, None, None, 4, 0, "nope", "ring", f4)
+    # unhashable arguments take the full path (and its error)
+    with pytest.raises(Exception):
+        comm._post(Collective.ALLREDUCE, None, None, 4, 0, "sum", ["ring"], f4)
+    # a freed communicator refuses even a call it has memoized
+    comm._freed = True
+    with pytest.raises(InvalidArgument, match="freed"):
+        comm._post(Collective.BROADCAST, None, None, 4, 1, None, "binomial", f4)
+
+
+def test_memo_is_bounded(monkeypatch, tmp_path):
+    from polycast.comm import core
+    comm, posted = _comm(monkeypatch, tmp_path)
+    for n in range(1, 3 * core._CALLS_MAX):
+        _post(comm, posted, Collective.ALLGATHER, n, 0, None, "ring", np.dtype("uint8"))
+        assert len(comm._calls) <= core._CALLS_MAX
+
+
+def test_multicast_fallback_warns_on_every_call(monkeypatch, tmp_path):
+    comm, posted = _comm(monkeypatch, tmp_path, mcast_error="cannot join (test)")
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = _post(comm, posted, Collective.ALLGATHER, 1 << 18, 0, None, "mcast",
+                        np.dtype("uint8"))
+        assert "mcast" not in got[1]
+        assert any("multicast" in str(x.message) for x in w)
+
+
+def test_debug_logs_every_call(monkeypatch, tmp_path, capsys):
+    comm, posted = _comm(monkeypatch, tmp_path)
+    monkeypatch.setenv("POLYCAST_DEBUG", "TRACE")
+    for _ in range(3):
+        _post(comm, posted, Collective.ALLREDUCE, 2, 0, "sum", None, np.dtype("float32"))
+    assert capsys.readouterr().err.count("allreduce") >= 3
