@@ -22,9 +22,10 @@ class RankResult:
 
 
 def spawn_ranks(nranks: int, argv: list[str], *, env: dict | None = None,
-                timeout: float = 90.0) -> list[RankResult]:
+                timeout: float = 90.0, per_rank: dict | None = None) -> list[RankResult]:
     """Run ``python argv...`` as ``nranks`` ranks without a launcher in between (so one
-    rank's exit does not end the others); return every rank's status and output."""
+    rank's exit does not end the others); return every rank's status and output.
+    ``per_rank``: {rank: {name: value}} set for that rank only."""
     port = free_port()
     job = f"t{os.getpid()}{port}"
     procs = []
@@ -32,6 +33,7 @@ def spawn_ranks(nranks: int, argv: list[str], *, env: dict | None = None,
         for r in range(nranks):
             e = rank_env(r, nranks, port, job, extra=env)
             e["PYTHONPATH"] = REPO + os.pathsep + e.get("PYTHONPATH", "")
+            e.update((per_rank or {}).get(r, {}))
             procs.append(subprocess.Popen([sys.executable, *argv], env=e, cwd=REPO,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           stdin=subprocess.DEVNULL, text=True))

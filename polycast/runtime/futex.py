@@ -12,6 +12,9 @@ flag pass its load of the ring head) costs a bounded wait, never a hang: every w
 timeout, and the writer bumps the counter unconditionally, so a sleeper whose expected
 value is stale returns at once.
 
+With the compiled helper (:mod:`polycast.runtime.native`) the wake and the wait are direct
+system calls from C (the wait with the GIL released) instead of ctypes calls.
+
 ``available()`` says whether this works here (Linux, a C library with ``syscall``,
 ``futex_waitv`` answering); POLYCAST_FUTEX=0 turns it off (the TCP doorbells remain).
 """
@@ -24,6 +27,8 @@ import os
 import platform
 import sys
 import time
+
+from . import native as _native
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
 SYS_FUTEX_WAITV = 449           # the same number on every architecture (generic table)
@@ -99,6 +104,19 @@ def wake_private(addr: int, nwaiters: int = 1) -> None:
              None, None, 0)
 
 
+if _native.ring is not None:
+    _c_wake = _native.ring.futex_wake
+
+    def wake(addr: int, nwaiters: int = 1) -> None:          # noqa: F811 (compiled)
+        """Wake up to ``nwaiters`` processes sleeping on the u32 at address ``addr`` (in
+        memory shared between processes)."""
+        _c_wake(addr, nwaiters, False)
+
+    def wake_private(addr: int, nwaiters: int = 1) -> None:  # noqa: F811 (compiled)
+        """Wake up to ``nwaiters`` threads of this process sleeping on the u32 at ``addr``."""
+        _c_wake(addr, nwaiters, True)
+
+
 class WaitSet:
     """Waits on several u32 counters at once: ``wait(values, timeout)`` sleeps until one
     of them differs from the value given for it, a wake-up comes, or the timeout."""
@@ -115,11 +133,16 @@ class WaitSet:
             self._arr[i].flags = FUTEX2_SIZE_U32 | (FUTEX2_PRIVATE if private else 0)
         self._ts = _Timespec()
         self._ts_ref = ctypes.byref(self._ts)
+        self._addr = ctypes.addressof(self._arr)
+        self._c_wait = _native.ring.futex_waitv if _native.ring is not None else None
 
     def wait(self, values: list[int], timeout_seconds: float) -> None:
         arr = self._arr
         for i, v in enumerate(values):
             arr[i].val = v
+        if self._c_wait is not None:
+            self._c_wait(self._addr, self.n, timeout_seconds)
+            return
         deadline = time.clock_gettime(time.CLOCK_MONOTONIC) + max(0.0, timeout_seconds)
         sec = int(deadline)
         self._ts.sec, self._ts.nsec = sec, int((deadline - sec) * 1e9)

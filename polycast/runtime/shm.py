@@ -22,6 +22,12 @@ connection) or on the ring's futex counter (the writer, which bumps that counter
 every flush, makes one ``FUTEX_WAKE``: :mod:`polycast.runtime.futex`). A writer blocked on
 a full ring is woken the same two ways by the reader freeing space. The driver bounds
 every wait so a wake-up lost to a memory-ordering race costs milliseconds, never a hang.
+
+Two implementations of the per-frame work share this layout: the compiled helper
+(:mod:`polycast.runtime.native`, ``_ring.c``: release/acquire atomics on HEAD/TAIL, a full fence
+in the two flag-then-check handshakes, small frames parsed in C) and this module's Python, the
+fallback (``POLYCAST_NATIVE=0``, or no compiler at install). A writer of one kind and a reader of
+the other interoperate; pieces of large messages and pinned payload views stay in Python.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import weakref
 
 import numpy as np
 
+from . import native as _native
 from .frames import (KIND_BASE, KIND_FRAG_FIRST, KIND_FRAG_MORE, PREFIX, PREFIX_NBYTES)
 
 KIND_WRAP = KIND_BASE + 10
@@ -89,7 +96,9 @@ def shm_available() -> bool:
 class Ring:
     """One mapped ring; ``create`` for the reader side, ``attach`` for the writer side."""
 
-    def __init__(self, path: str, capacity: int, create: bool) -> None:
+    def __init__(self, path: str, capacity: int, create: bool,
+                 native: bool | None = None) -> None:
+        """``native``: use the compiled hot path (default: when runtime/native.py loaded it)."""
         if capacity & (capacity - 1) or capacity < 1 << 16:
             raise ValueError(f"ring capacity must be a power of two >= 64 KiB, got {capacity}")
         self.path, self.capacity = path, capacity
@@ -111,6 +120,16 @@ class Ring:
         self._ctl = memoryview(self._mm)[:CTRL_NBYTES].cast("Q")
         self.data = np.ndarray((capacity,), np.uint8, self._mm, CTRL_NBYTES)
         self._buf = memoryview(self._mm)[CTRL_NBYTES:]
+        # The compiled hot path over the same mapping; its acquire loads and release stores
+        # of the counters replace the plain ones below (instance attributes shadow them).
+        self._nat = None
+        if native is None:
+            native = _native.ring is not None
+        if native:
+            if _native.ring is None:
+                raise RuntimeError(f"the compiled ring helper is not in use: {_native.why_not}")
+            self._nat = _native.ring.RingMap(self._mm, capacity)
+            self._get, self._set = self._nat.load, self._nat.store
         base = self.ctrl.__array_interface__["data"][0]
         self.data_bell_addr = base + DATA_BELL      # where a sleeping reader waits
         self.space_bell_addr = base + SPACE_BELL    # where a writer blocked on space waits
@@ -125,12 +144,17 @@ class Ring:
         self.space_seen: int | None = None  # space counter when a frame last did not fit
 
     @classmethod
-    def create(cls, path: str, capacity: int) -> "Ring":
-        return cls(path, capacity, True)
+    def create(cls, path: str, capacity: int, native: bool | None = None) -> "Ring":
+        return cls(path, capacity, True, native)
 
     @classmethod
-    def attach(cls, path: str, capacity: int) -> "Ring":
-        return cls(path, capacity, False)
+    def attach(cls, path: str, capacity: int, native: bool | None = None) -> "Ring":
+        return cls(path, capacity, False, native)
+
+    @property
+    def native(self) -> bool:
+        """Whether this ring runs the compiled hot path."""
+        return self._nat is not None
 
     def unlink(self) -> None:
         try:
@@ -140,6 +164,8 @@ class Ring:
 
     def close(self) -> None:
         self.ctrl = self.data = None
+        if self._nat is not None:
+            self._nat.release()
         self._ctl.release()
         self._buf.release()
         try:
@@ -173,8 +199,10 @@ class Ring:
         return bool(self._out)
 
     def enqueue(self, hdr_len: int, header: bytes, views: list, nbytes: int, token) -> None:
-        self._out.append([hdr_len, header, [memoryview(v).cast("B") for v in views if len(v)],
-                          nbytes, token, 0])
+        # The compiled writer takes any contiguous buffers; the Python one byte views.
+        parts = list(views) if self._nat is not None else \
+            [memoryview(v).cast("B") for v in views if len(v)]
+        self._out.append([hdr_len, header, parts, nbytes, token, 0])
 
     def discard_queued(self) -> list:
         """Forget every frame not yet (fully) written (the reader is gone); their tokens."""
@@ -194,8 +222,8 @@ class Ring:
                 # The space counter as it was before the re-check below: a writer that
                 # sleeps waits for it to change, so space freed between the re-check and
                 # the sleep (whose FUTEX_WAKE came too early) still ends the wait at once.
-                self.space_seen = self._ctl[SPACE_BELL >> 3]
-                self._set(WRITER_BLOCKED, 1)
+                self.space_seen = self._get(SPACE_BELL)
+                self._flag(WRITER_BLOCKED, 1)
                 # Re-check: the reader may have freed space before it saw the flag.
                 if not self._write_piece(entry):
                     break
@@ -208,6 +236,8 @@ class Ring:
                     done.append(entry[4])
         if not wrote:
             return done, False
+        if self._nat is not None:
+            return done, self._nat.ring_bell()
         ctl = self._ctl
         ctl[DATA_BELL >> 3] = (ctl[DATA_BELL >> 3] + 1) & _U32     # after HEAD: TSO
         return done, ctl[READER_SLEEPING >> 3]
@@ -227,11 +257,26 @@ class Ring:
             self._set(HEAD, head)
         return head
 
+    def _flag(self, slot: int, value: int) -> None:
+        """Store a flag the peer checks after publishing; our next load must not pass it."""
+        if self._nat is not None:
+            self._nat.flag(slot, value)
+        else:
+            self._set(slot, value)     # x86-64 may still pass it: the bounded waits cover it
+
     def _write_piece(self, entry) -> bool:
         hdr_len, header, views, nbytes, _token, sent = entry
         data = self.data
         cap = self.capacity
-        if sent == 0 and nbytes + len(header) + PREFIX_NBYTES <= self.max_piece:
+        whole = sent == 0 and nbytes + len(header) + PREFIX_NBYTES <= self.max_piece
+        if whole and self._nat is not None:
+            if not self._nat.write(hdr_len, header, views, nbytes):
+                return False
+            entry[5] = max(nbytes, 1)
+            return True
+        if self._nat is not None:
+            views = [memoryview(v).cast("B") for v in views if len(v)]
+        if whole:
             total = _pad(PREFIX_NBYTES + len(header) + nbytes)
             head = self._reserve(total)
             if head is None:
@@ -293,65 +338,89 @@ class Ring:
         """Append ``(hdr_len, header, payload, key)`` per whole message to ``out``; ``key``
         is not None when ``payload`` is a view into the ring that must be given back with
         :meth:`release`. Returns whether the writer is blocked and wants a doorbell."""
-        cap = self.capacity
+        if self._nat is not None:
+            return self._poll_native(out, max_frames)
         head = self._get(HEAD)
         pos = self._read_pos
         n = 0
         while pos < head and n < max_frames:
-            at = pos % cap
-            hdr_len, plen = PREFIX.unpack_from(self._buf, at)
-            if hdr_len == KIND_WRAP:
-                pos += cap - at
-                self._handed.append([pos, True])
-                continue
-            if hdr_len in (KIND_FRAG_FIRST, KIND_FRAG_MORE):
-                p = at + PREFIX_NBYTES
-                if hdr_len == KIND_FRAG_FIRST:
-                    real, total = PREFIX.unpack_from(self._buf, p)
-                    p += PREFIX_NBYTES
-                    header = bytes(self._buf[p:p + real])
-                    p += real
-                    self._frag = (real, header, np.empty(total, np.uint8), 0)
-                    size = _pad(2 * PREFIX_NBYTES + real + plen)
-                else:
-                    size = _pad(PREFIX_NBYTES + plen)
-                real, header, arr, filled = self._frag
-                arr[filled:filled + plen] = self.data[p:p + plen]
-                filled += plen
-                pos += size
-                self._handed.append([pos, True])
-                if filled == len(arr):
-                    self._frag = None
-                    out.append((real, header, memoryview(arr), None))
-                    n += 1
-                else:
-                    self._frag = (real, header, arr, filled)
-                continue
-            hl = 0 if hdr_len >= KIND_BASE else hdr_len
-            p = at + PREFIX_NBYTES
-            header = bytes(self._buf[p:p + hl]) if hl else b""
-            p += hl
-            size = _pad(PREFIX_NBYTES + hl + plen)
-            pos += size
-            if plen == 0:
-                out.append((hdr_len, header, None, None))
-                self._handed.append([pos, True])
-            elif plen <= COPY_OUT_NBYTES:
-                # Small: a copy costs less than the view's finalizer and frees the frame now.
-                out.append((hdr_len, header, memoryview(bytes(self._buf[p:p + plen])), None))
-                self._handed.append([pos, True])
-            else:
-                key = [pos, False, size]
-                self._handed.append(key)
-                self.pinned_nbytes += size
-                view = self.data[p:p + plen]
-                # The frame goes back to the writer when the engine lets go of the view
-                # (delivered or dropped): the view's finalizer releases it.
-                weakref.finalize(view, self._on_view_freed, key)
-                out.append((hdr_len, header, view, key))
-            n += 1
+            pos, k = self._take(pos, out)
+            n += k
         self._read_pos = pos
         return self._advance()
+
+    def _poll_native(self, out: list, max_frames: int) -> bool:
+        # C takes the run of small frames (copied out, given back at once: one tail entry
+        # covers them all); a frame it stops at (pieces, a large payload) is taken here.
+        n = 0
+        nat = self._nat
+        while True:
+            pos0 = self._read_pos
+            pos, k, head = nat.poll(pos0, max_frames - n, out, COPY_OUT_NBYTES)
+            n += k
+            if pos != pos0:
+                self._handed.append([pos, True])
+            if pos >= head or n >= max_frames:
+                self._read_pos = pos
+                break
+            self._read_pos, k = self._take(pos, out)
+            n += k
+        return self._advance()
+
+    def _take(self, pos: int, out: list) -> tuple[int, int]:
+        """Take the frame at ``pos``: (position after it, whole messages appended to out)."""
+        cap = self.capacity
+        at = pos % cap
+        hdr_len, plen = PREFIX.unpack_from(self._buf, at)
+        if hdr_len == KIND_WRAP:
+            pos += cap - at
+            self._handed.append([pos, True])
+            return pos, 0
+        if hdr_len in (KIND_FRAG_FIRST, KIND_FRAG_MORE):
+            p = at + PREFIX_NBYTES
+            if hdr_len == KIND_FRAG_FIRST:
+                real, total = PREFIX.unpack_from(self._buf, p)
+                p += PREFIX_NBYTES
+                header = bytes(self._buf[p:p + real])
+                p += real
+                self._frag = (real, header, np.empty(total, np.uint8), 0)
+                size = _pad(2 * PREFIX_NBYTES + real + plen)
+            else:
+                size = _pad(PREFIX_NBYTES + plen)
+            real, header, arr, filled = self._frag
+            arr[filled:filled + plen] = self.data[p:p + plen]
+            filled += plen
+            pos += size
+            self._handed.append([pos, True])
+            if filled == len(arr):
+                self._frag = None
+                out.append((real, header, memoryview(arr), None))
+                return pos, 1
+            self._frag = (real, header, arr, filled)
+            return pos, 0
+        hl = 0 if hdr_len >= KIND_BASE else hdr_len
+        p = at + PREFIX_NBYTES
+        header = bytes(self._buf[p:p + hl]) if hl else b""
+        p += hl
+        size = _pad(PREFIX_NBYTES + hl + plen)
+        pos += size
+        if plen == 0:
+            out.append((hdr_len, header, None, None))
+            self._handed.append([pos, True])
+        elif plen <= COPY_OUT_NBYTES:
+            # Small: a copy costs less than the view's finalizer and frees the frame now.
+            out.append((hdr_len, header, memoryview(bytes(self._buf[p:p + plen])), None))
+            self._handed.append([pos, True])
+        else:
+            key = [pos, False, size]
+            self._handed.append(key)
+            self.pinned_nbytes += size
+            view = self.data[p:p + plen]
+            # The frame goes back to the writer when the engine lets go of the view
+            # (delivered or dropped): the view's finalizer releases it.
+            weakref.finalize(view, self._on_view_freed, key)
+            out.append((hdr_len, header, view, key))
+        return pos, 1
 
     def _on_view_freed(self, key) -> None:
         # Runs wherever the last reference dies (the progress thread); never raises.
@@ -374,6 +443,8 @@ class Ring:
         new_tail = None
         while self._handed and self._handed[0][1]:
             new_tail = self._handed.popleft()[0]
+        if new_tail is not None and self._nat is not None:
+            return self._nat.advance(new_tail)
         if new_tail is not None:
             self._set(TAIL, new_tail)
             ctl = self._ctl
@@ -386,19 +457,19 @@ class Ring:
     def set_sleeping(self, sleeping) -> None:
         """The reader sleeps (True or SLEEP_SELECT: wake it with a doorbell frame;
         SLEEP_FUTEX: with a futex wake) or is awake (False, 0)."""
-        self._set(READER_SLEEPING, int(sleeping))
+        self._flag(READER_SLEEPING, int(sleeping))
 
     def space_wait_value(self) -> int:
         """The space counter value a sleeping writer waits to change: the one seen when
         it found the ring full, if it is blocked (else the current one)."""
         seen = self.space_seen
-        return self._ctl[SPACE_BELL >> 3] if seen is None else seen
+        return self._get(SPACE_BELL) if seen is None else seen
 
     def data_bell(self) -> int:
-        return self._ctl[DATA_BELL >> 3]
+        return self._get(DATA_BELL)
 
     def space_bell(self) -> int:
-        return self._ctl[SPACE_BELL >> 3]
+        return self._get(SPACE_BELL)
 
     def pending_input(self) -> bool:
-        return self._ctl[0] > self._read_pos      # HEAD
+        return self._get(HEAD) > self._read_pos

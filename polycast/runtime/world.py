@@ -28,7 +28,7 @@ from typing import Protocol
 
 from ..errors import CollectiveTimeout, InvalidArgument, PolycastError
 from ..planner import debug
-from . import auth, cma
+from . import auth, cma, native
 from .env import JobEnv, host_id
 from .shm import DEFAULT_RING_NBYTES, Ring, ring_path, shm_available, shm_unavailable_reason
 from .store import PortInUse, StoreClient, StoreServer
@@ -123,6 +123,8 @@ def _offer_single_copy(world: World, rings_in: dict, info: dict, me: dict,
             refused[r] = why
     world.single_copy_refused = refused
     if debug.level() >= 1 and rings_in:
+        print(f"[rank {world.rank}] polycast INFO {native.describe()}", file=sys.stderr,
+              flush=True)
         ok = sorted(set(rings_in) - set(refused))
         msg = f"single-copy (CMA) reads from ranks {ok}" if ok else "single-copy (CMA) off"
         if refused:

@@ -1,0 +1,185 @@
+"""The shm rings' compiled hot path (polycast/runtime/_ring.c) and its pure-Python fallback:
+the same wire layout, so a writer of either kind and a reader of either kind interoperate
+(in one process here, and across processes in a 3-rank job with one fallback rank).
+Tests needing the compiled helper are skipped, saying why, where it was not built."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from polycast.runtime import futex, native
+from polycast.runtime.frames import KIND_CMA, KIND_CMA_DONE
+from polycast.runtime.shm import COPY_OUT_NBYTES, SLEEP_FUTEX, Ring
+from test_runtime_helpers import REPO, spawn_ranks
+
+needs_native = pytest.mark.skipif(native.ring is None,
+                                  reason=f"compiled ring helper not in use: {native.why_not}")
+KINDS = [pytest.param(w, r, id=f"{w}-writer-{r}-reader",
+                      marks=[needs_native] if "native" in (w, r) else [])
+         for w in ("native", "python") for r in ("native", "python")]
+
+
+def _pair(tmp_path, writer: str, reader: str, capacity: int = 1 << 16):
+    path = str(tmp_path / "ring")
+    rd = Ring.create(path, capacity, native=reader == "native")
+    wr = Ring.attach(path, capacity, native=writer == "native")
+    rd.unlink()
+    assert (rd.native, wr.native) == (reader == "native", writer == "native")
+    return wr, rd
+
+
+@pytest.mark.parametrize("writer,reader", KINDS)
+def test_frames_of_every_size_and_kind_cross_between_implementations(tmp_path, writer, reader):
+    """Empty, small (copied out), pinned (> COPY_OUT_NBYTES) and pieced (> a quarter of the
+    ring) messages, engine headers and driver kinds, wrapping many times round a 64 KiB
+    ring, payloads held a while by the 'engine' and then let go: every byte arrives in order."""
+    wr, rd = _pair(tmp_path, writer, reader)
+    rng = np.random.default_rng(7)
+    sizes = [0, 1, 8, 100, COPY_OUT_NBYTES, COPY_OUT_NBYTES + 1, 12000, 16000, 40000]
+    msgs = []
+    for i in range(300):
+        n = int(sizes[i % len(sizes)] if i % 2 else rng.integers(0, 30000))
+        kind = None
+        if i % 7 == 0:          # driver frames: small, no engine header
+            kind, n = (KIND_CMA, KIND_CMA_DONE)[i % 2], n % 64
+        arr = rng.integers(0, 255, n, dtype=np.uint8)
+        if n % 4 == 0 and i % 3 == 0:
+            arr = arr.view(np.float32)          # any contiguous buffer, itemsize > 1
+        msgs.append((kind, b"" if kind else b"hdr%03d" % i, arr))
+    got, held, sent = [], [], 0
+    for step in range(50000):
+        while sent < len(msgs) and len(wr._out) < 5:
+            kind, header, arr = msgs[sent]
+            b = arr.view(np.uint8)
+            cut = len(b) // 3
+            wr.enqueue(kind or len(header), header, [b[:cut], arr[cut // arr.itemsize:]]
+                       if arr.itemsize == 1 else [arr], b.nbytes, sent)
+            sent += 1
+        wr.flush()
+        frames = []
+        rd.poll(frames, max_frames=7)
+        for hdr_len, header, payload, _key in frames:
+            kind, h, arr = msgs[len(got)]
+            assert hdr_len == (kind or len(h)) and header == h
+            got.append(bytes(payload) if payload is not None else b"")
+            held.append(payload)
+        frames = payload = None
+        if step % 4 == 0:
+            held.clear()
+        if len(got) == len(msgs):
+            break
+    assert got == [arr.tobytes() for _, _, arr in msgs]
+    held.clear()                # the last views let go: nothing stays pinned
+    assert rd.pinned_nbytes == 0 and not wr.want_write
+    wr.close()
+    rd.close()
+
+
+@pytest.mark.parametrize("writer,reader", KINDS)
+def test_sleeping_reader_and_blocked_writer_handshakes(tmp_path, writer, reader):
+    """The writer sees a reader's sleeping flag after publishing; a full ring sets the
+    writer's blocked flag and the reader that frees space reports it (and clears it)."""
+    wr, rd = _pair(tmp_path, writer, reader)
+    rd.set_sleeping(SLEEP_FUTEX)
+    wr.enqueue(3, b"abc", [np.ones(10, np.uint8)], 10, "t")
+    assert wr.flush() == (["t"], SLEEP_FUTEX)
+    rd.set_sleeping(0)
+    for i in range(8):
+        wr.enqueue(3, b"abc", [np.full(12000, i, np.uint8)], 12000, i)
+    done, _ = wr.flush()
+    assert wr.want_write and len(done) < 8
+    frames = []
+    want_bell = rd.poll(frames)
+    assert len(frames) >= 2
+    frames.clear()              # pinned views let go: the frames go back to the writer
+    assert want_bell or rd.want_bell, "a blocked writer must be reported to the reader"
+    while wr.want_write:
+        wr.flush()
+        rd.poll(frames)
+        frames.clear()
+    wr.close()
+    rd.close()
+
+
+@needs_native
+def test_compiled_write_checks_its_arguments(tmp_path):
+    wr, rd = _pair(tmp_path, "native", "native")
+    with pytest.raises(ValueError, match="parts hold 5"):
+        wr._nat.write(3, b"abc", [b"12345"], 6)
+    with pytest.raises(ValueError, match="one ring piece"):
+        wr._nat.write(3, b"abc", [bytes(1 << 15)], 1 << 15)     # > a quarter of 64 KiB
+    with pytest.raises(ValueError, match="aligned u64"):
+        wr._nat.load(3)
+    wr.close()
+    rd.close()
+    with pytest.raises(ValueError, match="released"):
+        wr._nat.load(0)
+
+
+@needs_native
+def test_compiled_futex_wakes_a_sleeper_on_the_ring_counter(tmp_path):
+    if not futex.available():
+        pytest.skip(f"futex wake-ups unavailable: {futex.unavailable_reason()}")
+    wr, rd = _pair(tmp_path, "native", "native")
+    ws = futex.WaitSet([(rd.data_bell_addr, False)])
+    assert ws._c_wait is not None
+    d0 = rd.data_bell()
+    woke = threading.Event()
+
+    def sleeper():
+        ws.wait([d0], 30.0)
+        woke.set()
+    t = threading.Thread(target=sleeper)
+    t.start()
+    assert not woke.wait(0.2)
+    wr.enqueue(3, b"abc", [], 0, None)
+    wr.flush()
+    futex.wake(wr.data_bell_addr)
+    assert woke.wait(10)
+    t.join()
+    ws.wait([d0], 5.0)          # stale value: returns at once (bounded either way)
+    wr.close()
+    rd.close()
+
+
+def test_native_off_forces_the_python_rings():
+    code = ("from polycast.runtime import native, shm, futex; import tempfile, os;"
+            "p = os.path.join(tempfile.mkdtemp(), 'r'); r = shm.Ring.create(p, 1 << 16);"
+            "r.unlink(); print(native.ring, r.native, futex.WaitSet([])._c_wait,"
+            " native.describe())")
+    env = dict(os.environ, POLYCAST_NATIVE="0", PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[:3] == ["None", "False", "None"]
+    assert "pure Python (POLYCAST_NATIVE=0)" in out.stdout
+
+
+OK = re.compile(r"SELFTEST algos OK (\d+) checks")
+INFO = re.compile(r"polycast INFO shm rings: (compiled hot path|pure Python \(([^)]*)\))")
+
+
+def test_job_with_compiled_and_python_ranks_is_exact():
+    """3 shm ranks, rank 1 on the Python rings (POLYCAST_NATIVE=0), the others on the compiled
+    ones where built: every collective and algorithm exact (single-copy off, so the rings
+    carry every byte), each rank saying at POLYCAST_DEBUG=INFO which rings it runs."""
+    results = spawn_ranks(3, ["-m", "polycast.runtime.selftest", "--suite", "algos"],
+                          env={"POLYCAST_TRANSPORT": "shm", "POLYCAST_SYMM": "0",
+                               "POLYCAST_CMA": "0", "POLYCAST_DEBUG": "INFO"},
+                          per_rank={1: {"POLYCAST_NATIVE": "0"}}, timeout=240)
+    for r in results:
+        assert r.returncode == 0 and OK.search(r.out), (
+            f"rank {r.rank} exit {r.returncode}\n{r.out[-3000:]}\n{r.err[-3000:]}")
+        m = INFO.search(r.err)
+        assert m, r.err[-2000:]
+        if r.rank == 1:
+            assert m.group(2) == "POLYCAST_NATIVE=0"
+        elif native.ring is not None:
+            assert m.group(1) == "compiled hot path"
