@@ -9,25 +9,25 @@ the engine lets go of the payload: a fresh array per message cost a page fault p
 (the kernel zeroes and maps every page) on top of the copy itself.
 
 Better still, a large frame the sender marked ``lazy_ok`` (a DATA: the engine only delivers
-or keeps its payload) whose payload has all arrived in the kernel (``FIONREAD``) when its
-header is parsed is handed to the engine as a :class:`SocketPayload`: Deliver receives it
-with ``recv_into`` straight into the destination, the one copy out of the kernel. The link
-reads nothing more until that frame is finished
-(:meth:`polycast.runtime.lazy.LazyPayload.finish`). A payload still arriving is streamed
-into a pool array at once, which keeps the sender's and the receiver's copies overlapping:
-waiting for it to arrive in the kernel measured slower (2 ranks, 16 MiB ring allgather at
-real-time priority: 1.46-1.52 GB/s waiting up to 5 ms, 1.69-1.88 streaming).
+or keeps its payload) is handed to the engine as a :class:`SocketPayload` as soon as its
+header is parsed: Deliver receives it with ``recv_into`` straight into the destination as
+the bytes arrive, the one copy out of the kernel, overlapping the sender's copy into it.
+The link reads nothing more until that frame is finished
+(:meth:`polycast.runtime.lazy.LazyPayload.finish`). While such a read waits for bytes, the
+link's ``pump`` (set by the driver's PeerIO) flushes every queued output, so two ranks that
+read each other's frames, or a ring of them, never wait on each other; a wait with no byte
+for ``stall_s`` seconds (the job's timeout, at most :data:`STALL_S`) ends the read with an
+error naming the peer. Measured (bench/tcp_pair.py, 2 ranks, 16 MiB): streaming into a pool
+array and then copying into the destination cost that extra copy per byte; waiting for the
+whole payload to arrive before reading it (session 3) serialized the two copies.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
-import fcntl
 import select
 import socket
-import struct
-import termios
 import time
 import weakref
 
@@ -42,8 +42,8 @@ IOV_MAX = 512
 SOCK_BUF_NBYTES = 4 << 20
 # Set in a frame's header length by the sender: the payload may be read late (a DATA).
 LAZY_FLAG = 0x4000_0000
-STALL_S = 10.0                # a payload that had all arrived and still does not read: lost
-_INQ = struct.Struct("i")
+STALL_S = 10.0                # a payload that sends no byte for this long: its peer is lost
+WAIT_SLICE_S = 0.01           # a blocked read re-pumps our output at least this often
 
 
 class SocketPayload(LazyPayload):
@@ -57,7 +57,8 @@ class SocketPayload(LazyPayload):
         self.link, self.prefix = link, prefix
 
     def _read(self, ranges) -> None:
-        sock = self.link.sock
+        link = self.link
+        sock = link.sock
         pre, k = self.prefix, 0
         deadline = None
         for a, n in ranges:
@@ -72,18 +73,21 @@ class SocketPayload(LazyPayload):
                 try:
                     got = sock.recv_into(view[pos:])
                 except (BlockingIOError, InterruptedError):
-                    # all of it had arrived (FIONREAD): only a kernel hiccup gets here
-                    deadline = deadline or time.monotonic() + STALL_S
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise OSError(f"no data for {STALL_S:g} s in the middle of a "
-                                      f"message that had arrived") from None
-                    select.select([sock], [], [], left)
+                    # the rest is still on its way: keep our own output moving meanwhile
+                    # (the sender may be waiting for it), then wait for more
+                    now = time.monotonic()
+                    deadline = deadline or now + link.stall_s
+                    if now >= deadline:
+                        raise OSError(f"no data for {link.stall_s:g} s in the middle of a "
+                                      f"message") from None
+                    writers = link.pump() if link.pump is not None else []
+                    select.select([sock], writers, [], min(deadline - now, WAIT_SLICE_S))
                     continue
                 if got == 0:
                     raise OSError(f"rank {self.peer_name()} closed its connection in the "
                                   f"middle of a message")
                 pos += got
+                deadline = None
 
     def peer_name(self) -> int:
         return self.link.peer
@@ -144,6 +148,10 @@ class TcpLink:
         self.lazy_frames = self.streamed_frames = 0    # large payloads: read late / streamed
         self.closed = False
         self.bye = False
+        # While a SocketPayload waits for bytes: flush every queued output of the process,
+        # return the sockets that still want to write (set by the driver's PeerIO).
+        self.pump = None
+        self.stall_s = STALL_S
 
     # -- writing -------------------------------------------------------------------------
     @property
@@ -246,14 +254,6 @@ class TcpLink:
                     raise
                 raise LinkClosed(f"connection to rank {self.peer} broke: {exc}") from None
 
-    def _inq(self) -> int:
-        """Bytes waiting in the socket's receive queue."""
-        try:
-            return _INQ.unpack(fcntl.ioctl(self.sock.fileno(), termios.FIONREAD,
-                                           b"\0" * 4))[0]
-        except OSError:
-            return 0
-
     def _eof(self):
         self.closed = True
         raise LinkClosed(f"rank {self.peer} closed its connection", orderly=self.bye)
@@ -287,7 +287,7 @@ class TcpLink:
                 out.append((hdr_len, header, payload))
                 self._start = p0 + plen
                 continue
-            if lazy and self._inq() >= plen - avail:
+            if lazy:
                 self._lazy = SocketPayload(self, self._rxv[p0:self._end], plen)
                 self.lazy_frames += 1
                 out.append((hdr_len, header, self._lazy))

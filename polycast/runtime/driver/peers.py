@@ -26,6 +26,7 @@ from ...errors import PeerLost
 from .. import cma, futex
 from ..frames import KIND_BYE, KIND_CMA, KIND_CMA_DONE, KIND_DOORBELL, is_driver_kind
 from ..shm import SLEEP_FUTEX
+from .. import tcp
 from ..tcp import LinkClosed, SocketPayload
 from ..world import World
 
@@ -61,8 +62,15 @@ class PeerIO:
             r: collections.deque() for r in self.cma_peers}
         self._cma_acks: dict[int, int] = {}
         self.cma_sent = self.cma_read = 0       # messages, for tests and benchmarks
+        # Sent tokens and losses seen while pumping (the engine is in the middle of handing
+        # a frame a payload being read from its socket): reported once that frame is done.
+        self._pumping = False
+        self._held_sent: list = []
+        self._held_lost: list = []
+        stall_s = min(tcp.STALL_S, getattr(world, "timeout_seconds", None) or tcp.STALL_S)
         for p in peers:
             sel.register(p.tcp.sock, selectors.EVENT_READ, ("peer", p.rank))
+            p.tcp.pump, p.tcp.stall_s = self._pump, stall_s
 
     def down(self, r: int) -> str | None:
         """Why peer ``r`` cannot be reached (lost or finalized), or None."""
@@ -157,8 +165,8 @@ class PeerIO:
                 done.extend(peer.tcp.flush())
             except LinkClosed as exc:
                 if done:                # written to the ring before the socket broke
-                    self._on_sent(done)
-                self.mark_lost(r, str(exc))
+                    self._sent(done)
+                self._lose(r, str(exc))
                 return
         want = peer.tcp.want_write
         if want != (r in self._write_armed):
@@ -172,7 +180,53 @@ class PeerIO:
             else:
                 self._write_armed.discard(r)
         if done:
-            self._on_sent(done)
+            self._sent(done)
+
+    def _sent(self, tokens: list) -> None:
+        if self._pumping:
+            self._held_sent.extend(tokens)
+        else:
+            self._on_sent(tokens)
+
+    def _lose(self, r: int, reason: str) -> None:
+        if self._pumping:
+            self._held_lost.append((r, reason))
+        else:
+            self.mark_lost(r, reason)
+
+    def _pump(self) -> list:
+        """Flush every queued output now: a payload is being read straight from its socket
+        (tcp.SocketPayload) and the engine waits inside that read; a peer may be waiting
+        for our bytes before it sends the rest. What completes is reported after the frame
+        (:meth:`_report_held`), never into the engine in the middle of its work. Returns the
+        sockets that still have output queued (the read's select waits on them too)."""
+        if self._pumping:
+            return []
+        self._pumping = True
+        try:
+            writers = []
+            for r, peer in self.world.peers.items():
+                if r in self.lost or r in self.gone:
+                    continue
+                ring = peer.ring_out
+                if peer.tcp.want_write or (ring is not None and ring.want_write) \
+                        or r in self._cma_acks:
+                    self._flush_peer(r)
+                    if peer.tcp.want_write:
+                        writers.append(peer.tcp.sock)
+            return writers
+        finally:
+            self._pumping = False
+
+    def _report_held(self) -> None:
+        while self._held_sent or self._held_lost:
+            if self._held_sent:
+                tokens, self._held_sent = self._held_sent, []
+                self._on_sent(tokens)
+            if self._held_lost:
+                lost, self._held_lost = self._held_lost, []
+                for r, reason in lost:
+                    self.mark_lost(r, reason)
 
     def pending_output(self) -> bool:
         for r, p in self.world.peers.items():
@@ -263,13 +317,18 @@ class PeerIO:
             elif hdr_len == KIND_BYE:
                 self.world.peers[src].tcp.bye = True
             return
-        self._on_frame(src, header_bytes, payload)
-        if type(payload) is SocketPayload:
+        if type(payload) is not SocketPayload:
+            self._on_frame(src, header_bytes, payload)
+            return
+        try:
+            self._on_frame(src, header_bytes, payload)
             # read now what the engine did not take, so the socket's next frame can be
             try:
                 payload.finish()
             except PeerLost:
                 self.mark_lost(src, payload.error)
+        finally:
+            self._report_held()
 
     def _single_copy_frame(self, src: int, frame) -> None:
         """A descriptor: the engine gets a RemotePayload; whatever it did not read while
