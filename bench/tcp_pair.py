@@ -6,12 +6,15 @@ Each row moves ``--size`` bytes per call between local processes over TCP on 127
   links are (TCP_NODELAY, 4 MiB SO_SNDBUF/SO_RCVBUF), ``sendall`` of a numpy array and
   ``recv_into`` a preallocated one (bidi: both ways at once, one non-blocking select loop
   per process, as polycast's progress thread does): the ceiling for a Python process.
+  ``raw ring 4``: 4 processes in a ring of such connections, each sending 3/4 of the size
+  to its right while receiving as much from its left: a ring allgather's ceiling (busbw).
 * ``pair uni``: 2-rank broadcast (binomial), ``pair bidi``: 2-rank allgather (ring), and
-  ``ring 4``: 4-rank allgather (ring), all ``polycast bench --transport tcp`` with
-  POLYCAST_SYMM=0 (the engine path).
+  ``ring 4``: 4-rank allgather (ring), ``mcast 4``: 4-rank allgather (mcast: the data
+  in UDP multicast datagrams on loopback, the tokens over TCP), all ``polycast bench
+  --transport tcp`` with POLYCAST_SYMM=0 (the engine path).
 
 ``GB/s`` is the bytes the pair moves per second (uni: size/t; bidi: size/t, half each way;
-nccl-tests' algbw), and for ``ring 4`` busbw. ``--before DIR`` runs every polycast row on
+nccl-tests' algbw), and for the 4-rank rows busbw. ``--before DIR`` runs every polycast row on
 DIR (an older checkout: ``git archive main | tar -x -C DIR``) and on this tree,
 alternately, ``--rounds`` times: a before/after within the same minutes. ``--realtime``
 runs the ranks at ``chrt -r 1`` (a loaded shared machine then measures like a quiet one;
@@ -43,6 +46,7 @@ CASES = [
     ("pair uni (broadcast binomial)", 2, "broadcast", "binomial", "algbw"),
     ("pair bidi (allgather ring)", 2, "allgather", "ring", "algbw"),
     ("ring 4 (allgather ring, busbw)", 4, "allgather", "ring", "busbw"),
+    ("mcast 4 (allgather mcast, busbw)", 4, "allgather", "mcast", "busbw"),
 ]
 
 
@@ -62,14 +66,18 @@ def _recv_all(sock: socket.socket, view: memoryview) -> None:
         pos += got
 
 
-def _both_ways(sock: socket.socket, out: memoryview, into: memoryview, limit_s: float) -> None:
+def _both_ways(sock: socket.socket, out: memoryview, into: memoryview, limit_s: float,
+               rsock: socket.socket | None = None) -> None:
+    """Send ``out`` on ``sock`` while receiving ``into`` from ``rsock`` (default: sock)."""
+    rsock = rsock or sock
     sock.setblocking(False)
+    rsock.setblocking(False)
     sent = got = 0
     deadline = time.monotonic() + limit_s
     while sent < len(out) or got < len(into):
         if time.monotonic() > deadline:
-            raise TimeoutError("raw bidi transfer stalled")
-        r, w, _ = select.select([sock] if got < len(into) else [],
+            raise TimeoutError("raw transfer stalled")
+        r, w, _ = select.select([rsock] if got < len(into) else [],
                                 [sock] if sent < len(out) else [], [], 1.0)
         if w:
             try:
@@ -78,13 +86,66 @@ def _both_ways(sock: socket.socket, out: memoryview, into: memoryview, limit_s: 
                 pass
         if r:
             try:
-                n = sock.recv_into(into[got:])
+                n = rsock.recv_into(into[got:])
             except BlockingIOError:
                 n = -1
             if n == 0:
                 raise EOFError("raw peer closed")
             got += max(n, 0)
     sock.setblocking(True)
+    rsock.setblocking(True)
+
+
+def raw_ring(nranks: int, nbytes: int, iters: int, realtime: bool = False) -> float:
+    """busbw of ``nranks`` processes in a TCP ring, each sending (nranks-1)/nranks of
+    ``nbytes`` to its right while receiving as much from its left (no step dependencies:
+    a ceiling for a ring allgather)."""
+    old = _priority(realtime)
+    pairs = []
+    try:
+        for _ in range(nranks):         # pairs[i]: rank i's socket to i+1, i+1's from i
+            lsock = socket.socket()
+            lsock.bind(("127.0.0.1", 0))
+            lsock.listen(1)
+            a = _setup(socket.create_connection(lsock.getsockname(), timeout=10))
+            b = _setup(lsock.accept()[0])
+            lsock.close()
+            pairs.append((a, b))
+        each = nbytes * (nranks - 1) // nranks
+        pids, reads = [], []
+        for i in range(nranks):
+            rfd, wfd = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    out, into = np.ones(each, np.uint8), np.empty(each, np.uint8)
+                    right, left = pairs[i][0], pairs[i - 1][1]
+                    for k in range(iters + 2):
+                        if k == 2:
+                            t0 = time.perf_counter()
+                        _both_ways(right, memoryview(out), memoryview(into), 60.0, left)
+                    os.write(wfd, f"{time.perf_counter() - t0}".encode())
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(wfd)
+            pids.append(pid)
+            reads.append(rfd)
+        seconds = []
+        for pid, rfd in zip(pids, reads):
+            _, status = os.waitpid(pid, 0)
+            text = os.read(rfd, 64).decode()
+            os.close(rfd)
+            if status != 0 or not text:
+                raise RuntimeError(f"raw ring: a process failed (status {status})")
+            seconds.append(float(text))
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+        os.sched_setscheduler(0, *old)
+    return each * iters / max(seconds) / 1e9
 
 
 def _raw_side(sock: socket.socket, role: int, mode: str, nbytes: int, iters: int) -> float:
@@ -194,6 +255,8 @@ def main(argv=None) -> int:
         for mode in ("uni", "bidi"):
             got.setdefault((f"raw {mode} (sockets)", "raw"), []).append(
                 raw(mode, nbytes, args.iters, bool(realtime)))
+        got.setdefault(("raw ring 4 (sockets, busbw)", "raw"), []).append(
+            raw_ring(4, nbytes, args.iters, bool(realtime)))
         for label, n, coll, algo, metric in CASES:
             for name, tree in trees:
                 row = polycast_row(tree, n, coll, algo, nbytes, args.iters, realtime)

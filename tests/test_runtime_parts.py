@@ -263,6 +263,85 @@ def test_tcp_links_exchange_large_messages_both_ways_without_blocking():
     b.close()
 
 
+def _tcp_pair():
+    """Two TcpLinks over a loopback TCP connection (lazy frames need AF_INET)."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    a = socket.create_connection(lsock.getsockname())
+    b, _ = lsock.accept()
+    lsock.close()
+    return TcpLink(a, 1), TcpLink(b, 0)
+
+
+def test_tcp_lazy_payload_is_read_into_its_destination_while_the_read_pumps_output():
+    """A DATA larger than the socket buffers: the receiver gets a SocketPayload at its header
+    and reads it straight into the destination; while it waits for bytes it calls the link's
+    pump, which here is the only thing that makes the sender write the rest."""
+    from polycast.runtime.tcp import SocketPayload
+    la, lb = _tcp_pair()
+    big = (np.arange(24 << 20, dtype=np.uint32) % 251).astype(np.uint8)
+    la.enqueue(44, b"H" * 44, [memoryview(big)], big.nbytes, "big", lazy_ok=True)
+    la.enqueue(44, b"S" * 44, [b"small"], 5, "small")
+    done = la.flush()                       # the first part: what the socket takes now
+    assert not done and la.want_write
+    frames = []
+    for _ in range(100):
+        lb.read(frames)
+        if frames:
+            break
+        time.sleep(0.01)
+    (hdr_len, header, payload), = frames
+    assert type(payload) is SocketPayload and hdr_len == 44 and header == b"H" * 44
+    pumps = []
+
+    def pump():
+        pumps.append(1)
+        done.extend(la.flush())
+        return [la.sock] if la.want_write else []
+    lb.pump = pump
+    dst = np.zeros(big.nbytes, np.uint8)
+    half = big.nbytes // 2                  # two runs, as a strided region would be
+    payload.read_into([(dst.ctypes.data, half), (dst.ctypes.data + half, big.nbytes - half)])
+    payload.finish()
+    assert np.array_equal(dst, big) and pumps and lb.lazy_frames == 1
+    for _ in range(100):                    # the next frame reads normally
+        done.extend(la.flush())
+        lb.read(frames)
+        if len(frames) == 2:
+            break
+        time.sleep(0.01)
+    assert frames[1][1] == b"S" * 44 and bytes(frames[1][2]) == b"small"
+    assert done == ["big", "small"]
+    la.sock.close()
+    lb.sock.close()
+
+
+def test_tcp_lazy_payload_whose_sender_stalls_fails_within_the_stall_bound():
+    """A sender that stops in the middle of a large DATA (SIGSTOP): the blocked read ends
+    after ``stall_s`` with PeerLost naming the peer, never waits forever."""
+    from polycast.errors import PeerLost
+    la, lb = _tcp_pair()
+    big = np.ones(24 << 20, np.uint8)
+    la.enqueue(44, b"H" * 44, [memoryview(big)], big.nbytes, "big", lazy_ok=True)
+    la.flush()                              # part of it; nobody flushes the rest
+    frames = []
+    for _ in range(100):
+        lb.read(frames)
+        if frames:
+            break
+        time.sleep(0.01)
+    payload = frames[0][2]
+    lb.stall_s = 0.3
+    dst = np.zeros(big.nbytes, np.uint8)
+    t0 = time.monotonic()
+    with pytest.raises(PeerLost, match="no data for 0.3 s"):
+        payload.read_into([(dst.ctypes.data, big.nbytes)])
+    assert 0.25 < time.monotonic() - t0 < 5
+    la.sock.close()
+    lb.sock.close()
+
+
 # -- multicast --------------------------------------------------------------------------
 def test_multicast_group_is_derived_and_joinable():
     g1, g2 = group_for("job", 0), group_for("job", 1)
