@@ -274,6 +274,17 @@ def _tcp_pair():
     return TcpLink(a, 1), TcpLink(b, 0)
 
 
+def _first_frames(link, tries: int = 100) -> list:
+    """Read ``link`` until it hands over a frame (bounded)."""
+    frames = []
+    for _ in range(tries):
+        link.read(frames)
+        if frames:
+            break
+        time.sleep(0.01)
+    return frames
+
+
 def test_tcp_lazy_payload_is_read_into_its_destination_while_the_read_pumps_output():
     """A DATA larger than the socket buffers: the receiver gets a SocketPayload at its header
     and reads it straight into the destination; while it waits for bytes it calls the link's
@@ -285,12 +296,7 @@ def test_tcp_lazy_payload_is_read_into_its_destination_while_the_read_pumps_outp
     la.enqueue(44, b"S" * 44, [b"small"], 5, "small")
     done = la.flush()                       # the first part: what the socket takes now
     assert not done and la.want_write
-    frames = []
-    for _ in range(100):
-        lb.read(frames)
-        if frames:
-            break
-        time.sleep(0.01)
+    frames = _first_frames(lb)
     (hdr_len, header, payload), = frames
     assert type(payload) is SocketPayload and hdr_len == 44 and header == b"H" * 44
     pumps = []
@@ -325,12 +331,7 @@ def test_tcp_lazy_payload_whose_sender_stalls_fails_within_the_stall_bound():
     big = np.ones(24 << 20, np.uint8)
     la.enqueue(44, b"H" * 44, [memoryview(big)], big.nbytes, "big", lazy_ok=True)
     la.flush()                              # part of it; nobody flushes the rest
-    frames = []
-    for _ in range(100):
-        lb.read(frames)
-        if frames:
-            break
-        time.sleep(0.01)
+    frames = _first_frames(lb)
     payload = frames[0][2]
     lb.stall_s = 0.3
     dst = np.zeros(big.nbytes, np.uint8)
