@@ -364,62 +364,6 @@ def test_multicast_group_is_derived_and_joinable():
         s2.close()
 
 
-def test_multicast_datagrams_are_read_into_place():
-    """A large MCAST_DATA goes to on_datagram as (header, DatagramPayload) and lands in the
-    destination's runs with one recvmsg_into; one the engine does not read is consumed when
-    its handling ends; a small one, a non-datagram kind and a datagram shorter than its
-    header announces take the whole-datagram path or fail the read, never place garbage."""
-    import selectors
-    from polycast.engine.wire import MsgKind, make_header
-    from polycast.errors import PeerLost
-    from polycast.runtime.driver.datagrams import DatagramPayload, MulticastIO
-    sel = selectors.DefaultSelector()
-    seen = []
-    dst = np.zeros(20000, np.uint8)
-
-    def on_datagram(comm_id, data):
-        seen.append(data)
-        if type(data) is tuple and data[0].tag == 1:        # deliver into two runs
-            data[1].read_into([(dst.ctypes.data, 7000), (dst.ctypes.data + 10000, 5000)])
-    io = MulticastIO(sel, on_datagram)
-    assert io.open(7, "job-dg", True, own_rank=0) is None
-    g = io._groups[7]
-    tx, grp = open_group("job-dg", 7, single_host=True)
-
-    def dgram(tag, nbytes, fill, kind=MsgKind.MCAST_DATA, announce=None):
-        h = make_header(kind, 7, 1, 1, tag, 0, announce or nbytes, 0)
-        return h.pack() + bytes([fill]) * nbytes
-    try:
-        tx.sendto(dgram(1, 12000, 5), grp)      # read into place
-        tx.sendto(dgram(2, 12000, 6), grp)      # not read by the engine: consumed after
-        tx.sendto(dgram(3, 100, 7), grp)        # small: whole
-        deadline = time.monotonic() + 2
-        while len(seen) < 3 and time.monotonic() < deadline:
-            io.read(7)
-            time.sleep(0.005)
-        assert len(seen) == 3, seen
-        (h1, p1), (h2, p2), small = seen
-        assert type(p1) is DatagramPayload and h1.length == 12000
-        assert (dst[:7000] == 5).all() and (dst[10000:15000] == 5).all()
-        assert (dst[7000:10000] == 0).all() and (dst[15000:] == 0).all()
-        assert bytes(p2.own()) == bytes([6]) * 12000          # kept: read at finish
-        assert isinstance(small, bytes) and small.endswith(bytes([7]) * 100)
-        # a datagram shorter than its header says: the read fails, nothing is kept
-        seen.clear()
-        tx.sendto(dgram(4, 5000, 8, announce=9000), grp)
-        deadline = time.monotonic() + 2
-        while not seen and time.monotonic() < deadline:
-            io.read(7)
-            time.sleep(0.005)
-        (h4, p4), = seen
-        with pytest.raises(PeerLost, match="announced"):
-            p4.read_into([(dst.ctypes.data, 9000)])
-    finally:
-        tx.close()
-        io.close_all()
-        sel.close()
-
-
 def test_multicast_unavailable_falls_back_with_a_warning():
     from polycast.comm import Comm
 

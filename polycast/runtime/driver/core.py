@@ -363,13 +363,10 @@ class Driver:
             if local is not None:
                 self._run(cs, cs.engine.on_peer_lost(local, now, reason))
 
-    def _on_datagram(self, comm_id: int, data) -> None:
+    def _on_datagram(self, comm_id: int, data: bytes) -> None:
         cs = self._comms.get(comm_id)
         if cs is not None:
-            if type(data) is tuple:     # (header, payload read into place): datagrams.py
-                self._run(cs, cs.engine.on_datagram_header(*data, time.monotonic()))
-            else:
-                self._run(cs, cs.engine.on_datagram(data, time.monotonic()))
+            self._run(cs, cs.engine.on_datagram(data, time.monotonic()))
 
     def engine_event(self, comm_id: int, fn) -> None:
         """Feed an engine an event that comes from outside this driver's own I/O (the

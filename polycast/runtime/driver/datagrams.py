@@ -7,60 +7,22 @@ engine paces (``not_before`` in the future) waits in a heap and leaves when due.
 datagrams go to ``on_datagram(comm_id, data)``; :meth:`MulticastIO.read` is the one place
 datagrams are read, and where ``POLYCAST_FAULTS`` (:mod:`polycast.runtime.faults`) injects
 loss, duplicates, reordering and replays.
-
-A large MCAST_DATA datagram of a job without a MAC key goes to ``on_datagram`` as
-``(header, DatagramPayload)``: its header was peeked (``MSG_PEEK``), and the engine's
-Deliver reads the datagram with one ``recvmsg_into`` whose buffers are the header's scratch
-and the destination's runs — the payload lands in place, instead of in a bytes object
-first and then copied (one copy of every multicast byte fewer per receiver). What the engine
-did not read (held early, dropped) is read when the datagram's handling ends.
 """
 
 from __future__ import annotations
 
 import collections
-import ctypes
 import heapq
 import itertools
 import selectors
-import socket
 import time
 
-from ...errors import PeerLost
-from ...engine.wire import HEADER_NBYTES, MsgKind, WireError, parse_header
 from .. import faults as _faults
-from ..lazy import LazyPayload
 from ..mcast import MulticastUnavailable, drop_own_datagrams, open_group
 
 READ_BATCH = 256            # datagrams read per readable event before other work
 DATAGRAM_MAX_NBYTES = 65536
 PACE_SLACK_SECONDS = 20e-6  # a datagram due this soon leaves now
-DIRECT_MIN_NBYTES = 4096    # datagram payloads at least this big are read into place
-
-
-class DatagramPayload(LazyPayload):
-    """The payload of the datagram at the head of ``sock``'s queue (its header peeked)."""
-
-    __slots__ = ("sock", "hdr")
-
-    def __init__(self, sock, src: int, nbytes: int) -> None:
-        super().__init__(src, nbytes)
-        self.sock, self.hdr = sock, bytearray(HEADER_NBYTES)
-
-    def _read(self, ranges) -> None:
-        bufs = [self.hdr]
-        bufs.extend(memoryview((ctypes.c_char * n).from_address(a)).cast("B")
-                    for a, n in ranges)
-        got, _, flags, _ = self.sock.recvmsg_into(bufs)
-        if got != HEADER_NBYTES + self.nbytes or flags & socket.MSG_TRUNC:
-            raise OSError(f"a datagram of {got} bytes (truncated: {bool(flags & socket.MSG_TRUNC)})"
-                          f" where its header announced {HEADER_NBYTES} + {self.nbytes}")
-
-    def _why(self, exc: OSError) -> str:
-        return f"reading a multicast datagram of rank {self.src} failed: {exc}"
-
-    def _released(self) -> None:
-        self.sock = None
 
 
 class _Group:
@@ -176,17 +138,9 @@ class MulticastIO:
             return
         on_datagram = self._on_datagram
         faults = self.faults
-        sock = g.sock
         for _ in range(READ_BATCH):
-            if faults is None:
-                try:
-                    head = sock.recv(HEADER_NBYTES, socket.MSG_PEEK)
-                except OSError:         # BlockingIOError: drained
-                    break
-                if self._read_direct(comm_id, sock, head):
-                    continue
             try:
-                data = sock.recv(DATAGRAM_MAX_NBYTES)
+                data = g.sock.recv(DATAGRAM_MAX_NBYTES)
             except OSError:             # BlockingIOError: drained
                 break
             if faults is None:
@@ -195,28 +149,6 @@ class MulticastIO:
                 faults.feed(comm_id, data, on_datagram)
         if faults is not None:
             faults.release(comm_id, on_datagram)
-
-
-    def _read_direct(self, comm_id: int, sock, head: bytes) -> bool:
-        """Hand the engine the datagram whose header is ``head`` as (header, payload read
-        into place); False when it is not one for that (small, a MAC, odd: read whole)."""
-        if len(head) < HEADER_NBYTES:
-            return False
-        try:
-            h = parse_header(head)
-        except WireError:
-            return False        # the engine parses it whole and counts the drop
-        if h.kind is not MsgKind.MCAST_DATA or h.flags or h.length < DIRECT_MIN_NBYTES:
-            return False
-        payload = DatagramPayload(sock, h.src, h.length)
-        try:
-            self._on_datagram(comm_id, (h, payload))
-        finally:
-            try:
-                payload.finish()    # consume it, if the engine did not
-            except PeerLost:
-                pass                # a malformed datagram: lost, the protocol recovers
-        return True
 
 
 def _own_queued(q) -> None:
