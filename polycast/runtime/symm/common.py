@@ -28,7 +28,7 @@ def _flat(buf, what: str) -> np.ndarray:
         raise InvalidArgument(f"{what} must be a numpy array, got {type(buf).__name__}")
     if not buf.flags.c_contiguous:
         raise InvalidArgument(f"{what} must be C-contiguous (use np.ascontiguousarray)")
-    return buf.reshape(-1)
+    return buf if buf.ndim == 1 else buf.reshape(-1)
 
 
 def _require(comm, coll: str, src, what: str, loc=None):
@@ -50,31 +50,38 @@ def _require(comm, coll: str, src, what: str, loc=None):
     return st, loc
 
 
-@contextlib.contextmanager
-def _telling_peers(comm, coll: str):
+def _tell_peers(comm, coll: str) -> None:
     """A local argument error still takes part in the opening barrier (with BAD_SIG), so
     peers that called correctly raise MismatchError at once instead of waiting for the
-    timeout (and every rank's epoch stays in step)."""
+    timeout (and every rank's epoch stays in step). Call it, then raise the error."""
+    st = state(comm)
+    if st is not None and st.bar.ctrl is not None and not st.bar.broken and not comm._freed:
+        try:
+            st.queue.run_now(lambda: st.bar.barrier(BAD_SIG, f"symm {coll}"))
+        except PolycastError:
+            pass
+
+
+@contextlib.contextmanager
+def _telling_peers(comm, coll: str):
+    """:func:`_tell_peers` around a block that checks arguments (a plain ``try`` is
+    cheaper on the per-call path: the staged collectives use that)."""
     try:
         yield
     except InvalidArgument:
-        st = state(comm)
-        if st is not None and st.bar.ctrl is not None and not st.bar.broken and not comm._freed:
-            try:
-                st.queue.run_now(lambda: st.bar.barrier(BAD_SIG, f"symm {coll}"))
-            except PolycastError:
-                pass
+        _tell_peers(comm, coll)
         raise
 
 
-def _post(comm, st, coll: str, job, blocking: bool) -> Request:
+def _post(comm, st, coll: str, job, blocking: bool, small: bool = False) -> Request:
     """Run a collective's ``job`` in posting order (:mod:`.queue`): on this thread when the
-    call blocks, else on the communicator's worker; returns the request."""
+    call blocks, else on the communicator's worker (``small``: a slotted job, which need not
+    wake it: see the queue); returns the request."""
     if blocking:
         st.queue.run_now(job)
-        return _done_request(comm, coll)
+        return st.done.get(coll) or _done_request(comm, coll)
     req = Request(0, comm.id, lambda: f"rank {comm.rank}: symm {coll}", comm.timeout_seconds)
-    return st.queue.submit(job, req)
+    return st.queue.submit(job, req, small=small)
 
 
 def _done_request(comm, coll: str):

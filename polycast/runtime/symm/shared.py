@@ -36,6 +36,7 @@ class SymmState:
         self.queue = JobQueue(self)
         self.usable_reason: str | None = None
         self.done: dict = {}            # collective -> its completed request
+        self.plans: dict = {}           # a staged call's shape -> its views (.staged._plan)
         self.nsegments = 0              # allocations made (segment indices stay unique)
         self.nuser = 0                  # symm_empty allocations (their tags: a0, a1, ...)
         # The staging buffer of the auto path for ordinary arrays (see staged_*); while it
@@ -137,6 +138,7 @@ class SymmState:
 
     def free(self) -> None:
         self.queue.close()
+        self.plans.clear()              # their views hold the slots' mappings
         for seg in self.segments:
             for m in seg.maps:
                 _close(m)

@@ -14,7 +14,12 @@ use the *staging segment*, which keeps a closing barrier; it is made by the firs
 (collective: every rank makes the same call) and replaced by one of the next power of two
 when a call needs more; a rank that must grow it first joins a barrier saying so, so ranks
 passing different sizes all raise MismatchError. Each ``staged_*`` returns a request, or
-None when the call must take the engine (the allocation failed on every rank)."""
+None when the call must take the engine (the allocation failed on every rank).
+
+A slotted call's fixed parts (its descriptor, and the numpy views of every rank's slot it
+reads and writes, for either slot) are made once per call shape and kept in
+``SymmState.plans`` (:func:`_plan`): a call repeats its shapes, and making P + 1 views and a
+descriptor per call was a fifth of a small call's Python."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastErro
 from ...memory import apply_avg
 from .barrier import PROGRESS, call_sig
 from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
-                     _reduce_scatter_args, _telling_peers)
+                     _reduce_scatter_args, _tell_peers)
 from .shared import ONE_SHOT_MAX_NBYTES, Segment, SymmState, state
 
 BCAST_CHUNK_NBYTES = 256 << 10   # 4 ranks, 16 MiB: 128K 4.1, 256K 4.7, 512K 3.5, 1M 4.5 GB/s
@@ -67,6 +72,37 @@ def _place(comm, st: SymmState, nbytes: int, desc: tuple, what: str):
     return (st.slots if slotted else seg), slotted
 
 
+PLANS_MAX = 256         # kept call shapes per communicator (more: start over)
+
+
+def _plan(comm, st: SymmState, key: tuple, nbytes: int, desc: tuple, about: tuple,
+          tag: str, views):
+    """``(what, sig, views, seg, slotted)`` of a call of ``nbytes`` a rank (``what``: its
+    description from ``about``, ``sig``: its descriptor from ``tag`` and ``desc``): for a
+    slotted call made once per ``key`` (the call's shape), with ``views(seg, off, other)``
+    built for both slots (``off``: the byte offset of the slot its data is published in,
+    ``other``: of the other slot); else made each time, without views (the staging segment
+    may be replaced: the job makes them). None: the allocation failed on every rank (the
+    call takes the engine)."""
+    plan = st.plans.get(key)
+    if plan is not None:
+        return plan
+    what = _describe(*about)
+    got = _place(comm, st, nbytes, desc, what)
+    if got is None:
+        return None
+    seg, slotted = got
+    sig = call_sig(tag, *desc[1:], seg.index)
+    if not slotted:
+        return what, sig, None, seg, False
+    half = st.slot_nbytes
+    plan = (what, sig, (views(seg, 0, half), views(seg, half, 0)), seg, True)
+    if len(st.plans) >= PLANS_MAX:
+        st.plans.clear()
+    st.plans[key] = plan
+    return plan
+
+
 def _offset(st: SymmState, slotted: bool, ahead: int = 1) -> int:
     """Byte offset of the slot for data published at barrier epoch + ``ahead`` (0 in the
     staging segment). Called inside the job, where the epoch is the previous call's."""
@@ -79,7 +115,7 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
     Returns the request, or None when the call must take the engine."""
     P, r = comm.size, comm.rank
     st = state(comm)
-    with _telling_peers(comm, "allgather"):
+    try:
         recv = _flat(recvbuf, "recvbuf")
         if recv.size % P:
             raise InvalidArgument(f"Allgather recvbuf of {recv.size} elements is not a "
@@ -92,26 +128,33 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
         if src.dtype != recv.dtype:
             raise InvalidArgument(f"Allgather: sendbuf dtype {src.dtype} and recvbuf dtype "
                                   f"{recv.dtype} must match")
+    except InvalidArgument:
+        _tell_peers(comm, "allgather")
+        raise
     dt = recv.dtype
-    what = _describe("allgather", n, dt)
-    got = _place(comm, st, n * dt.itemsize, ("allgather", n, dt.str), what)
-    if got is None:
+    plan = _plan(comm, st, ("allgather", n, dt), n * dt.itemsize, ("allgather", n, dt.str),
+                 ("allgather", n, dt), "allgather-staged",
+                 lambda seg, off, _: [seg.view(p, off, n, dt) for p in range(P)])
+    if plan is None:
         return None
-    seg, slotted = got
-    sig = call_sig("allgather-staged", n, dt.str, seg.index)
+    what, sig, views, seg, slotted = plan
+    out = recv.reshape(P, n)
 
     def job():
-        off = _offset(st, slotted)
-        seg.view(r, off, n, dt)[...] = src
+        if slotted:
+            v = views[(st.bar.epoch + 1) & 1]     # published at the next epoch
+        else:
+            v = [seg.view(p, 0, n, dt) for p in range(P)]
+        v[r][...] = src
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
         if not in_place:
-            recv[r * n:(r + 1) * n] = src
+            out[r] = src
         for i in range(1, P):
             p = (r + i) % P
-            recv[p * n:(p + 1) * n] = seg.view(p, off, n, dt)
+            out[p] = v[p]
         if not slotted:
             st.bar.barrier(0, what)
-    return _post(comm, st, "allgather", job, blocking)
+    return _post(comm, st, "allgather", job, blocking, slotted)
 
 
 def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
@@ -120,33 +163,42 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
     each rank reduces its block from every rank's copy into its recvbuf."""
     P, r = comm.size, comm.rank
     st = state(comm)
-    with _telling_peers(comm, "reduce_scatter"):
+    try:
         recv, src, n, ropt = _reduce_scatter_args(sendbuf, recvbuf, op, in_place, P)
         out = recv[:n] if in_place else recv
+    except InvalidArgument:
+        _tell_peers(comm, "reduce_scatter")
+        raise
     dt = recv.dtype
     isz = dt.itemsize
-    what = _describe("reduce_scatter", n, dt, ropt.value)
-    got = _place(comm, st, P * n * isz, ("reduce_scatter", n, dt.str, ropt.value), what)
-    if got is None:
+
+    def views(seg, off, _):
+        # (this rank's whole staging copy, then block r of every rank's copy in the order
+        # it is reduced: ours, then the peers' rotated, so no source is read by two)
+        mine = off + r * n * isz
+        return (seg.view(r, off, P * n, dt),
+                [seg.view((r + i) % P, mine, n, dt) for i in range(P)])
+    plan = _plan(comm, st, ("reduce_scatter", n, dt, ropt), P * n * isz,
+                 ("reduce_scatter", n, dt.str, ropt.value),
+                 ("reduce_scatter", n, dt, ropt.value), "reduce_scatter-staged",
+                 views)
+    if plan is None:
         return None
-    seg, slotted = got
+    what, sig, vs, seg, slotted = plan
     ufunc = UFUNCS[ropt]
-    sig = call_sig("reduce_scatter-staged", n, dt.str, ropt.value, seg.index)
 
     def job():
-        off = _offset(st, slotted)
-        seg.view(r, off, P * n, dt)[...] = src
+        whole, blocks = vs[(st.bar.epoch + 1) & 1] if slotted else views(seg, 0, 0)
+        whole[...] = src
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
-        mine = off + r * n * isz
-        # Our block first, then the peers' in rotated order (no source read by two).
-        ufunc(seg.view(r, mine, n, dt), seg.view((r + 1) % P, mine, n, dt), out=out)
+        ufunc(blocks[0], blocks[1], out=out)
         for i in range(2, P):
-            ufunc(out, seg.view((r + i) % P, mine, n, dt), out=out)
+            ufunc(out, blocks[i], out=out)
         if ropt is ReduceOp.AVG:
             apply_avg(out, P)
         if not slotted:
             st.bar.barrier(0, what)
-    return _post(comm, st, "reduce_scatter", job, blocking)
+    return _post(comm, st, "reduce_scatter", job, blocking, slotted)
 
 
 def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool = True):
@@ -159,52 +211,69 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
     order, so every rank holds the same bits."""
     P, r = comm.size, comm.rank
     st = state(comm)
-    with _telling_peers(comm, "allreduce"):
+    try:
         recv, src, ropt = _allreduce_args(sendbuf, recvbuf, op, in_place)
+    except InvalidArgument:
+        _tell_peers(comm, "allreduce")
+        raise
     dt, isz, count = recv.dtype, recv.dtype.itemsize, recv.size
-    what = _describe("allreduce", count, dt, ropt.value)
-    got = _place(comm, st, count * isz, ("allreduce", count, dt.str, ropt.value), what)
-    if got is None:
+    one_shot = count * isz <= ONE_SHOT_MAX_NBYTES
+    blocks = _blocks(count, P)
+    a, b = blocks[r]
+
+    def one_shot_views(seg, ins, _):        # every rank's whole copy, in rank order
+        return [seg.view(p, ins, count, dt) for p in range(P)]
+
+    def two_step_views(seg, ins, outs):
+        # (our whole copy; block r of every copy, ours first then rotated; where our
+        # reduced block goes; every rank's reduced block, rotated from ours)
+        return (seg.view(r, ins, count, dt),
+                [seg.view((r + i) % P, ins + a * isz, b - a, dt) for i in range(P)],
+                seg.view(r, outs + a * isz, b - a, dt),
+                [(blocks[(r + i) % P],
+                  seg.view((r + i) % P, outs + blocks[(r + i) % P][0] * isz,
+                           blocks[(r + i) % P][1] - blocks[(r + i) % P][0], dt))
+                 for i in range(P)])
+    plan = _plan(comm, st, ("allreduce", count, dt, ropt), count * isz,
+                 ("allreduce", count, dt.str, ropt.value),
+                 ("allreduce", count, dt, ropt.value), "allreduce-staged",
+                 one_shot_views if one_shot else two_step_views)
+    if plan is None:
         return None
-    seg, slotted = got
+    what, sig, vs, seg, slotted = plan
     ufunc = UFUNCS[ropt]
-    sig = call_sig("allreduce-staged", count, dt.str, ropt.value, seg.index)
-    if slotted and count * isz <= ONE_SHOT_MAX_NBYTES:
+    if slotted and one_shot:
 
         def job():
-            off = _offset(st, True)
-            seg.view(r, off, count, dt)[...] = src
+            v = vs[(st.bar.epoch + 1) & 1]
+            v[r][...] = src
             st.bar.check_sigs(st.bar.barrier(sig, what), what)
             # recv is ours alone: reduce straight into it, in rank order (same bits).
-            ufunc(seg.view(0, off, count, dt), seg.view(1, off, count, dt), out=recv)
+            ufunc(v[0], v[1], out=recv)
             for p in range(2, P):
-                ufunc(recv, seg.view(p, off, count, dt), out=recv)
+                ufunc(recv, v[p], out=recv)
             if ropt is ReduceOp.AVG:
                 apply_avg(recv, P)
-        return _post(comm, st, "allreduce", job, blocking)
-    blocks = _blocks(count, P)
+        return _post(comm, st, "allreduce", job, blocking, True)
 
     def job():
-        ins = _offset(st, slotted)
-        outs = _offset(st, slotted, 2) if slotted else 0
-        seg.view(r, ins, count, dt)[...] = src
+        # Reduced blocks are published at the second barrier: the other slot (or in
+        # place in our own staging copy, where nobody else reads our block then).
+        whole, mine, acc, outs = (vs[(st.bar.epoch + 1) & 1] if slotted
+                                  else two_step_views(seg, 0, 0))
+        whole[...] = src
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
-        a, b = blocks[r]
-        acc = seg.view(r, outs + a * isz, b - a, dt)
-        ufunc(seg.view(r, ins + a * isz, b - a, dt),
-              seg.view((r + 1) % P, ins + a * isz, b - a, dt), out=acc)
+        ufunc(mine[0], mine[1], out=acc)
         for i in range(2, P):
-            ufunc(acc, seg.view((r + i) % P, ins + a * isz, b - a, dt), out=acc)
+            ufunc(acc, mine[i], out=acc)
         if ropt is ReduceOp.AVG:
             apply_avg(acc, P)
         st.bar.barrier(0, what)
-        for i in range(P):
-            p = (r + i) % P
-            a, b = blocks[p]
-            recv[a:b] = seg.view(p, outs + a * isz, b - a, dt)
+        for (lo, hi), blk in outs:
+            recv[lo:hi] = blk
         if not slotted:
             st.bar.barrier(0, what)
-    return _post(comm, st, "allreduce", job, blocking)
+    return _post(comm, st, "allreduce", job, blocking, slotted)
 
 
 def staged_bcast(comm, buf, root: int, blocking: bool = True):
@@ -214,30 +283,36 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
     others copy each chunk as soon as it is there, while it is still in cache."""
     r = comm.rank
     st = state(comm)
-    with _telling_peers(comm, "bcast"):
+    try:
         b = _flat(buf, "buf")
+    except InvalidArgument:
+        _tell_peers(comm, "bcast")
+        raise
     dt, n = b.dtype, b.size
     nbytes = n * dt.itemsize
-    what = _describe("bcast", n, dt, f"root {root}")
-    got = _place(comm, st, nbytes, ("bcast", n, dt.str, root), what)
-    if got is None:
+    plan = _plan(comm, st, ("bcast", n, dt, root), nbytes, ("bcast", n, dt.str, root),
+                 ("bcast", n, dt, f"root {root}"), "bcast",
+                 lambda seg, off, _: seg.view(root, off, n, dt))
+    if plan is None:
         return None
-    seg, slotted = got
+    what, sig, vs, seg, slotted = plan
     pipelined = nbytes > 2 * BCAST_CHUNK_NBYTES
-    sig = call_sig("bcast", n, dt.str, root, seg.index)
 
     def job():
         off = _offset(st, slotted)
-        if r == root and not pipelined:
-            seg.view(r, off, n, dt)[...] = b
-        st.bar.check_sigs(st.bar.barrier(sig, what), what)
         if pipelined:
+            st.bar.check_sigs(st.bar.barrier(sig, what), what)
             _pipelined_bcast(st, seg, off, b, root, what)
-        elif r != root:
-            b[...] = seg.view(root, off, n, dt)
+        else:
+            v = vs[(st.bar.epoch + 1) & 1] if slotted else seg.view(root, 0, n, dt)
+            if r == root:
+                v[...] = b
+            st.bar.check_sigs(st.bar.barrier(sig, what), what)
+            if r != root:
+                b[...] = v
         if not slotted:
             st.bar.barrier(0, what)
-    return _post(comm, st, "bcast", job, blocking)
+    return _post(comm, st, "bcast", job, blocking, slotted)
 
 
 def _pipelined_bcast(st: SymmState, seg: Segment, off: int, b, root: int, what: str):
