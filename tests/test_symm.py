@@ -321,6 +321,15 @@ def _auto_suite(comm, check, leftovers) -> None:
     st = symm.state(comm, create=True)
     check("auto/slots-not-yet", st.slots is None)
     st.slot_nbytes = 1024
+    # Above the slots, allgather reads peers' arrays single-copy where the rings' probes
+    # said every rank may (POLYCAST_CMA=0: never; then it stages like the rest).
+    from polycast.runtime import cma
+    world = comm._driver.world
+    may = cma.disabled_reason() is None and not world.single_copy_refused
+    check("auto/single-copy-as-probed", st.single_copy == may,
+          f"single_copy={st.single_copy}, this rank may read its peers: {may}")
+    if os.environ.get("POLYCAST_CMA") == "0":
+        check("auto/single-copy-off", not st.single_copy)
 
     def stage_nbytes() -> int:
         st = symm.state(comm)
@@ -534,13 +543,15 @@ def _symm_first_profile(path) -> str:
     return profile.save({"links": profile.BUILTIN_LINKS, "symm": zero}, str(path))
 
 
-@pytest.mark.parametrize("nranks", [3, 4])
-def test_symm_auto_staged_plain_arrays(nranks, tmp_path):
-    """``auto`` on one host runs ordinary arrays through a staging symmetric buffer."""
+@pytest.mark.parametrize("nranks,single_copy", [(3, "1"), (4, "1"), (3, "0")])
+def test_symm_auto_staged_plain_arrays(nranks, single_copy, tmp_path):
+    """``auto`` on one host runs ordinary arrays through a staging symmetric buffer (large
+    allgathers single-copy, unless POLYCAST_CMA=0)."""
     before = _symm_files()
     prof = _symm_first_profile(tmp_path / "profile.json")
     results = spawn_ranks(nranks, [HERE, "--suite", "auto"],
-                          env={"POLYCAST_TIMEOUT": "20", "POLYCAST_PROFILE": prof},
+                          env={"POLYCAST_TIMEOUT": "20", "POLYCAST_PROFILE": prof,
+                               "POLYCAST_CMA": single_copy},
                           timeout=120)
     for res in results:
         assert res.returncode == 0 and SUITE_OK in res.out, (

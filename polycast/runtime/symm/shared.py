@@ -4,10 +4,12 @@ segment of the ``auto`` path, and its epoch barrier (:mod:`.barrier`)."""
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 
 from ...errors import InvalidArgument, MismatchError
+from .. import cma
 from ..env import host_id
 from ..shm import shm_unavailable_reason
 from .barrier import CTRL_NBYTES, EpochBarrier
@@ -47,7 +49,12 @@ class SymmState:
         self.slot_nbytes = SLOT_NBYTES          # (tests shrink it before the first call)
         self.growing = False
         self.auto_refused: str | None = None
-        hosts = comm.allgather(host_id())
+        # Whether every rank may read every other rank's memory (process_vm_readv: the
+        # probes the rings made at connect time), the same answer everywhere.
+        got = comm.allgather((host_id(), _reads_every_peer(comm)))
+        hosts = [h for h, _ in got]
+        self.single_copy = all(ok for _, ok in got)
+        self.pids = _pids(comm) if self.single_copy else []
         why = None
         if len(set(hosts)) != 1:
             why = ("symmetric memory needs every rank of the communicator on one host; ranks "
@@ -148,6 +155,29 @@ class SymmState:
             self.bar.ctrl = None
             for m in self._ctrl_maps:
                 _close(m)
+
+
+def _reads_every_peer(comm) -> bool:
+    """Whether this rank may read every member's memory single-copy (runtime/cma.py: the
+    probe each shm ring's reader made of its writer at connect time; POLYCAST_CMA=0 says
+    no)."""
+    world = getattr(comm._driver, "world", None)
+    if world is None or cma.disabled_reason() is not None:
+        return False
+    for w in comm.members:
+        if w == world.rank:
+            continue
+        peer = world.peers.get(w)
+        if (peer is None or peer.ring_in is None or not peer.pid
+                or w in world.single_copy_refused):
+            return False
+    return True
+
+
+def _pids(comm) -> list[int]:
+    """The process id of every member, by communicator rank (ours: our own)."""
+    world = comm._driver.world
+    return [os.getpid() if w == world.rank else world.peers[w].pid for w in comm.members]
 
 
 def state(comm, create: bool = False) -> SymmState | None:
