@@ -95,6 +95,7 @@ routing     which path a call takes (SYMM, STAGED or the engine)
 common      argument checks shared by the collectives, block bounds, ufuncs
 direct      allgather / reduce-scatter / allreduce on the user's symmetric arrays
 staged      the ``auto`` path for ordinary arrays (allgather, reduce-scatter, allreduce, bcast)
+single      its large allgather / reduce-scatter / allreduce reading peers' arrays (one copy)
 queue       running the collectives as jobs in posting order: caller's thread or the worker
 =========== ===================================================================================
 """

@@ -37,6 +37,7 @@ EPOCH, SIG0 = 0, 8              # uint64 slots of a rank's control block: epoch,
 PROGRESS = 3                    # slot: chunks a pipelined broadcast's root has staged
 SLEEP = 4                       # slot: non-zero while this rank sleeps on a peer's futex
 ADDR = 5                        # slot: where a single-copy call's data lies in our memory
+ADDR2 = 6                       # slot: and its second array (allreduce: recvbuf)
 BAD_SIG = (1 << 64) - 1         # a rank that cannot take part (e.g. a non-symmetric buffer)
 # Poll this long before sleeping when every rank has a core of its own (a peer on another
 # core arrives within it); with more ranks than cores the peer waited for is usually

@@ -14,43 +14,28 @@ use the *staging segment*, which keeps a closing barrier; it is made by the firs
 (collective: every rank makes the same call) and replaced by one of the next power of two
 when a call needs more; a rank that must grow it first joins a barrier saying so, so ranks
 passing different sizes all raise MismatchError. Each ``staged_*`` returns a request, or
-None when the call must take the engine (the allocation failed on every rank).
+None when the call must take the engine (the allocation failed on every rank). Large
+allgather, reduce-scatter and allreduce do not stage at all where ranks may read each
+other's memory: they read the peers' arrays single-copy (:mod:`.single`).
 
 A slotted call's fixed parts (its descriptor, and the numpy views of every rank's slot it
 reads and writes, for either slot) are made once per call shape and kept in
 ``SymmState.plans`` (:func:`_plan`): a call repeats its shapes, and making P + 1 views and a
-descriptor per call was a fifth of a small call's Python.
-
-Single copy. Above the slots (and from SINGLE_COPY_MIN_NBYTES a rank), when every rank may read every other's memory
-(``SymmState.single_copy``: process_vm_readv, the probes of runtime/cma.py), allgather does
-not stage at all: each rank publishes the address of its block in its control block, and
-after the opening barrier every rank copies every peer's block straight from the peer's
-array into its recvbuf (the kernel's one copy, without the GIL); the closing barrier keeps
-every source untouched until its readers are done. The staged form copies each byte twice
-(in, then out) and holds the same two barriers. Dead owner: the read fails with ESRCH,
-raised as PeerLost, never a read of freed memory. (Broadcast stays pipelined through the
-staging segment: 4 ranks, 16 MiB, three readers of the root's array measured 4.4 ms against
-the pipeline's 2.9, whose chunks are read while still in cache; 2 ranks 1.33 vs 1.38 ms.)"""
+descriptor per call was a fifth of a small call's Python."""
 
 from __future__ import annotations
-
-import errno
 
 from ...collectives import ReduceOp
 from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
 from ...memory import apply_avg
-from .. import cma
-from .barrier import ADDR, PROGRESS, call_sig
+from . import single
+from .barrier import PROGRESS, call_sig
 from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
                      _reduce_scatter_args, _tell_peers)
 from .shared import ONE_SHOT_MAX_NBYTES, Segment, SymmState, state
 
 BCAST_CHUNK_NBYTES = 256 << 10   # 4 ranks, 16 MiB: 128K 4.1, 256K 4.7, 512K 3.5, 1M 4.5 GB/s
 STAGE_MIN_NBYTES = 4096
-# Single copy (below) from this many bytes a rank even within the slots: it takes one
-# barrier more there. Same minutes, ranks at RT priority: 2 ranks, 1 MiB allgather (512 KiB
-# a rank) 100 vs 115 us; 256 KiB (128 KiB a rank) 35.7 vs 33 us.
-SINGLE_COPY_MIN_NBYTES = 512 << 10
 
 
 def _stage(comm, st: SymmState, nbytes: int, desc: tuple, what: str) -> Segment | None:
@@ -127,33 +112,6 @@ def _offset(st: SymmState, slotted: bool, ahead: int = 1) -> int:
     return ((st.bar.epoch + ahead) & 1) * st.slot_nbytes if slotted else 0
 
 
-def _single_copy(st: SymmState, nbytes: int) -> bool:
-    """Whether a call of ``nbytes`` a rank reads its peers' arrays directly (above the
-    slots, every rank able to read every other: the same answer on every rank)."""
-    return st.single_copy and (nbytes > st.slot_nbytes or nbytes >= SINGLE_COPY_MIN_NBYTES)
-
-
-def _address(a) -> int:
-    return a.__array_interface__["data"][0]
-
-
-def _read_peer(st: SymmState, p: int, dst, addr: int, what: str) -> None:
-    """Copy ``dst.nbytes`` bytes at ``addr`` in rank ``p``'s memory into ``dst``."""
-    if not dst.nbytes:
-        return
-    try:
-        cma.read(st.pids[p], [(_address(dst), dst.nbytes)], [(addr, dst.nbytes)])
-    except OSError as exc:
-        if exc.errno == errno.ESRCH:
-            err = PeerLost(p, f"rank {st.rank}: {what}: rank {p} exited while its data was "
-                              "read")
-        else:
-            err = PolycastError(f"rank {st.rank}: {what}: reading rank {p}'s array "
-                                f"failed ({exc.strerror or exc})")
-        st.bar.broken = f"{type(err).__name__}: {err}"
-        raise err from None
-
-
 def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = True):
     """``auto`` allgather of ordinary arrays: this rank's block is copied into shared
     memory, whence every peer reads it straight into its own recvbuf (no copy out).
@@ -178,21 +136,8 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
         raise
     dt = recv.dtype
     out = recv.reshape(P, n)
-    if _single_copy(st, n * dt.itemsize):
-        what = _describe("allgather", n, dt)
-        sig = call_sig("allgather-single-copy", n, dt.str)
-        ctrl = st.bar.ctrl
-
-        def job():
-            ctrl[r][ADDR] = _address(src)               # published by the barrier
-            st.bar.check_sigs(st.bar.barrier(sig, what), what)
-            if not in_place:
-                out[r] = src
-            for i in range(1, P):
-                p = (r + i) % P
-                _read_peer(st, p, out[p], int(ctrl[p][ADDR]), what)
-            st.bar.barrier(0, what)                     # our block is read: free again
-        return _post(comm, st, "allgather", job, blocking)
+    if single.wanted(st, n * dt.itemsize):
+        return single.allgather(comm, st, src, out, n, in_place, blocking)
     plan = _plan(comm, st, ("allgather", n, dt), n * dt.itemsize, ("allgather", n, dt.str),
                  ("allgather", n, dt), "allgather-staged",
                  lambda seg, off, _: [seg.view(p, off, n, dt) for p in range(P)])
@@ -231,6 +176,8 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
         raise
     dt = recv.dtype
     isz = dt.itemsize
+    if single.wanted(st, P * n * isz):
+        return single.reduce_scatter(comm, st, src, out, n, ropt, in_place, blocking)
 
     def views(seg, off, _):
         # (this rank's whole staging copy, then block r of every rank's copy in the order
@@ -277,6 +224,8 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
         _tell_peers(comm, "allreduce")
         raise
     dt, isz, count = recv.dtype, recv.dtype.itemsize, recv.size
+    if single.wanted(st, count * isz):
+        return single.allreduce(comm, st, src, recv, ropt, blocking)
     one_shot = count * isz <= ONE_SHOT_MAX_NBYTES
     blocks = _blocks(count, P)
     a, b = blocks[r]
