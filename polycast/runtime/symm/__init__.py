@@ -50,24 +50,25 @@ Measured (bench/symm.py, 4 ranks on 2 cores, 16 MiB): busbw allgather 3.6-4.0 GB
 reduce-scatter 4.2-4.9, allreduce 4.2-4.7, against the ring's 0.8-1.4; a 16-byte call
 takes ~100 us against the ring's 0.8-1.5 ms (18 us for allreduce on 2 ranks).
 
-``auto`` with ordinary arrays (:func:`route`, :func:`auto_staged`): when every rank of
-the communicator is on one host, POLYCAST_SYMM is not 0 and symm has not been refused
-there (other hosts, a failed allocation, a lost peer), Allgather, Reduce_scatter_block,
-Allreduce and Bcast go *staged*: the input is copied into shared memory and the
-collective reads peers' copies (allgather and reduce-scatter write straight into the
-user's recvbuf; allreduce reduces its block, then copies every block out, or up to
-ONE_SHOT_MAX_NBYTES reduces the whole; broadcast is pipelined in BCAST_CHUNK_NBYTES
-chunks). Calls up to SLOT_NBYTES a rank use one of two alternating slots and take one
-barrier (allreduce above one-shot: two), no closing one (:mod:`.staged` says why that is
-safe); larger ones use a staging segment made by the first such call (collective: every
+``auto`` with ordinary arrays (:func:`route`, :func:`auto_staged`): when every rank of the
+communicator is on one host, POLYCAST_SYMM is not 0 and symm has not been refused there
+(other hosts, a failed allocation, a lost peer), Allgather, Reduce_scatter_block, Allreduce
+and Bcast go *staged*: the input is copied into shared memory and the collective reads
+peers' copies (allgather and reduce-scatter write straight into the user's recvbuf;
+allreduce reduces its block, then copies every block out, or up to ONE_SHOT_MAX_NBYTES
+reduces the whole; broadcast above the slots is pipelined in BCAST_CHUNK_NBYTES chunks;
+large allgather, reduce-scatter and allreduce read the peers' arrays single-copy instead,
+:mod:`.single`). Calls up to SLOT_NBYTES a rank use one of two alternating slots and take
+one barrier (allreduce above one-shot: two), no closing one (:mod:`.staged` says why that
+is safe); larger ones use a staging segment made by the first such call (collective: every
 rank makes the same call) and replaced by one of the next power of two when a call needs
 more; a rank that needs to grow it first joins a barrier saying so, so ranks passing
-different sizes all raise MismatchError rather than some allocating while others wait.
-It is freed with the communicator. The choice uses only what every rank shares, never
-whether a rank's own buffers are symmetric (those take the zero-copy path above, on
-every rank alike or MismatchError). Measured, 4 ranks on 2 cores (loaded machine, noisy):
-16 MiB busbw allgather 1.2-2.8 GB/s, allreduce 1.1-2.4, broadcast 1.6-4.7; 8-byte
-allreduce 60-180 us, against the engine's 0.5-1.2, 0.8-1.3, ~1.0-1.25 GB/s and 300-1300 us.
+different sizes all raise MismatchError rather than some allocating while others wait. It
+is freed with the communicator. The choice uses only what every rank shares, never whether
+a rank's own buffers are symmetric (those take the zero-copy path above, on every rank
+alike or MismatchError). Measured, 4 ranks on 2 cores (loaded machine, noisy): 16 MiB busbw
+allgather 1.2-2.8 GB/s, allreduce 1.1-2.4, broadcast 1.6-4.7; 8-byte allreduce 60-180 us,
+against the engine's 0.5-1.2, 0.8-1.3, ~1.0-1.25 GB/s and 300-1300 us.
 
 Why this does not break "one engine": this path is a transport-level fast path for one
 host, like PyTorch's, not a second copy of an algorithm. The engine's schedules (direct,

@@ -111,7 +111,9 @@ def route(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
     if name != "auto" or auto_disabled():
         return None
     st = comm.__dict__.get("_symm_state")
-    if st is not None and not (st.usable_reason or st.bar.broken) and comm.size > 1:
+    # (without a symm_empty allocation no buffer can be symmetric: skip looking)
+    if (st is not None and st.nuser and not (st.usable_reason or st.bar.broken)
+            and comm.size > 1):
         src = recvbuf if in_place else sendbuf
         if (coll is Collective.REDUCE_SCATTER and st.find(src) is not None
                 or coll is Collective.ALLGATHER and (st.find(recvbuf) is not None
