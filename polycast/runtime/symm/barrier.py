@@ -71,6 +71,7 @@ class EpochBarrier:
         self.world_ranks = list(comm.members)
         self.ctrl = ctrl
         self.epoch = 0
+        self._others = [p for p in range(self.size) if p != self.rank]
         # After a barrier timed out or lost a peer, the ranks' epochs no longer agree: a
         # late rank could pass a barrier on a stale epoch and read a buffer in use.
         self.broken: str | None = None
@@ -116,9 +117,8 @@ class EpochBarrier:
         own = self.ctrl[self.rank]
         own[slot] = sig
         self.publish(EPOCH, e)             # after the descriptor (and the data): TSO
-        self.wait_for([p for p in range(self.size) if p != self.rank], EPOCH, e, what,
-                      "did not reach the barrier")
-        return [int(self.ctrl[p][slot]) for p in range(self.size)]
+        self.wait_for(self._others, EPOCH, e, what, "did not reach the barrier")
+        return [int(c[slot]) for c in self.ctrl]
 
     def wait_for(self, pending: list[int], slot: int, target: int, what: str,
                  missing: str) -> None:

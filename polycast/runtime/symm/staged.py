@@ -227,8 +227,6 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
     if single.wanted(st, count * isz):
         return single.allreduce(comm, st, src, recv, ropt, blocking)
     one_shot = count * isz <= ONE_SHOT_MAX_NBYTES
-    blocks = _blocks(count, P)
-    a, b = blocks[r]
 
     def one_shot_views(seg, ins, _):        # every rank's whole copy, in rank order
         return [seg.view(p, ins, count, dt) for p in range(P)]
@@ -236,6 +234,8 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
     def two_step_views(seg, ins, outs):
         # (our whole copy; block r of every copy, ours first then rotated; where our
         # reduced block goes; every rank's reduced block, rotated from ours)
+        blocks = _blocks(count, P)
+        a, b = blocks[r]
         return (seg.view(r, ins, count, dt),
                 [seg.view((r + i) % P, ins + a * isz, b - a, dt) for i in range(P)],
                 seg.view(r, outs + a * isz, b - a, dt),
