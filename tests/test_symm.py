@@ -545,7 +545,7 @@ def _symm_first_profile(path) -> str:
     return profile.save({"links": profile.BUILTIN_LINKS, "symm": zero}, str(path))
 
 
-@pytest.mark.parametrize("nranks,single_copy", [(3, "1"), (4, "1"), (3, "0")])
+@pytest.mark.parametrize("nranks,single_copy", [(2, "1"), (3, "1"), (4, "1"), (3, "0")])
 def test_symm_auto_staged_plain_arrays(nranks, single_copy, tmp_path):
     """``auto`` on one host runs ordinary arrays through a staging symmetric buffer (large
     allgathers single-copy, unless POLYCAST_CMA=0)."""

@@ -84,9 +84,9 @@ def allgather(comm, st: SymmState, src, out, n: int, in_place: bool, blocking: b
 
     def job():
         ctrl[r][ADDR] = _address(src)                   # published by the barrier
-        st.bar.check_sigs(st.bar.barrier(sig, what), what)
         if not in_place:
-            out[r] = src
+            out[r] = src            # (nobody reads our recvbuf: done while peers arrive)
+        st.bar.check_sigs(st.bar.barrier(sig, what), what)
         for i in range(1, P):
             p = (r + i) % P
             _read_peer(st, p, out[p], int(ctrl[p][ADDR]), what)

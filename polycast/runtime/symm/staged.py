@@ -151,9 +151,9 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
         else:
             v = [seg.view(p, 0, n, dt) for p in range(P)]
         v[r][...] = src
-        st.bar.check_sigs(st.bar.barrier(sig, what), what)
         if not in_place:
-            out[r] = src
+            out[r] = src            # (nobody reads our recvbuf: done while peers arrive)
+        st.bar.check_sigs(st.bar.barrier(sig, what), what)
         for i in range(1, P):
             p = (r + i) % P
             out[p] = v[p]
