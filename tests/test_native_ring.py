@@ -183,3 +183,49 @@ def test_job_with_compiled_and_python_ranks_is_exact():
             assert m.group(2) == "POLYCAST_NATIVE=0"
         elif native.ring is not None:
             assert m.group(1) == "compiled hot path"
+
+
+def test_rings_on_a_cpu_without_total_store_order(monkeypatch):
+    """The compiled rings order their accesses, so they are offered where the Python ones
+    (and symm, offload) are not: on arm64 the rings need the compiled helper."""
+    from polycast.runtime import shm
+    compiled, why_not = native.ring, native.why_not
+    monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")
+    assert "store ordering" in shm.shm_unavailable_reason()     # Python shared memory: no
+    monkeypatch.setattr(shm._native, "ring", None)
+    assert "store ordering" in shm.rings_unavailable_reason()   # Python rings: no
+    if compiled is None:
+        pytest.skip(f"compiled ring helper not in use: {why_not}")
+    monkeypatch.setattr(shm._native, "ring", compiled)
+    assert shm.rings_unavailable_reason() in (None, f"{shm.SHM_DIR} is not a writable directory")
+
+
+AS_ARM64 = ("import platform, runpy; platform.machine = lambda: 'aarch64'; "
+            "runpy.run_module('polycast.runtime.selftest', run_name='__main__')")
+TRANSPORTS = re.compile(r"SELFTEST algos OK \d+ checks .* transports=(\S+)")
+
+
+@needs_native
+def test_job_on_a_weakly_ordered_cpu_uses_rings_only_between_compiled_ranks():
+    """3 ranks that see an arm64 CPU, rank 2 without the compiled helper: ranks 0 and 1 talk
+    over their (compiled) rings, rank 2 over TCP with both (it says why at INFO); exact."""
+    results = spawn_ranks(3, ["-c", AS_ARM64, "--suite", "algos"],
+                          env={"POLYCAST_SYMM": "0", "POLYCAST_CMA": "0",
+                               "POLYCAST_DEBUG": "INFO"},
+                          per_rank={2: {"POLYCAST_NATIVE": "0"}}, timeout=240)
+    for r in results:
+        m = TRANSPORTS.search(r.out)
+        assert r.returncode == 0 and m, (
+            f"rank {r.rank} exit {r.returncode}\n{r.out[-3000:]}\n{r.err[-3000:]}")
+        assert m.group(1) == ("tcp" if r.rank == 2 else "shm,tcp"), m.group(0)
+
+
+@needs_native
+def test_forced_shm_with_a_rank_that_cannot_run_rings_fails_on_every_rank():
+    results = spawn_ranks(2, ["-c", AS_ARM64, "--suite", "algos"],
+                          env={"POLYCAST_TRANSPORT": "shm", "POLYCAST_SYMM": "0"},
+                          per_rank={1: {"POLYCAST_NATIVE": "0"}}, timeout=120)
+    assert results[0].returncode != 0 and \
+        "ranks [1] cannot run the shm rings" in results[0].err, results[0].err[-2000:]
+    assert results[1].returncode != 0 and \
+        "x86-64 store ordering" in results[1].err, results[1].err[-2000:]

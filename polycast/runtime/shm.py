@@ -71,15 +71,17 @@ def ring_path(job_id: str, src: int, dst: int) -> str:
     return os.path.join(SHM_DIR, f"polycast-{job_id}-{src}-{dst}")
 
 
-# The rings publish data by storing a counter after the payload, with no fence between:
-# correct where the CPU keeps stores in order (x86-64's total store order). On weaker
-# memory models (arm64, POWER) a reader could see the counter before the data, so the
-# rings are not offered there and ranks talk over TCP instead.
+# The Python rings (and the symm and offload paths' shared memory) publish data by storing a
+# counter after the payload, with no fence between: correct where the CPU keeps stores in
+# order (x86-64's total store order). On weaker memory models (arm64, POWER) a reader could
+# see the counter before the data, so they are not offered there. The compiled rings order
+# their accesses (release/acquire, runtime/_ring.c) and run on any CPU: rings_unavailable_reason.
 _TSO_MACHINES = ("x86_64", "amd64", "i386", "i686", "x86")
 
 
 def shm_unavailable_reason() -> str | None:
-    """Why shared-memory rings cannot be used here, or None when they can."""
+    """Why shared memory accessed from Python (the Python rings, symm, offload) cannot be
+    used here, or None when it can."""
     machine = platform.machine().lower()
     if machine not in _TSO_MACHINES:
         return (f"the shm rings rely on x86-64 store ordering and this CPU is {machine!r}; "
@@ -91,6 +93,16 @@ def shm_unavailable_reason() -> str | None:
 
 def shm_available() -> bool:
     return shm_unavailable_reason() is None
+
+
+def rings_unavailable_reason() -> str | None:
+    """Why this process cannot run the shm rings between ranks, or None when it can: the
+    compiled rings need only a writable /dev/shm; the Python ones x86-64's store order too."""
+    if _native.ring is None:
+        return shm_unavailable_reason()
+    if not (os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)):
+        return f"{SHM_DIR} is not a writable directory"
+    return None
 
 
 class Ring:

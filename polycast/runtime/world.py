@@ -5,7 +5,7 @@
 3. Rank r connects to every lower rank and accepts every higher one (a hello frame names
    the rank and job), so each pair has exactly one TCP connection.
 4. Peers on the same host (unless POLYCAST_TRANSPORT=tcp) also get a pair of shared-memory
-   rings; the TCP connection then only carries doorbells and detects a dead peer.
+   rings when both can run them (runtime/shm.rings_unavailable_reason); the TCP connection then only carries doorbells and detects a dead peer.
 5. A final store barrier; the master then closes the store (later communicators are made
    with collectives, not the store).
 
@@ -30,7 +30,7 @@ from ..errors import CollectiveTimeout, InvalidArgument, PolycastError
 from ..planner import debug
 from . import auth, cma, native
 from .env import JobEnv, host_id
-from .shm import DEFAULT_RING_NBYTES, Ring, ring_path, shm_available, shm_unavailable_reason
+from .shm import DEFAULT_RING_NBYTES, Ring, ring_path, rings_unavailable_reason
 from .store import PortInUse, StoreClient, StoreServer
 from .tcp import TcpLink
 
@@ -175,8 +175,12 @@ def connect(env: JobEnv, transport: str | None = None,
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind((my_ip if loopback else "0.0.0.0", 0))
         listener.listen(max(16, env.size))
+        # Rings are used between two ranks of a host only when both can run them (a CPU
+        # without x86's store order runs only the compiled rings: runtime/native.py).
+        rings_why = None if choice == "tcp" else rings_unavailable_reason()
         me = {"addr": my_ip, "port": listener.getsockname()[1], "host": host_id(),
-              "pid": os.getpid(), "pidns": _pid_namespace(), "cma": cma.probe_info()}
+              "pid": os.getpid(), "pidns": _pid_namespace(), "cma": cma.probe_info(),
+              "rings": choice != "tcp" and rings_why is None}
         store.set(f"rank/{env.rank}", json.dumps(me))
         info = {}
         for r in range(env.size):
@@ -186,25 +190,28 @@ def connect(env: JobEnv, transport: str | None = None,
                       local_rank=env.local_rank, key=key)
         socks = _connect_pairs(env.rank, env.size, info, listener,
                                auth.derive(key, "pairs", job_id), deadline)
-        use_shm = choice != "tcp" and shm_available()
-        if choice == "shm" and not shm_available():
-            raise PolycastError("POLYCAST_TRANSPORT=shm is not possible: "
-                                f"{shm_unavailable_reason()}")
+        use_shm = me["rings"]
+        if choice == "shm" and rings_why is not None:
+            raise PolycastError(f"POLYCAST_TRANSPORT=shm is not possible: {rings_why}")
         same = {r for r in range(env.size)
                 if r != env.rank and info[r]["host"] == me["host"]}
         if choice == "shm" and same != set(range(env.size)) - {env.rank}:
             raise PolycastError("POLYCAST_TRANSPORT=shm needs every rank on one host; ranks "
                                 f"{sorted(set(range(env.size)) - same - {env.rank})} are not")
+        ringed = {r for r in same if info[r].get("rings")} if use_shm else set()
+        if choice == "shm" and ringed != same:
+            raise PolycastError("POLYCAST_TRANSPORT=shm is not possible: ranks "
+                                f"{sorted(same - ringed)} cannot run the shm rings")
         rings_in: dict[int, Ring] = {}
         if use_shm:
-            for r in same:
+            for r in ringed:
                 path = ring_path(job_id, r, env.rank)
                 rings_in[r] = Ring.create(path, ring_nbytes)
             _offer_single_copy(world, rings_in, info, me, secret)
         _barrier(store, "rings-made", env.size, max(0.1, deadline - time.monotonic()))
         rings_out: dict[int, Ring] = {}
         if use_shm:
-            for r in same:
+            for r in ringed:
                 rings_out[r] = Ring.attach(ring_path(job_id, env.rank, r), ring_nbytes)
         _barrier(store, "rings-mapped", env.size, max(0.1, deadline - time.monotonic()))
         for ring in rings_in.values():
