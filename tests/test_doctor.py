@@ -26,14 +26,14 @@ def test_every_check_runs_and_every_problem_says_what_to_change():
     res = _doctor("--json", "--iface", "lo", "--probe")
     checks = json.loads(res.stdout)
     names = [c["name"] for c in checks]
-    assert names == ["shared memory", "multicast on loopback", "multicast on lo",
+    assert names == ["shared memory", "shm rings", "multicast on loopback", "multicast on lo",
                      "net.core.rmem_max", "net.core.wmem_max", "open files"]
     for c in checks:
         assert c["status"] in ("ok", "warn", "FAIL"), c
         assert bool(c["change"]) == (c["status"] != "ok"), c
     assert res.returncode == (1 if any(c["status"] == "FAIL" for c in checks) else 0)
     # the test suite's multicast tests run on loopback: here the probe must succeed
-    assert checks[1]["status"] == "ok" and "came back" in checks[1]["found"], checks[1]
+    assert checks[2]["status"] == "ok" and "came back" in checks[2]["found"], checks[2]
 
 
 def test_a_low_open_file_limit_is_flagged_with_the_fix():
@@ -61,3 +61,17 @@ def test_bad_input_is_one_line_and_status_2(capsys):
     assert len(err) == 1 and "no such interface" in err[0]
     assert cli_main(["doctor", "--probe"]) == 2
     assert "--probe needs --iface" in capsys.readouterr().err
+
+
+def test_the_rings_check_says_which_rings_run_and_how_to_get_the_compiled_ones(monkeypatch):
+    from polycast.runtime import native
+    c = doctor.check_rings()
+    if native.ring is not None:
+        assert c.status == "ok" and "compiled" in c.found
+    monkeypatch.setattr(native, "ring", None)
+    monkeypatch.setattr(native, "why_not", "POLYCAST_NATIVE=0")
+    c = doctor.check_rings()
+    assert c.status == "warn" and "unset POLYCAST_NATIVE" in c.change
+    monkeypatch.setattr(native, "why_not", "the compiled helper is not built (...)")
+    c = doctor.check_rings()
+    assert c.status == "warn" and "not built" in c.found and "C compiler" in c.change

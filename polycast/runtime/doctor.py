@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..errors import InvalidArgument
-from . import mcast
+from . import mcast, native
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 SHM_MIN_FREE_NBYTES = 1 << 30       # a few 64 MiB collectives on 8 ranks, with room
@@ -63,6 +63,20 @@ def check_shm(path: str = "/dev/shm") -> Check:
                      f"else mount -o remount,size=8G {path}); large collectives on the "
                      "shared-memory and symmetric-memory paths need buffers per rank there")
     return Check("shared memory", OK, found)
+
+
+def check_rings() -> Check:
+    """Which shm rings run: the compiled helper (runtime/_ring.c) or the Python fallback."""
+    if native.ring is not None:
+        return Check("shm rings", OK, "compiled hot path (polycast.runtime._ring)")
+    if native.why_not == "POLYCAST_NATIVE=0":
+        return Check("shm rings", WARN, "pure Python: POLYCAST_NATIVE=0 is set",
+                     "unset POLYCAST_NATIVE to use the compiled rings (~2 us less CPU per "
+                     "message on each side)")
+    return Check("shm rings", WARN, f"pure Python: {native.why_not}",
+                 "install a C compiler and the Python headers (e.g. apt-get install gcc "
+                 "python3-dev), then reinstall polycast (pip install -e .): the compiled "
+                 "rings take ~2 us less CPU per message on each side and run on arm64")
 
 
 def _if_flags(name: str) -> int | None:
@@ -216,7 +230,7 @@ def run_checks(interface: str | None = None, probe: bool = False) -> list[Check]
     if interface is not None and interface not in interface_names():
         raise InvalidArgument(f"--iface {interface!r}: no such interface here (have: "
                               f"{', '.join(interface_names())})")
-    checks = [check_shm(), check_loopback_multicast()]
+    checks = [check_shm(), check_rings(), check_loopback_multicast()]
     if interface is not None:
         checks.append(check_interface(interface, probe))
     checks += check_socket_buffers()
