@@ -90,6 +90,12 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         self._tokens: dict[int, tuple] = {}         # token -> (request or None, step index)
         self._next_token = 0
         self._next_timer = 0
+        # One op-timeout watchdog for all of this engine's collectives (not a timer set and
+        # cancelled per request: two actions and two heap operations a call): it fires at
+        # the earliest deadline it was armed for, fails what is past its deadline and
+        # re-arms for the earliest one left (none left: it stays off until a post).
+        self._watchdog: int | None = None
+        self._watchdog_at = float("inf")
         self._lost: dict[int, str] = {}
         self._pacer = Pacer(self.config.pacing_gbps, self.config.pacing_min_fraction)
         self._sig_cache: dict[tuple, tuple] = {}    # -> (schedule, sig)
@@ -147,7 +153,9 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         self._reqs[req] = r
         self._by_seq[seq] = r
         out: list[Action] = []
-        r.op_timer = self._set_timer(out, now + self.config.op_timeout_s, "op", r, None)
+        r.deadline = deadline = now + self.config.op_timeout_s
+        if deadline < self._watchdog_at:
+            self._arm_watchdog(out, deadline)
         if r.multicast:
             rate = self._pacer.rate_gbps or self.config.line_rate_gbps
             total = plan.mcast_nelems * itemsize
@@ -294,16 +302,17 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         if kind == "eos":
             return self._eos_repeat(arg, now)
         out: list[Action] = []
+        if kind == "op":
+            self._watchdog, self._watchdog_at = None, float("inf")
+            self._watch(now, out)
+            return out
         if kind == "p2p":
             if self._p2p.get(r.req) is r:
                 self._p2p_timed_out(r, out)
             return out
         if self._reqs.get(r.req) is not r:
             return out
-        if kind == "op":
-            r.op_timer = None
-            self._timed_out(r, out)
-        elif kind == "pace":
+        if kind == "pace":
             r.pace_timers.pop(timer, None)
             self._step_done(r, arg)
             self._pump(r, now, out)
@@ -516,9 +525,6 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         del self._reqs[r.req]
         self._by_seq.pop(r.seq, None)
         timers = self._timers
-        tid = r.op_timer
-        if tid is not None and timers.pop(tid, None) is not None:
-            out.append(_cancel_timer(tid))
         if r.rec_timer is not None or r.mis_timer is not None or r.pace_timers or \
                 r.eos_timers:
             for tid in [r.rec_timer, r.mis_timer, *r.pace_timers, *r.eos_timers]:
@@ -526,7 +532,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
                     self._cancel_timer(out, tid)
             r.pace_timers.clear()
             r.eos_timers.clear()
-        r.op_timer = r.rec_timer = r.mis_timer = None
+        r.rec_timer = r.mis_timer = None
         if r.tokens:
             for token in r.tokens:
                 self._tokens.pop(token, None)
@@ -550,6 +556,20 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         self._timers[tid] = (kind, r, arg)
         out.append(_set_timer(tid, deadline))
         return tid
+
+    def _arm_watchdog(self, out: list, deadline: float) -> None:
+        if self._watchdog is not None:
+            self._cancel_timer(out, self._watchdog)
+        self._watchdog = self._set_timer(out, deadline, "op", None, None)
+        self._watchdog_at = deadline
+
+    def _watch(self, now: float, out: list) -> None:
+        """The watchdog fired: every collective past its deadline times out."""
+        for r in list(self._reqs.values()):
+            if r.deadline <= now and self._reqs.get(r.req) is r:
+                self._timed_out(r, out)
+        if self._reqs:
+            self._arm_watchdog(out, min(r.deadline for r in self._reqs.values()))
 
     def _cancel_timer(self, out: list, tid: int) -> None:
         if self._timers.pop(tid, None) is not None:

@@ -15,7 +15,7 @@ class Request:
 
     __slots__ = ("req", "seq", "sched", "prog", "plan", "itemsize", "sig", "_desc", "state",
                  "ndeps", "ndone", "ready", "held", "held_nbytes", "streams", "mrecv_left",
-                 "multicast", "fin_sent", "fin_received", "outstanding", "op_timer",
+                 "multicast", "fin_sent", "fin_received", "outstanding", "deadline",
                  "rec_timer", "pace_timers", "eos_timers", "rto", "mcast_bytes_in",
                  "recovered_nbytes", "mcast_bytes_out", "served_own_nbytes", "tokens",
                  "mismatch", "mis_timer", "rts_wait", "rdv", "granted", "cts_early",
@@ -36,7 +36,8 @@ class Request:
         self.multicast = plan.multicast
         self.fin_sent = self.fin_received = False
         self.outstanding = 0            # Sends not yet reported done
-        self.op_timer = self.rec_timer = None
+        self.deadline = 0.0             # when it times out (the engine's watchdog)
+        self.rec_timer = None
         self.pace_timers = {}           # timer -> step index (paced MCAST completions)
         self.eos_timers = []            # our streams' spaced EOS repeats still to send
         self.rto = 0.0

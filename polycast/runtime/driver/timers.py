@@ -29,8 +29,8 @@ class Timers:
         heap = self._heap
         heapq.heappush(heap, (deadline, next(self._counter), comm_id, timer))
         if len(heap) > SWEEP_MIN_ENTRIES and len(heap) > 4 * len(self._live):
-            # Every request sets a 60 s op timer and cancels it when done: drop the
-            # cancelled entries now rather than a minute later.
+            # Timers set and cancelled often (multicast recovery, pacing, p2p op
+            # timeouts): drop the cancelled entries now rather than a minute later.
             live = self._live
             heap[:] = [e for e in heap if live.get((e[2], e[3])) == e[0]]
             heapq.heapify(heap)
