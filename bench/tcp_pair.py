@@ -239,8 +239,12 @@ def main(argv=None) -> int:
     p.add_argument("--before", help="an older checkout to measure alternately with this one")
     p.add_argument("--realtime", action="store_true",
                    help="ranks at real-time round-robin priority 1 (chrt -r 1; root)")
+    p.add_argument("--cases", help="comma-separated labels' first words to run "
+                   "(pair, ring, mcast; default all)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "tcp_pair.json"))
     args = p.parse_args(argv)
+    cases = [c for c in CASES
+             if not args.cases or c[0].split()[0] in args.cases.split(",")]
     nbytes = parse_size(args.size)
     realtime = []
     if args.realtime:
@@ -251,14 +255,15 @@ def main(argv=None) -> int:
     trees = ([("before", os.path.abspath(args.before))] if args.before else []) + [("now", TREE)]
     load0 = os.getloadavg()[0]
     got: dict = {}
-    for _ in range(args.rounds):
+    for rnd in range(args.rounds):
         for mode in ("uni", "bidi"):
             got.setdefault((f"raw {mode} (sockets)", "raw"), []).append(
                 raw(mode, nbytes, args.iters, bool(realtime)))
         got.setdefault(("raw ring 4 (sockets, busbw)", "raw"), []).append(
             raw_ring(4, nbytes, args.iters, bool(realtime)))
-        for label, n, coll, algo, metric in CASES:
-            for name, tree in trees:
+        for label, n, coll, algo, metric in cases:
+            # every other round the other tree goes first: no order bias in the medians
+            for name, tree in (trees if rnd % 2 == 0 else trees[::-1]):
                 row = polycast_row(tree, n, coll, algo, nbytes, args.iters, realtime)
                 got.setdefault((label, name), []).append(row[metric])
     load1 = os.getloadavg()[0]
