@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -130,6 +129,11 @@ def _rank(args) -> None:
     polycast.finalize()
 
 
+# One BLAS thread per rank: no oversubscription of the 2 cores by numpy's compute.
+ONE_BLAS_THREAD = {var: "1" for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                         "MKL_NUM_THREADS")}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-n", "--nranks", type=int, default=2)
@@ -145,33 +149,13 @@ def main(argv=None) -> int:
         _rank(args)
         return 0
     sys.path.insert(0, REPO)
-    from polycast.runtime.launch import free_port, rank_env
-    port = free_port()
-    job = f"bovl{os.getpid()}"
+    from rank_jobs import run_ranks
     cmd = [sys.executable, os.path.abspath(__file__), "--rank", "--size", args.size,
            "--paths", args.paths, "--compute", args.compute, "--reps", str(args.reps)]
-    procs = []
-    try:
-        for r in range(args.nranks):
-            env = rank_env(r, args.nranks, port, job)
-            env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-            for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-                env[var] = "1"                  # one BLAS thread per rank: no oversubscription
-            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-        outs = [pr.communicate(timeout=args.timeout) for pr in procs]
-    finally:
-        for pr in procs:
-            if pr.poll() is None:
-                pr.kill()
-                pr.wait(timeout=10)
-    line = [ln for ln in outs[0][0].splitlines() if ln.startswith("OVERLAPROWS ")]
-    if not line or any(pr.returncode for pr in procs):
-        for r, (o, e) in enumerate(outs):
-            print(f"rank {r} exit {procs[r].returncode}\n{o[-2000:]}\n{e[-2000:]}",
-                  file=sys.stderr)
+    rows = run_ranks(cmd, args.nranks, f"bovl{os.getpid()}", "OVERLAPROWS", args.timeout, REPO,
+                     extra_env=ONE_BLAS_THREAD)
+    if rows is None:
         return 1
-    rows = json.loads(line[0][len("OVERLAPROWS "):])
     load = os.getloadavg()
     print(f"Iallreduce of {args.size} per rank, {args.nranks} ranks, float32 sum "
           f"(load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")

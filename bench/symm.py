@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -122,31 +121,12 @@ def main(argv=None) -> int:
         _rank(args)
         return 0
     sys.path.insert(0, REPO)
-    from polycast.runtime.launch import free_port, rank_env
-    port = free_port()
-    job = f"bsymm{os.getpid()}"
+    from rank_jobs import run_ranks
     cmd = [sys.executable, os.path.abspath(__file__), "--rank", "--size", args.size,
            "--iters", str(args.iters), "--warmup", str(args.warmup)]
-    procs = []
-    try:
-        for r in range(args.nranks):
-            env = rank_env(r, args.nranks, port, job)
-            env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-        outs = [pr.communicate(timeout=args.timeout) for pr in procs]
-    finally:
-        for pr in procs:
-            if pr.poll() is None:
-                pr.kill()
-                pr.wait(timeout=10)
-    line = [ln for ln in outs[0][0].splitlines() if ln.startswith("SYMMROWS ")]
-    if not line or any(pr.returncode for pr in procs):
-        for r, (o, e) in enumerate(outs):
-            print(f"rank {r} exit {procs[r].returncode}\n{o[-2000:]}\n{e[-2000:]}",
-                  file=sys.stderr)
+    rows = run_ranks(cmd, args.nranks, f"bsymm{os.getpid()}", "SYMMROWS", args.timeout, REPO)
+    if rows is None:
         return 1
-    rows = json.loads(line[0][len("SYMMROWS "):])
     print(f"{'collective':<16}{'algo':<8}{'ranks':>6}{'bytes':>11}{'time us':>11}"
           f"{'algbw':>8}{'busbw':>8}  ok")
     for row in rows:

@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -155,31 +154,11 @@ def _rank(args) -> None:
 
 
 def _launch(args, nranks: int) -> list[dict] | None:
-    from polycast.runtime.launch import free_port, rank_env
-    port = free_port()
-    job = f"bvec{os.getpid()}n{nranks}"
+    from rank_jobs import run_ranks
     cmd = [sys.executable, os.path.abspath(__file__), "--rank", "--kib", str(args.kib),
            "--big", str(args.big), "--reps", str(args.reps), "--paths", args.paths]
-    procs = []
-    try:
-        for r in range(nranks):
-            env = rank_env(r, nranks, port, job)
-            env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-        outs = [pr.communicate(timeout=args.timeout) for pr in procs]
-    finally:
-        for pr in procs:
-            if pr.poll() is None:
-                pr.kill()
-                pr.wait(timeout=10)
-    line = [ln for ln in outs[0][0].splitlines() if ln.startswith("VECTORROWS ")]
-    if not line or any(pr.returncode for pr in procs):
-        for r, (o, e) in enumerate(outs):
-            print(f"rank {r} exit {procs[r].returncode}\n{o[-2000:]}\n{e[-2000:]}",
-                  file=sys.stderr)
-        return None
-    return json.loads(line[0][len("VECTORROWS "):])
+    return run_ranks(cmd, nranks, f"bvec{os.getpid()}n{nranks}", "VECTORROWS", args.timeout,
+                     REPO)
 
 
 def main(argv=None) -> int:
