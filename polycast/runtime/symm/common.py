@@ -11,6 +11,7 @@ import numpy as np
 
 from ...collectives import ReduceOp
 from ...errors import InvalidArgument, PolycastError
+from ...memory import apply_avg
 from ..driver import Request
 from .barrier import BAD_SIG
 from .shared import state
@@ -21,6 +22,16 @@ UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.min
 
 def _blocks(n: int, P: int) -> list[tuple[int, int]]:
     return [(i * n // P, (i + 1) * n // P) for i in range(P)]
+
+
+def fold_in_rank_order(ufunc, blocks, out: np.ndarray, ropt: ReduceOp, P: int) -> None:
+    """out = blocks[0] op blocks[1] op ... op blocks[P-1], combined in rank order so every rank
+    computes the same bits; AVG then divides by P."""
+    ufunc(blocks[0], blocks[1], out=out)
+    for p in range(2, P):
+        ufunc(out, blocks[p], out=out)
+    if ropt is ReduceOp.AVG:
+        apply_avg(out, P)
 
 
 def _flat(buf, what: str) -> np.ndarray:

@@ -17,7 +17,7 @@ from ...errors import InvalidArgument
 from ...memory import apply_avg
 from .barrier import call_sig
 from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
-                     _reduce_scatter_args, _require, _telling_peers)
+                     _reduce_scatter_args, _require, _telling_peers, fold_in_rank_order)
 from .shared import ONE_SHOT_MAX_NBYTES, state
 
 
@@ -145,11 +145,8 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool = True)
             # rank order, so every rank gets the reference's bits), aside first since
             # peers still read our buffer.
             acc = np.empty(count, dt)
-            ufunc(sseg.view(0, soff, count, dt), sseg.view(1, soff, count, dt), out=acc)
-            for p in range(2, P):
-                ufunc(acc, sseg.view(p, soff, count, dt), out=acc)
-            if ropt is ReduceOp.AVG:
-                apply_avg(acc, P)
+            fold_in_rank_order(ufunc, [sseg.view(p, soff, count, dt) for p in range(P)], acc,
+                               ropt, P)
             st.bar.barrier(0, what)
             recv[...] = acc
             return

@@ -25,13 +25,11 @@ descriptor per call was a fifth of a small call's Python."""
 
 from __future__ import annotations
 
-from ...collectives import ReduceOp
 from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
-from ...memory import apply_avg
 from . import single
 from .barrier import PROGRESS, call_sig
 from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
-                     _reduce_scatter_args, _tell_peers)
+                     _reduce_scatter_args, _tell_peers, fold_in_rank_order)
 from .shared import ONE_SHOT_MAX_NBYTES, Segment, SymmState, state
 
 BCAST_CHUNK_NBYTES = 256 << 10   # 4 ranks, 16 MiB: 128K 4.1, 256K 4.7, 512K 3.5, 1M 4.5 GB/s
@@ -198,11 +196,7 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
         whole, blocks = vs[(st.bar.epoch + 1) & 1] if slotted else views(seg, 0, 0)
         whole[...] = src
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
-        ufunc(blocks[0], blocks[1], out=out)
-        for i in range(2, P):
-            ufunc(out, blocks[i], out=out)
-        if ropt is ReduceOp.AVG:
-            apply_avg(out, P)
+        fold_in_rank_order(ufunc, blocks, out, ropt, P)
         if not slotted:
             st.bar.barrier(0, what)
     return _post(comm, st, "reduce_scatter", job, blocking, slotted)
@@ -258,11 +252,7 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
             v[r][...] = src
             st.bar.check_sigs(st.bar.barrier(sig, what), what)
             # recv is ours alone: reduce straight into it, in rank order (same bits).
-            ufunc(v[0], v[1], out=recv)
-            for p in range(2, P):
-                ufunc(recv, v[p], out=recv)
-            if ropt is ReduceOp.AVG:
-                apply_avg(recv, P)
+            fold_in_rank_order(ufunc, v, recv, ropt, P)
         return _post(comm, st, "allreduce", job, blocking, True)
 
     def job():
@@ -272,11 +262,7 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
                                   else two_step_views(seg, 0, 0))
         whole[...] = src
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
-        ufunc(mine[0], mine[1], out=acc)
-        for i in range(2, P):
-            ufunc(acc, mine[i], out=acc)
-        if ropt is ReduceOp.AVG:
-            apply_avg(acc, P)
+        fold_in_rank_order(ufunc, mine, acc, ropt, P)
         st.bar.barrier(0, what)
         for (lo, hi), blk in outs:
             recv[lo:hi] = blk
