@@ -32,3 +32,19 @@ def get(name: str, default: str | None = None) -> str | None:
     if v is None:
         return default
     return v if isinstance(v, str) else os.fsdecode(v)
+
+
+_ALGO_VARS: dict = {}
+
+
+def algorithm_var(coll) -> str:
+    """The variable that picks ``coll``'s algorithm (a Collective): POLYCAST_<COLLECTIVE>_ALGO."""
+    name = _ALGO_VARS.get(coll)
+    if name is None:
+        name = _ALGO_VARS[coll] = f"POLYCAST_{coll.name}_ALGO"
+    return name
+
+
+def algorithm(coll) -> str | None:
+    """POLYCAST_<COLLECTIVE>_ALGO for ``coll``, or None when it is not set."""
+    return get(algorithm_var(coll))

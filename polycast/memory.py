@@ -109,7 +109,7 @@ class Buffers:
                     raise InvalidArgument(f"{coll} {schedule.algorithm} on rank {rank} needs "
                                           f"a {name} buffer of {need} elements, got None")
                 continue
-            if type(arr) is not np.ndarray and not isinstance(arr, np.ndarray):
+            if not isinstance(arr, np.ndarray):
                 raise InvalidArgument(f"{name} buffer must be a numpy array, got "
                                       f"{type(arr).__name__}")
             if not arr.flags.c_contiguous:

@@ -28,6 +28,7 @@ import functools
 import os
 import warnings
 
+from .. import environ
 from ..algorithms import build, get, supported
 from ..collectives import Collective
 from ..errors import PolycastError
@@ -98,7 +99,7 @@ def plan(comm, coll: Collective, nbytes: int, symm: bool):
 def choose_algorithm(comm, coll: Collective, nbytes: int, algorithm: str | None) -> str:
     """The engine schedule a call of ``nbytes`` (S) would use. Under ``auto`` on one host,
     calls of ordinary arrays may take the symm path first (:func:`symm_wins`)."""
-    name = algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO") or "auto"
+    name = algorithm or environ.algorithm(coll) or "auto"
     name = name.lower()
     P = comm.size
     ok = comm._supported.get(coll)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import os
 import threading
 
 import numpy as np
@@ -28,7 +27,6 @@ _SYMM_STAGED = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SC
 _NO_BUFFER = np.empty(0, np.uint8)
 _UINT8 = np.dtype(np.uint8)
 # The variables a call's derived values depend on (read per call: tests set them live).
-_ENV_ALGO = {c: f"POLYCAST_{c.name}_ALGO" for c in Collective}
 _ENV_NCHUNKS = "POLYCAST_NCHUNKS"
 _ENV_DEBUG = "POLYCAST_DEBUG"          # set: every call takes the full path (it logs)
 _CALLS_MAX = 256
@@ -121,7 +119,7 @@ class CommCore:
         key = None
         if type(count) is int and type(root) is int and environ.raw(_ENV_DEBUG) is None:
             key = (coll, count, root, op, algorithm, dt, self.mcast_error,
-                   environ.raw(_ENV_ALGO[coll]), environ.raw(_ENV_NCHUNKS))
+                   environ.raw(environ.algorithm_var(coll)), environ.raw(_ENV_NCHUNKS))
             try:
                 hit = self._calls.get(key)
             except TypeError:                   # an unhashable argument: the full path
@@ -152,10 +150,10 @@ class CommCore:
         if choice.debug_level():
             choice.log(self, coll, nbytes, algo, sched.options.get("nchunks", 1),
                        auto=algo == choice.plan(self, coll, nbytes, False).algorithm
-                       and not (algorithm or os.environ.get(f"POLYCAST_{coll.name}_ALGO")))
+                       and not (algorithm or environ.algorithm(coll)))
         # A multicast algorithm asked for without multicast falls back with a warning on
         # every call: not memoized, so the warning stays.
-        asked = (algorithm or environ.get(_ENV_ALGO[coll]) or "auto").lower()
+        asked = (algorithm or environ.algorithm(coll) or "auto").lower()
         memo = asked == "auto" or asked == algo
         return sched, dt.itemsize, dtype_name(dt), opname, memo
 

@@ -122,15 +122,11 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
              dtype: str = "", op: str = "") -> list[Action]:
         """Start a collective. Raises InvalidArgument (before anything is sent) when the
         schedule does not fit this engine; returns the first actions."""
-        hit = self._plans.get(id(schedule))
-        if hit is not None and hit[0] is schedule:
-            plan = hit[1]               # checked against this engine when it was made
-        else:
-            plan = self._get_plan(schedule)
-        if type(req) is not int and not isinstance(req, int) or req in self._reqs:
+        plan = self._get_plan(schedule)     # checked against this engine when it was made
+        if not isinstance(req, int) or req in self._reqs:
             raise InvalidArgument(f"request id {req!r} is already outstanding (or not an "
                                   "int); use a fresh id per call")
-        if type(itemsize) is not int and not isinstance(itemsize, int) or itemsize < 1:
+        if not isinstance(itemsize, int) or itemsize < 1:
             raise InvalidArgument(f"itemsize must be a positive integer, got {itemsize!r}")
         if plan.streams and itemsize > self.config.mtu_nbytes:
             raise InvalidArgument(f"itemsize {itemsize} exceeds mtu_nbytes "

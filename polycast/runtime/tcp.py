@@ -47,7 +47,7 @@ WAIT_SLICE_S = 0.01           # a blocked read re-pumps our output at least this
 
 class SocketPayload(LazyPayload):
     """A payload whose first bytes are in the link's staging buffer (``prefix``) and the
-    rest, all arrived, in the socket."""
+    rest in the socket, arrived or still on its way (read as it comes)."""
 
     __slots__ = ("link", "prefix")
 
@@ -83,13 +83,10 @@ class SocketPayload(LazyPayload):
                     select.select([sock], writers, [], min(deadline - now, WAIT_SLICE_S))
                     continue
                 if got == 0:
-                    raise OSError(f"rank {self.peer_name()} closed its connection in the "
+                    raise OSError(f"rank {self.src} closed its connection in the "
                                   f"middle of a message")
                 pos += got
                 deadline = None
-
-    def peer_name(self) -> int:
-        return self.link.peer
 
     def _released(self) -> None:
         self.prefix = None

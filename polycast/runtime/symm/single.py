@@ -73,6 +73,24 @@ def _read_peer(st: SymmState, p: int, dst, addr: int, what: str) -> None:
         raise err from None
 
 
+def _reduce_from_peers(st: SymmState, ufunc, ropt, mine, acc, addrs: list, what: str) -> None:
+    """``acc`` = ``mine`` combined with the same range of every peer's array (``addrs[p]``:
+    where it starts in rank p), peers in the staged form's order (r+1, r+2, ...). Read a
+    chunk at a time into a buffer of our own, so each chunk is reduced while in cache."""
+    P, r, n = st.size, st.rank, acc.size
+    tmp = np.empty(min(max(1, n), max(1, SINGLE_COPY_CHUNK_NBYTES // acc.itemsize)), acc.dtype)
+    isz = acc.itemsize
+    for lo in range(0, n, tmp.size):
+        hi = min(n, lo + tmp.size)
+        a, t = acc[lo:hi], tmp[:hi - lo]
+        for i in range(1, P):
+            p = (r + i) % P
+            _read_peer(st, p, t, addrs[p] + lo * isz, what)
+            ufunc(mine[lo:hi] if i == 1 else a, t, out=a)
+    if ropt is ReduceOp.AVG:
+        apply_avg(acc, P)
+
+
 def allgather(comm, st: SymmState, src, out, n: int, in_place: bool, blocking: bool):
     """Allgather: every rank reads every peer's block from the peer's sendbuf (or its
     block of recvbuf, in place) straight into its recvbuf ``out`` (P x n)."""
@@ -109,21 +127,11 @@ def reduce_scatter(comm, st: SymmState, src, out, n: int, ropt, in_place: bool,
     ctrl = st.bar.ctrl
 
     def job():
-        tmp = np.empty(min(n, max(1, SINGLE_COPY_CHUNK_NBYTES // isz)), dt)
         acc = np.empty(n, dt) if in_place else out
-        mine = src[r * n:(r + 1) * n]
         ctrl[r][ADDR] = _address(src)                   # published by the barrier
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
-        addrs = [int(ctrl[p][ADDR]) + r * n * isz for p in range(P)]
-        for lo in range(0, n, tmp.size):
-            hi = min(n, lo + tmp.size)
-            a, t = acc[lo:hi], tmp[:hi - lo]
-            for i in range(1, P):
-                p = (r + i) % P
-                _read_peer(st, p, t, addrs[p] + lo * isz, what)
-                ufunc(mine[lo:hi] if i == 1 else a, t, out=a)
-        if ropt is ReduceOp.AVG:
-            apply_avg(acc, P)
+        _reduce_from_peers(st, ufunc, ropt, src[r * n:(r + 1) * n], acc,
+                           [int(ctrl[p][ADDR]) + r * n * isz for p in range(P)], what)
         st.bar.barrier(0, what)                         # our sendbuf is read: free again
         if in_place:
             out[...] = acc
@@ -149,20 +157,11 @@ def allreduce(comm, st: SymmState, src, recv, ropt, blocking: bool):
     ctrl = st.bar.ctrl
 
     def job():
-        tmp = np.empty(min(max(1, b - a), max(1, SINGLE_COPY_CHUNK_NBYTES // isz)), dt)
-        mine, acc = src[a:b], recv[a:b]
         ctrl[r][ADDR] = _address(src)                   # published by the barrier
         ctrl[r][ADDR2] = _address(recv)
         st.bar.check_sigs(st.bar.barrier(sig, what), what)
-        for lo in range(0, b - a, tmp.size):
-            hi = min(b - a, lo + tmp.size)
-            out, t = acc[lo:hi], tmp[:hi - lo]
-            for i in range(1, P):
-                p = (r + i) % P
-                _read_peer(st, p, t, int(ctrl[p][ADDR]) + (a + lo) * isz, what)
-                ufunc(mine[lo:hi] if i == 1 else out, t, out=out)
-        if ropt is ReduceOp.AVG:
-            apply_avg(acc, P)
+        _reduce_from_peers(st, ufunc, ropt, src[a:b], recv[a:b],
+                           [int(ctrl[p][ADDR]) + a * isz for p in range(P)], what)
         st.bar.barrier(0, what)                         # every block reduced
         for i in range(1, P):
             p = (r + i) % P
