@@ -108,6 +108,50 @@ def test_sleeping_reader_and_blocked_writer_handshakes(tmp_path, writer, reader)
     rd.close()
 
 
+@pytest.mark.parametrize("writer,reader", KINDS)
+def test_write_now_keeps_order_and_refuses_what_must_queue(tmp_path, writer, reader):
+    """write_now (the driver's send path) writes a whole frame at once and says how to wake
+    the reader; it writes nothing — the caller queues — while frames are queued before it
+    (their order holds), when the frame needs pieces, or when the ring lacks the space."""
+    wr, rd = _pair(tmp_path, writer, reader)
+    rd.set_sleeping(SLEEP_FUTEX)
+    assert wr.write_now(3, b"aaa", [np.full(10, 1, np.uint8)], 10) == SLEEP_FUTEX
+    rd.set_sleeping(0)
+    assert wr.write_now(3, b"bbb", [], 0) == 0
+    too_big = np.zeros(wr.max_piece, np.uint8)          # needs pieces: queue it
+    assert wr.write_now(3, b"ccc", [too_big], too_big.nbytes) is None
+    wr.enqueue(3, b"ccc", [too_big], too_big.nbytes, "big")
+    # Queued frames go first: a later frame may not pass them.
+    assert wr.write_now(3, b"ddd", [np.full(5, 4, np.uint8)], 5) is None
+    wr.enqueue(3, b"ddd", [np.full(5, 4, np.uint8)], 5, "d")
+    got = []
+    while wr.want_write or len(got) < 4:
+        wr.flush()
+        frames = []
+        rd.poll(frames)
+        got += [(h, bytes(p) if p is not None else b"") for _, h, p, _ in frames]
+        frames.clear()
+    assert [h for h, _ in got] == [b"aaa", b"bbb", b"ccc", b"ddd"]
+    assert got[0][1] == bytes([1] * 10) and got[3][1] == bytes([4] * 5)
+    assert got[2][1] == too_big.tobytes()
+    # A full ring: nothing written, nothing half-written; it fits again once read.
+    block = np.full(12000, 9, np.uint8)
+    n = 0
+    while wr.write_now(3, b"eee", [block], block.nbytes) is not None:
+        n += 1
+    assert 2 <= n < 8
+    frames = []
+    rd.poll(frames)
+    assert len(frames) == n and all(bytes(p) == block.tobytes() for _, _, p, _ in frames)
+    frames.clear()
+    assert wr.write_now(3, b"fff", [block], block.nbytes) is not None
+    rd.poll(frames)
+    assert [h for _, h, _, _ in frames] == [b"fff"]
+    frames.clear()
+    wr.close()
+    rd.close()
+
+
 @needs_native
 def test_compiled_write_checks_its_arguments(tmp_path):
     wr, rd = _pair(tmp_path, "native", "native")

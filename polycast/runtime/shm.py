@@ -248,11 +248,32 @@ class Ring:
                     done.append(entry[4])
         if not wrote:
             return done, False
+        return done, self._bell()
+
+    def write_now(self, hdr_len: int, header: bytes, views: list, nbytes: int):
+        """Write one whole frame now, when nothing is queued before it and the ring has
+        the space: returns how the reader wants to be woken (as :meth:`flush`); None when
+        it was not written (then :meth:`enqueue` it). A frame written here is complete:
+        its payload is in the ring, its source may be reused."""
+        if self._out or nbytes + len(header) + PREFIX_NBYTES > self.max_piece:
+            return None
         if self._nat is not None:
-            return done, self._nat.ring_bell()
+            if not self._nat.write(hdr_len, header, views, nbytes):
+                return None
+        elif not self._write_piece([hdr_len, header,
+                                    [memoryview(v).cast("B") for v in views if len(v)],
+                                    nbytes, None, 0]):
+            return None
+        return self._bell()
+
+    def _bell(self):
+        """(writer, after frames were written) bump the data counter; how the reader
+        sleeps (0: awake)."""
+        if self._nat is not None:
+            return self._nat.ring_bell()
         ctl = self._ctl
         ctl[DATA_BELL >> 3] = (ctl[DATA_BELL >> 3] + 1) & _U32     # after HEAD: TSO
-        return done, ctl[READER_SLEEPING >> 3]
+        return ctl[READER_SLEEPING >> 3]
 
     def _reserve(self, frame_nbytes: int) -> int | None:
         """Position for a frame of ``frame_nbytes`` (padded), writing a wrap marker if it

@@ -90,8 +90,21 @@ class PeerIO:
             self._send_single_copy(r, header, views[0], nbytes, token)
             return True
         peer = self.world.peers[r]
-        if peer.ring_out is not None:
-            peer.ring_out.enqueue(len(header), header, views, nbytes, token)
+        ring = peer.ring_out
+        if ring is not None:
+            # Straight into the ring when nothing waits before it: the frame is complete
+            # now, so its send is reported done at once (the engine's next step need not
+            # wait for a flush), and no queue, flush pass or token round trip is paid.
+            bell = ring.write_now(len(header), header, views, nbytes)
+            if bell is None:
+                ring.enqueue(len(header), header, views, nbytes, token)
+                self._dirty.add(r)
+                return True
+            if bell:
+                self._wake_reader(r, peer, bell)
+            if token is not None:
+                self._sent([token])
+            return True
         else:   # a DATA's payload may be received straight into its destination
             peer.tcp.enqueue(len(header), header, views, nbytes, token,
                              lazy_ok and self.world.key is None)
@@ -154,12 +167,8 @@ class PeerIO:
         if peer.ring_out is not None and peer.ring_out.want_write:
             toks, bell = peer.ring_out.flush()
             done.extend(toks)
-            if bell == SLEEP_FUTEX and self.futex:
-                futex.wake(peer.ring_out.data_bell_addr)
-            elif bell:
-                # A doorbell also when the reader sleeps on its futex but this rank cannot
-                # wake one (POLYCAST_FUTEX=0 here only): the reader's bounded wait ends it.
-                peer.tcp.enqueue(KIND_DOORBELL, b"", [], 0, None)
+            if bell:
+                self._wake_reader(r, peer, bell)
         if peer.tcp.want_write:
             try:
                 done.extend(peer.tcp.flush())
@@ -181,6 +190,17 @@ class PeerIO:
                 self._write_armed.discard(r)
         if done:
             self._sent(done)
+
+    def _wake_reader(self, r: int, peer, bell) -> None:
+        """Frames were written to peer ``r``'s ring while its reader sleeps (``bell``:
+        shm.SLEEP_FUTEX or SLEEP_SELECT): wake it."""
+        if bell == SLEEP_FUTEX and self.futex:
+            futex.wake(peer.ring_out.data_bell_addr)
+        else:
+            # A doorbell also when the reader sleeps on its futex but this rank cannot
+            # wake one (POLYCAST_FUTEX=0 here only): the reader's bounded wait ends it.
+            peer.tcp.enqueue(KIND_DOORBELL, b"", [], 0, None)
+            self._dirty.add(r)
 
     def _sent(self, tokens: list) -> None:
         if self._pumping:
