@@ -1,0 +1,39 @@
+"""bench/floor.py runs end to end on a few calls: the in-process engine's events per rank and
+call, a 1-rank call with and without the driver, and a 2-rank job's wall, CPU and pieces."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_floor_bench_splits_a_small_call(tmp_path):
+    out = tmp_path / "floor.json"
+    env = dict(os.environ, PYTHONPATH=REPO)
+    res = subprocess.run([sys.executable, os.path.join(REPO, "bench", "floor.py"),
+                          "--ranks", "2", "--iters", "60", "--repeats", "2",
+                          "--mpich-us", "10", "--json", str(out)],
+                         capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    (eng,) = got["engine"]
+    # recdoubling on 2 ranks: one DATA message each way, every event kind timed
+    assert eng["nranks"] == 2 and eng["messages_per_rank"] == 1.0
+    assert set(eng["us"]) == {"post", "on_message", "on_send_done", "pack", "parse_header"}
+    assert eng["us"]["post"]["each"] > 0 and eng["us"]["on_message"]["each"] > 0
+    assert eng["per_rank_call_us"] >= eng["us"]["post"]["per_rank_call"]
+    entry = got["entry"]
+    assert 0 < entry["api_cpu_us"] < entry["whole_cpu_us"], entry
+    (ranks,) = got["ranks"]
+    assert ranks["nranks"] == 2 and ranks["wall_us"] > 0 and ranks["cpu_us"] > 0
+    assert ranks["budget_cpu_us"] == 3 * 10 * min(got["cores"], 2) / 2
+    pieces = ranks["pieces"]
+    # every call posts once into the engine and takes the peer's one message
+    assert pieces["engine.post"]["per_call"] == 1.0, pieces
+    assert 1.0 <= pieces["engine.on_message"]["per_call"] <= 1.05, pieces
+    assert pieces["driver.post"]["cpu_us"] >= pieces["engine.post"]["cpu_us"] * 0.5
+    assert "2 ranks: wall" in res.stdout
