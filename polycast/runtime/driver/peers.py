@@ -79,7 +79,8 @@ class PeerIO:
     # -- output ------------------------------------------------------------------------------
     def send(self, r: int, header: bytes, views: list, nbytes: int, token,
              lazy_ok: bool = False) -> bool:
-        """Queue one engine frame to peer ``r`` (flushed by :meth:`flush_all`); False when
+        """Send one engine frame to peer ``r``: written into its ring at once when it can be
+        (its token reported sent right away), else queued for :meth:`flush_all`; False when
         the peer is down, so the bytes have nowhere to go. ``lazy_ok``: the receiving
         engine only delivers or keeps this payload (a DATA), so it may go single-copy;
         ``views`` must then stay untouched until the token is reported sent."""
