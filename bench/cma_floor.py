@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -237,14 +236,8 @@ def main(argv=None) -> int:
     if why:
         print(f"single-copy is off here ({why}): nothing to measure", file=sys.stderr)
         return 2
-    prefix = []
-    if args.realtime:
-        chrt = shutil.which("chrt")
-        if chrt is None:
-            p.error("--realtime needs chrt (util-linux)")
-        prefix = [chrt, "-r", "1"]
-        if not hasattr(os, "SCHED_RR"):
-            p.error("--realtime needs os.SCHED_RR (Linux)")
+    from rank_jobs import realtime_prefix, run_ranks
+    prefix = realtime_prefix(p) if args.realtime else []
     cores = os.cpu_count() or 1
     load = os.getloadavg()
     ceil = []
@@ -271,7 +264,6 @@ def main(argv=None) -> int:
                  "memcpy_bps": big["nbytes"] / big["memcpy_s"]}
     else:
         rates = None
-    from rank_jobs import run_ranks
     rows = []
     for P in [int(x) for x in args.ranks.split(",")]:
         cmd = prefix + [sys.executable, os.path.abspath(__file__), "--rank", "--sizes",

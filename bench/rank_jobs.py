@@ -41,3 +41,13 @@ def run_ranks(cmd: list[str], nranks: int, job: str, marker: str, timeout_second
                   file=sys.stderr)
         return None
     return json.loads(line[0][len(prefix):])
+
+
+def realtime_prefix(parser) -> list[str]:
+    """The command prefix that runs a bench's processes at real-time round-robin priority 1
+    (``--realtime``: the machine's other load stays out; root only)."""
+    import shutil
+    chrt = shutil.which("chrt")
+    if chrt is None:
+        parser.error("--realtime needs chrt (util-linux)")
+    return [chrt, "-r", "1"]

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import select
-import shutil
 import socket
 import statistics
 import subprocess
@@ -248,12 +247,8 @@ def main(argv=None) -> int:
     cases = [c for c in CASES
              if not args.cases or c[0].split()[0] in args.cases.split(",")]
     nbytes = parse_size(args.size)
-    realtime = []
-    if args.realtime:
-        chrt = shutil.which("chrt")
-        if chrt is None:
-            p.error("--realtime needs chrt (util-linux)")
-        realtime = [chrt, "-r", "1"]
+    from rank_jobs import realtime_prefix
+    realtime = realtime_prefix(p) if args.realtime else []
     trees = ([("before", os.path.abspath(args.before))] if args.before else []) + [("now", TREE)]
     load0 = os.getloadavg()[0]
     got: dict = {}
