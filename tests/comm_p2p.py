@@ -110,14 +110,14 @@ elif r == 1:
     assert g.tolist() == [5, 6] and not st.Is_cancelled(), (g, st)
 # matched probe: rank 0 takes rank 1's large (rendezvous) message by Mprobe, sized by it
 if r == 1:
-    comm.Send(np.arange(50000, dtype=np.int32), 0, 41)
+    comm.Send(np.arange(100000, dtype=np.int32), 0, 41)     # 400 KB: over the eager limit
 elif r == 0:
     st = polycast.Status()
     m = comm.Mprobe(polycast.ANY_SOURCE, 41, st)
     assert comm.Improbe(1, 41) is None and st.Get_source() == 1
     big = np.empty(st.Get_count(np.int32), np.int32)
     m.Recv(big)
-    assert (big == np.arange(50000)).all() and not m
+    assert (big == np.arange(100000)).all() and not m
 comm.Barrier()
 print("P2P OK", r, flush=True)
 polycast.finalize()

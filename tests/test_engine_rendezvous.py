@@ -45,7 +45,7 @@ def kinds(acts, kind):
 def test_config_validates_threshold():
     with pytest.raises(InvalidArgument, match="eager_max_nbytes"):
         EngineConfig(eager_max_nbytes=-1).validate()
-    assert EngineConfig().eager_max_nbytes == 64 * 1024
+    assert EngineConfig().eager_max_nbytes == 256 * 1024
 
 
 def test_small_messages_stay_eager():

@@ -29,7 +29,7 @@ it; ``tests/world.py`` is a complete small driver):
   may write the stream's chunks from now on); feed what the placer wrote with
   ``on_stream_progress``; recovered bytes come out as ``StreamData`` for the placer to
   write; ``CloseStream`` means write nothing more (it precedes the request's ``Fail``).
-* Large point-to-point payloads (over ``EngineConfig.eager_max_nbytes``, 64 KiB) go by an
+* Large point-to-point payloads (over ``EngineConfig.eager_max_nbytes``, 256 KiB) go by an
   RTS/CTS rendezvous inside the engine: a driver sees only more small Sends (kinds RTS and
   CTS, no payload) and needs no change. Drivers that model eager sends with an unbounded
   early buffer (the simulator) set ``eager_max_nbytes`` huge; the runtime honours

@@ -29,7 +29,12 @@ class EngineConfig:
     # payloads. Below the runtime's ~1 MiB blocks, so every block of a large call is
     # covered; measured (4 local ranks, ring allgather 1-16 MiB, shm and tcp) within run-to-
     # run noise of all-eager, since a RECV that starts first clears its sender unasked.
-    eager_max_nbytes: int = 64 * 1024
+    # 256 KiB, not 64: a 64-256 KiB payload crosses the shm ring byte by byte anyway, and its
+    # RTS/CTS round trip was most of its cost (4 local ranks, 1 MiB allgather and allreduce,
+    # 256 KiB blocks: 9-15 % more busbw, 10-20 % less CPU a rank; TCP alike). Payloads that go
+    # single-copy (runtime/cma.py, from 512 KiB) stay rendezvous: sent eagerly, 14-43 % of
+    # them reached a 4-rank allgather's receiver before its call and were copied twice.
+    eager_max_nbytes: int = 256 * 1024
     # Multicast chunks are placed by someone else (the offload's receive workers): MRECV
     # steps emit OpenStream and take on_stream_progress; recovered data goes out as
     # StreamData; see polycast.engine.mcast.
