@@ -163,6 +163,8 @@ def _rank(args) -> None:
         nsend, nrecv = coll.buffer_counts(P, count)
         send = np.full(nsend, r + 1, np.float32)
         recv = np.zeros(nrecv, np.float32)
+        if coll is Collective.BROADCAST and r == 0:
+            recv[:] = 1.0               # the root's data, in place
         for algo in args.algos.split(","):
             def once():
                 if coll is Collective.ALLGATHER:
@@ -185,8 +187,10 @@ def _rank(args) -> None:
             got = comm.allgather(med)
             if coll is Collective.ALLGATHER:
                 ok = all(np.all(recv[p * count:(p + 1) * count] == p + 1) for p in range(P))
+            elif coll is Collective.BROADCAST:
+                ok = bool(np.all(recv == 1.0))
             else:
-                ok = True
+                ok = bool(np.all(recv == P * (P + 1) / 2))
             oks = comm.allgather(bool(ok))
             if r == 0:
                 avg = [sum(g[i] for g in got) / P for i in range(5)]
