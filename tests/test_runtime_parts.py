@@ -461,3 +461,56 @@ def test_datagram_size_follows_the_interface_mtu(monkeypatch):
         65000, lo_mtu - 28 - header_nbytes(b"key"))
     monkeypatch.setenv("POLYCAST_MCAST_IF", "192.0.2.1")          # no such interface here
     assert datagram_payload_nbytes("job", False, None) == 1500 - 28 - header_nbytes(None)
+
+
+def test_a_driving_thread_does_not_sleep_on_a_request_already_done():
+    """Progress._block looks at the driven request after reading what it sleeps on, so a
+    request the progress thread finished meanwhile ends the sleep at once; and a progress-
+    thread round that finishes a request while a user thread drives wakes the drivers."""
+    import time
+
+    import numpy as np
+    import polycast
+    from polycast.runtime.driver.request import Request
+    from polycast.runtime.launch import free_port
+    comm = polycast.init(rank=0, size=1, master_addr="127.0.0.1", master_port=free_port(),
+                         timeout=10)
+    try:
+        d = comm._driver
+        pr = d.progress
+        done = Request(12345)
+        done._done = True
+        t = time.monotonic()
+        pr._block(2.0, done)
+        assert time.monotonic() - t < 1.0
+        # A completed call counts as finished (what the wake-up keys on).
+        before = d.runner.finished
+        x = np.ones(3, np.float32)
+        comm.Allreduce(x, np.empty_like(x), algorithm="recdoubling")
+        assert d.runner.finished == before + 1
+        # A round that finished something while a user thread drives: the drivers' wake
+        # counter moves.
+        real_round = pr.round
+
+        def finishing_round():
+            d.runner.finished += 1
+            return real_round()
+        with pr.lock:
+            pr.round = finishing_round
+            pr._driving += 1
+            try:
+                wakes = []
+                real_wake = pr._wake_futex_sleepers
+                pr._wake_futex_sleepers = lambda: (wakes.append(1), real_wake())
+                pr._round_waking_drivers()
+                assert wakes == [1]
+                pr._driving -= 1
+                pr._round_waking_drivers()          # nobody drives: no wake-up
+                assert wakes == [1]
+                pr._driving += 1
+            finally:
+                pr._driving -= 1
+                pr.round = real_round
+                pr._wake_futex_sleepers = real_wake
+    finally:
+        polycast.finalize()

@@ -53,6 +53,7 @@ class ActionRunner:
         self._in_run = False
         self._queued: collections.deque = collections.deque()
         self.allocate: set[int] = set()     # receives whose buffer is made on Matched
+        self.finished = 0       # requests ended (completed or failed): Progress's wake-ups
 
     def run(self, cs: CommState, actions) -> None:
         if not actions:
@@ -100,6 +101,7 @@ class ActionRunner:
                 self.mcast_requests.discard(a.req)
                 req = self.requests.pop(a.req, None)
                 if req is not None:
+                    self.finished += 1
                     req._finish()
             elif t is Fail:
                 self.fail_request(a.req, a.error)
@@ -134,6 +136,7 @@ class ActionRunner:
         self.mcast_requests.discard(req_id)
         req = self.requests.pop(req_id, None)
         if req is not None:
+            self.finished += 1
             req._finish(error)
 
     def _send(self, cs: CommState, a: Send) -> None:

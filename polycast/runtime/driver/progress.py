@@ -182,13 +182,29 @@ class Progress:
                         self._drive_cv.wait(PARK_SECONDS)
                 if not self._driving and self.lock.acquire(blocking=False):
                     try:
-                        self.round()
+                        self._round_waking_drivers()
                     finally:
                         self.lock.release()
                 continue
             with self.lock:
-                timeout = self.round()
+                timeout = self._round_waking_drivers()
             self._block(timeout)
+
+    def _round_waking_drivers(self) -> float:
+        """:meth:`round` on the progress thread. A request it finished may be the one a
+        user thread drives progress for: that thread may have looked at the request just
+        before and be going to sleep on the rings (whose frame this round took), so it is
+        woken (the command counter it sleeps on changes; a select sleeper gets a byte)."""
+        runner = self.d.runner
+        finished = runner.finished
+        timeout = self.round()
+        if runner.finished != finished and self._driving:
+            self._wake_futex_sleepers()
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass            # full of wake-ups already
+        return timeout
 
     def round(self) -> float:
         """One non-blocking pass over every source of work (call with ``lock`` held).
@@ -224,8 +240,11 @@ class Progress:
             peers.flush_all()
         return self._select_timeout(busy)
 
-    def _block(self, timeout: float) -> None:
-        """Sleep until some input may be ready (without ``lock``), at most ``timeout``.
+    def _block(self, timeout: float, request=None) -> None:
+        """Sleep until some input may be ready (without ``lock``), at most ``timeout``;
+        not at all once ``request`` (the one a driving thread waits for) is done. It is
+        looked at after the values the sleep compares are read: a request the progress
+        thread finishes after that look changes one of them (:meth:`_round_waking_drivers`).
 
         When every peer has rings and no multicast call is outstanding, input can only
         come through the rings (the sockets carry doorbells and goodbyes, read at the next
@@ -241,7 +260,8 @@ class Progress:
             values.append(self._cmd_word.value)
             peers.set_sleeping(SLEEP_FUTEX)
             try:
-                if peers.rings_pending() or self._cmds or self.stopping:
+                if peers.rings_pending() or self._cmds or self.stopping or (
+                        request is not None and request._done):
                     return
                 ws.wait(values, timeout)
             finally:
@@ -249,7 +269,7 @@ class Progress:
             return
         peers.set_sleeping(SLEEP_SELECT)
         try:
-            if peers.rings_pending():
+            if peers.rings_pending() or (request is not None and request._done):
                 return
             self.sel.select(timeout)
         finally:
@@ -367,7 +387,7 @@ class Progress:
                     # Only the rings (and commands) can wake a futex sleeper: what the
                     # sleep is bounded by needs no select, just the timers.
                     timeout = self._idle_timeout(mono())
-                self._block(min(timeout, left))
+                self._block(min(timeout, left), request)
                 # Woken by a ring or a command: a quick round takes it (a full one still
                 # runs every FULL_ROUND_SECONDS). From select, a socket may be ready.
                 full, spun = not futex_sleep, False
