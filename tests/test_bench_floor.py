@@ -32,8 +32,10 @@ def test_floor_bench_splits_a_small_call(tmp_path):
     assert ranks["nranks"] == 2 and ranks["wall_us"] > 0 and ranks["cpu_us"] > 0
     assert ranks["budget_cpu_us"] == 3 * 10 * min(got["cores"], 2) / 2
     pieces = ranks["pieces"]
-    # every call posts once into the engine and takes the peer's one message
+    # every call posts once into the engine and takes the peer's one message (the peer may
+    # be one call ahead or behind at the window's edges: its message of the first call can
+    # arrive while this rank finishes the Barrier before the window)
     assert pieces["engine.post"]["per_call"] == 1.0, pieces
-    assert 1.0 <= pieces["engine.on_message"]["per_call"] <= 1.05, pieces
+    assert 0.95 <= pieces["engine.on_message"]["per_call"] <= 1.05, pieces
     assert pieces["driver.post"]["cpu_us"] >= pieces["engine.post"]["cpu_us"] * 0.5
     assert "2 ranks: wall" in res.stdout
