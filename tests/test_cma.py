@@ -190,3 +190,89 @@ def test_large_messages_exact(transport, cma_env):
         # payloads that had all arrived when their header was read went straight to their
         # destination (which ones did depends on timing; some always do: 100 KiB ones)
         assert lazy_total > 0
+
+
+@needs_cma
+@pytest.mark.parametrize("dtype", [np.int32, np.float64])
+@pytest.mark.parametrize("op", ["sum", "max", "prod"])
+def test_single_copy_reduce_in_pieces_matches_numpy(op, dtype, monkeypatch):
+    """A reducing delivery of a single-copy payload reads it a piece at a time into the
+    per-thread scratch and combines each piece at once: the same result as numpy, for
+    payloads below, at and above the piece size, sizes not a multiple of it, and regions
+    of several runs whose boundaries fall inside pieces."""
+    from polycast import memory, ops
+    from polycast.engine.actions import Region
+    monkeypatch.setattr(memory, "REDUCE_PIECE_NBYTES", 4096)       # many pieces, small sizes
+    combine = ops.get(op).combine
+    ref = {"sum": np.add, "max": np.maximum, "prod": np.multiply}[op]
+    per_piece = 4096 // np.dtype(dtype).itemsize
+    rng = np.random.default_rng(9)
+    for nelems in (1, per_piece - 1, per_piece, per_piece + 1, 3 * per_piece + 7, 10_001):
+        cut = nelems // 3
+        for runs in (((0, nelems),), ((0, cut), (cut + 5, nelems + 5))):
+            src = rng.integers(1, 4, nelems).astype(dtype)
+            recv = rng.integers(1, 4, nelems + 5).astype(dtype)
+            want = recv.copy()
+            pos = 0
+            for a, b in runs:
+                want[a:b] = ref(recv[a:b], src[pos:pos + b - a])
+                pos += b - a
+            bufs = memory.Buffers()
+            bufs.register_arrays(7, recv=recv)
+            bufs._reqs[7].ufunc = combine
+            p = cma.RemotePayload(1, os.getpid(), _addr(src), src.nbytes)
+            bufs.deliver(Region(7, "recv", runs, src.nbytes), p, True)
+            assert (recv == want).all(), (op, dtype, nelems, runs)
+            assert p.used
+            p.finish()
+            assert p.local is None                  # read once, nothing kept
+    # and at the real piece size: a payload of a few pieces plus an odd tail
+    monkeypatch.undo()
+    src = np.arange(3 * memory.REDUCE_PIECE_NBYTES // 8 + 3, dtype=np.float64)
+    recv = np.full(src.size, 0.5)
+    bufs = memory.Buffers()
+    bufs.register_arrays(8, recv=recv)
+    bufs._reqs[8].ufunc = ops.get("sum").combine
+    p = cma.RemotePayload(1, os.getpid(), _addr(src), src.nbytes)
+    bufs.deliver(Region(8, "recv", ((0, src.size),), src.nbytes), p, True)
+    assert (recv == src + 0.5).all()
+
+
+@needs_cma
+def test_writer_dying_between_pieces_of_a_reduce_is_peer_lost(monkeypatch):
+    """The writer exits after the first piece of a reducing delivery was read: the next
+    piece's process_vm_readv fails (ESRCH) and the delivery raises PeerLost naming it."""
+    from polycast import memory
+    from polycast.engine.actions import Region
+    nbytes = 3 * memory.REDUCE_PIECE_NBYTES
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, ctypes\n"
+         f"b = ctypes.create_string_buffer({nbytes})\n"
+         "print(ctypes.addressof(b), flush=True)\nsys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        addr = int(child.stdout.readline())
+        real_read, calls = cma.read, []
+
+        def read_then_end_writer(pid, local, remote):
+            real_read(pid, local, remote)
+            calls.append(pid)
+            if len(calls) == 1:                 # the first piece arrived: the writer exits
+                child.stdin.close()
+                child.wait(timeout=30)
+        monkeypatch.setattr(cma, "read", read_then_end_writer)
+        recv = np.ones(nbytes, np.uint8)
+        bufs = memory.Buffers()
+        bufs.register_arrays(7, recv=recv)
+        bufs._reqs[7].ufunc = np.add
+        p = cma.RemotePayload(4, child.pid, addr, nbytes)
+        with pytest.raises(PeerLost) as info:
+            bufs.deliver(Region(7, "recv", ((0, nbytes),), nbytes), p, True)
+        assert info.value.rank == 4 and "ESRCH" in str(info.value)
+        assert len(calls) == 1                  # the second piece's read failed
+        with pytest.raises(PeerLost):
+            p.finish()
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=30)

@@ -162,6 +162,7 @@ class RemotePayload(LazyPayload):
     :meth:`finish`; after that only what was kept (``own``/finish's own read) is."""
 
     __slots__ = ("pid", "addr")
+    piecewise = True
 
     def __init__(self, src: int, pid: int, addr: int, nbytes: int) -> None:
         super().__init__(src, nbytes)
@@ -169,6 +170,9 @@ class RemotePayload(LazyPayload):
 
     def _read(self, ranges) -> None:
         read(self.pid, ranges, [(self.addr, self.nbytes)])
+
+    def _read_at(self, offset: int, ranges) -> None:
+        read(self.pid, ranges, [(self.addr + offset, sum(n for _, n in ranges))])
 
     def _why(self, exc: OSError) -> str:
         size = f"{self.nbytes} bytes"

@@ -39,6 +39,8 @@ class LazyPayload:
     ``_read(ranges)`` (raises OSError) and ``_why(exc)``."""
 
     __slots__ = ("src", "nbytes", "used", "local", "closed", "error")
+    # True when ``_read_at`` reads from any offset (then :meth:`pieces` reads piecewise).
+    piecewise = False
 
     def __init__(self, src: int, nbytes: int) -> None:
         self.src, self.nbytes = src, nbytes
@@ -53,8 +55,23 @@ class LazyPayload:
     def _read(self, ranges) -> None:
         raise NotImplementedError
 
+    def _read_at(self, offset: int, ranges) -> None:
+        """Read the payload's bytes from ``offset`` on into ``ranges`` (``piecewise`` only)."""
+        raise NotImplementedError
+
     def _why(self, exc: OSError) -> str:
         return f"reading its {self.nbytes} bytes message failed: {exc}"
+
+    def _take(self) -> None:
+        """Mark the source read (once only)."""
+        if self.closed or self.used or self.error is not None:
+            raise PeerLost(self.src, self.error or "a lazy payload was read twice or after "
+                                                   "it was released (driver bug)")
+        self.used = True
+
+    def _lost(self, exc: OSError) -> PeerLost:
+        self.error = self._why(exc)
+        return PeerLost(self.src, self.error)
 
     def read_into(self, ranges) -> None:
         """Copy the payload into local (address, nbytes) ranges (their total = nbytes)."""
@@ -65,15 +82,29 @@ class LazyPayload:
                 ctypes.memmove(a, src[pos:pos + n].ctypes.data, n)
                 pos += n
             return
-        if self.closed or self.used or self.error is not None:
-            raise PeerLost(self.src, self.error or "a lazy payload was read twice or after "
-                                                   "it was released (driver bug)")
-        self.used = True
+        self._take()
         try:
             self._read(ranges)
         except OSError as exc:
-            self.error = self._why(exc)
-            raise PeerLost(self.src, self.error) from None
+            raise self._lost(exc) from None
+
+    def pieces(self, nbytes_max: int):
+        """The payload in order, as byte arrays of at most ``nbytes_max`` bytes each (the
+        per-thread scratch: use each before asking for the next). One piece (the whole
+        payload) unless it can be read piecewise and is larger than ``nbytes_max``."""
+        if self.local is not None or not self.piecewise or self.nbytes <= nbytes_max:
+            yield self.array()
+            return
+        self._take()
+        buf = scratch(nbytes_max)
+        addr = buf.ctypes.data
+        for off in range(0, self.nbytes, nbytes_max):
+            n = min(nbytes_max, self.nbytes - off)
+            try:
+                self._read_at(off, [(addr, n)])
+            except OSError as exc:
+                raise self._lost(exc) from None
+            yield buf[:n]
 
     def array(self) -> np.ndarray:
         """The payload as a byte array (a per-thread scratch: use it before the next)."""
