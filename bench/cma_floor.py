@@ -13,15 +13,15 @@ bench/results/cma_floor.json):
   ``memcpy`` (``np.copyto``), 4 MiB and 12 MiB, best of several; then 2 readers at once
   (one per core) to show whether the cores share a bandwidth limit.
 * **split** -- per case (ranks x size x algorithm, POLYCAST_SYMM=0: the engine's schedule),
-  ranks launched here time every call and split its CPU (``time.process_time``) into
-  ``read`` (thread CPU inside ``RemotePayload._read``: the single-copy reads), ``copy``
-  (``Buffers.copy``: the own block's local copy) and ``rest`` (Python: engine, driver,
-  rings, waiting), and count the frames each rank handled. Medians over the timed calls,
-  averaged over ranks. ``busy`` = ranks x CPU / wall: 2 on this 2-core machine means
-  CPU-bound. ``floor`` = the wall if every rank did only its copies at the ceiling rates,
-  spread over min(ranks, cores) cores: no engine, no protocol, no waiting.
+  ranks launched here time every call and split its CPU (``time.process_time``) into ``read``
+  (thread CPU inside ``RemotePayload._read``/``_read_at``: the single-copy reads), ``copy``
+  (``Buffers.copy``: the own block's local copy) and ``rest`` (Python: engine, driver, rings,
+  waiting; a reduction's ufunc), and count the frames each rank handled. Medians over the
+  timed calls, averaged over ranks. ``busy`` = ranks x CPU / wall: 2 on this 2-core machine
+  means CPU-bound. ``floor`` = the wall if every rank did only its copies at the ceiling
+  rates, spread over min(ranks, cores) cores: no engine, no protocol, no waiting.
 
-The ranks wrap those three functions for timing (a few us per call); use the split for
+The ranks wrap those functions for timing (a few us per call); use the split for
 where the time goes, and ``polycast bench`` / ``bench/peers.py`` for the busbw figures.
 ``--realtime`` runs the ranks at ``chrt -r 1`` (root): the machine's other load stays out.
 """
@@ -145,6 +145,8 @@ def _rank(args) -> None:
         setattr(cls, name, wrapper)
 
     timed(cma.RemotePayload, "_read", "read")
+    if hasattr(cma.RemotePayload, "_read_at"):       # a reduction's piecewise reads
+        timed(cma.RemotePayload, "_read_at", "read")
     timed(memory.Buffers, "copy", "copy")
     frame = peers.PeerIO._frame
 
