@@ -59,6 +59,32 @@ def _run_units(unit, k: int) -> float:
     return time.perf_counter() - t0
 
 
+def _clocks() -> tuple:
+    """(wall, this thread's CPU, its run-queue wait, the process's CPU) in seconds. The
+    run-queue wait (Linux schedstat: runnable but another thread had the core) is None
+    where the kernel does not keep it."""
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            rq = int(fh.read().split()[1]) * 1e-9
+    except (OSError, ValueError, IndexError):
+        rq = None
+    return time.perf_counter(), time.thread_time(), rq, time.process_time()
+
+
+def _split(c0: tuple, c1: tuple) -> dict:
+    """Where the compute thread's wall time between two ``_clocks`` went: ``cpu`` (it ran),
+    ``runq`` (runnable, the core ran another thread: the collective's, a peer rank's, other
+    load), ``blocked`` (neither: asleep, i.e. waiting for the GIL, since the compute loop
+    has nothing else to wait for); ``others_cpu``: the CPU the process's other threads (the
+    symm worker, the progress thread) used meanwhile. Milliseconds."""
+    wall, cpu = c1[0] - c0[0], c1[1] - c0[1]
+    rq = None if c0[2] is None or c1[2] is None else c1[2] - c0[2]
+    ms = {"wall": wall, "cpu": cpu, "runq": rq,
+          "blocked": None if rq is None else max(0.0, wall - cpu - rq),
+          "others_cpu": max(0.0, (c1[3] - c0[3]) - cpu)}
+    return {k: None if v is None else v * 1e3 for k, v in ms.items()}
+
+
 def _rank(args) -> None:
     sys.path.insert(0, REPO)
     import numpy as np
@@ -75,13 +101,19 @@ def _rank(args) -> None:
         algo = None if path == "auto" else "ring"
         for _ in range(2):                              # warm up: staging, rings, pages
             comm.Iallreduce(x, y, algorithm=algo).Wait()
-        comm_s = []
+        comm_s, comm_cpu, comm_split = [], [], None
         for _ in range(args.reps):
             comm.Barrier()
-            t0 = time.perf_counter()
+            c0 = _clocks()
             comm.Iallreduce(x, y, algorithm=algo).Wait()
-            comm_s.append(time.perf_counter() - t0)
+            sp = _split(c0, _clocks())
+            comm_s.append(sp["wall"] * 1e-3)
+            comm_cpu.append((sp["cpu"] + sp["others_cpu"]) * 1e-3)
+            if comm_split is None or sp["wall"] < comm_split["wall"]:
+                comm_split = sp
         t_comm = comm.allreduce(min(comm_s), op="max")
+        cpu_comm = comm.allreduce(min(comm_cpu), op="max")
+        comm_splits = comm.allgather(comm_split)
         for kind in args.compute.split(","):
             unit = _units(kind)
             k0 = 3
@@ -89,7 +121,13 @@ def _rank(args) -> None:
                 k0 *= 2
             one = min(_run_units(unit, k0) / k0 for _ in range(3))
             k = comm.allreduce(max(3, int(max(0.05, 2 * t_comm) / one)), op="max")
-            alone = min(_run_units(unit, k) for _ in range(args.reps))
+            alone, alone_split = None, None
+            for _ in range(args.reps):
+                c0 = _clocks()
+                _run_units(unit, k)
+                sp = _split(c0, _clocks())
+                if alone is None or sp["wall"] < alone_split["wall"]:
+                    alone, alone_split = sp["wall"] * 1e-3, sp
             best = None
             ok = True
             for _ in range(args.reps):
@@ -97,18 +135,21 @@ def _rank(args) -> None:
                 comm.Barrier()
                 t0 = time.perf_counter()
                 req = comm.Iallreduce(x, y, algorithm=algo)
-                t1 = time.perf_counter()
+                c1 = _clocks()
+                t1 = c1[0]
                 during = _run_units(unit, k)
+                c2 = _clocks()
                 done_early = req.Test()
                 t2 = time.perf_counter()
                 req.Wait()
                 t3 = time.perf_counter()
                 ok = ok and bool((y == P * (P + 1) / 2).all())
-                got = (t1 - t0, during, t3 - t2, done_early)
+                got = (t1 - t0, during, t3 - t2, done_early, _split(c1, c2))
                 if best is None or got[1] < best[1]:
                     best = got
-            call, during, wait, done_early = best
-            worst = comm.allgather((call, alone, during, wait, done_early, ok))
+            call, during, wait, done_early, split = best
+            worst = comm.allgather((call, alone, during, wait, done_early, ok, alone_split,
+                                    split))
             if r == 0:
                 call = max(w[0] for w in worst)
                 loss = max(1 - w[1] / w[2] for w in worst)
@@ -122,7 +163,12 @@ def _rank(args) -> None:
                              "wait_ms": max(w[3] for w in worst) * 1e3, "loss": loss,
                              "hidden": hidden,
                              "done_before_wait": all(w[4] for w in worst),
-                             "correct": all(w[5] for w in worst)})
+                             "correct": all(w[5] for w in worst),
+                             "comm_cpu_ms": cpu_comm * 1e3,
+                             # per rank: the compute thread's split alone and during
+                             "comm_split": comm_splits,     # the caller's, comm alone
+                             "alone_split": [w[6] for w in worst],
+                             "during_split": [w[7] for w in worst]})
     if r == 0:
         print("OVERLAPROWS " + json.dumps(rows), flush=True)
     comm.Barrier()
@@ -132,6 +178,27 @@ def _rank(args) -> None:
 # One BLAS thread per rank: no oversubscription of the 2 cores by numpy's compute.
 ONE_BLAS_THREAD = {var: "1" for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                                          "MKL_NUM_THREADS")}
+
+
+def _print_split(rows) -> None:
+    """Where each rank's lost compute time went (``during`` - ``alone``, ms): its own
+    CPU grew (``+cpu``: caches, memory bandwidth), it waited for a core (``+runq``) or
+    slept (``+gil``: waiting for the GIL); ``coll cpu``: the CPU its collective's threads
+    used meanwhile. ``floor``: the loss if the collective's CPU alone (``comm cpu``) had to
+    come out of the compute's core, M / (C + M)."""
+    print("\nwhere the lost compute time went, per rank (ms; +x: during minus alone)")
+    print(f"{'path':<8}{'compute':<8}{'rank':>5}{'lost':>8}{'+cpu':>8}{'+runq':>8}"
+          f"{'+gil':>8}{'coll cpu':>10}{'comm cpu':>10}{'floor':>7}")
+    for row in rows:
+        for rank, (a, d) in enumerate(zip(row["alone_split"], row["during_split"])):
+            def delta(key):
+                if a[key] is None or d[key] is None:
+                    return "    n/a"
+                return f"{d[key] - a[key]:>8.1f}"
+            m = row["comm_cpu_ms"]
+            print(f"{row['path']:<8}{row['compute']:<8}{rank:>5}{d['wall'] - a['wall']:>8.1f}"
+                  f"{delta('cpu')}{delta('runq')}{delta('blocked')}{d['others_cpu']:>10.1f}"
+                  f"{m:>10.1f}{m / (a['cpu'] + m):>7.0%}")
 
 
 def main(argv=None) -> int:
@@ -167,6 +234,7 @@ def main(argv=None) -> int:
               f"{row['call_ms']:>9.2f}{row['alone_ms']:>10.1f}{row['during_ms']:>11.1f}"
               f"{row['wait_ms']:>9.1f}{row['loss']:>7.0%}{row['hidden']:>8.0%}  "
               f"{'met' if all(met) else 'NOT met'}{'' if row['correct'] else '  WRONG DATA'}")
+    _print_split(rows)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump({"load_average": load, "rows": rows}, fh, indent=1)
