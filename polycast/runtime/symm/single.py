@@ -75,18 +75,34 @@ def _read_peer(st: SymmState, p: int, dst, addr: int, what: str) -> None:
 
 def _reduce_from_peers(st: SymmState, ufunc, ropt, mine, acc, addrs: list, what: str) -> None:
     """``acc`` = ``mine`` combined with the same range of every peer's array (``addrs[p]``:
-    where it starts in rank p), peers in the staged form's order (r+1, r+2, ...). Read a
-    chunk at a time into a buffer of our own, so each chunk is reduced while in cache."""
+    where it starts in rank p), peers in the staged form's order (r+1, r+2, ...).
+
+    The first peer's range is read straight into ``acc`` (one process_vm_readv) and ``mine``
+    added to it in one ufunc call, when ``acc`` is not ``mine`` itself; further peers (and
+    the in-place case) are read a chunk at a time into a buffer of our own and reduced
+    while in cache. Measured (one process, 32 MiB float32 sum, /tmp/overlap/chunk.py):
+    straight 5.8 ms vs 9.1 ms in 256 KiB chunks (readv 2.5 + add 3.3: fewer passes, no
+    per-chunk calls). It also takes the GIL twice instead of twice per chunk: a worker
+    running an overlapped job beside pure-Python compute waits up to the switch interval
+    (5 ms) for every take, so 256 takes per 32 MiB starved the collective."""
     P, r, n = st.size, st.rank, acc.size
-    tmp = np.empty(min(max(1, n), max(1, SINGLE_COPY_CHUNK_NBYTES // acc.itemsize)), acc.dtype)
-    isz = acc.itemsize
-    for lo in range(0, n, tmp.size):
-        hi = min(n, lo + tmp.size)
-        a, t = acc[lo:hi], tmp[:hi - lo]
-        for i in range(1, P):
-            p = (r + i) % P
-            _read_peer(st, p, t, addrs[p] + lo * isz, what)
-            ufunc(mine[lo:hi] if i == 1 else a, t, out=a)
+    first = 1
+    if P > 1 and n and not np.may_share_memory(mine, acc):
+        p = (r + 1) % P
+        _read_peer(st, p, acc, addrs[p], what)
+        ufunc(mine, acc, out=acc)
+        first = 2
+    if first < P:
+        tmp = np.empty(min(max(1, n), max(1, SINGLE_COPY_CHUNK_NBYTES // acc.itemsize)),
+                       acc.dtype)
+        isz = acc.itemsize
+        for lo in range(0, n, tmp.size):
+            hi = min(n, lo + tmp.size)
+            a, t = acc[lo:hi], tmp[:hi - lo]
+            for i in range(first, P):
+                p = (r + i) % P
+                _read_peer(st, p, t, addrs[p] + lo * isz, what)
+                ufunc(mine[lo:hi] if i == 1 else a, t, out=a)
     if ropt is ReduceOp.AVG:
         apply_avg(acc, P)
 
