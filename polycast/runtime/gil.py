@@ -1,0 +1,57 @@
+"""A short GIL switch interval while a communication thread runs beside the user's code.
+
+A collective that overlaps with computation runs on a thread of its own (the symm
+worker, :mod:`.symm.queue`). It spends its time in calls that release the GIL (copies,
+reductions, futex sleeps) and needs the GIL back after each one, for a few microseconds
+of Python. When the user's thread holds the GIL (pure-Python compute; or numpy compute
+whose GIL-free stretches are shorter than a wake-up on a busy core), CPython makes the
+returning thread wait the switch interval (``sys.getswitchinterval()``, 5 ms by default)
+before it asks the holder to let go. A 64 MiB allreduce takes the GIL back some ten to
+a few hundred times, so it crawled while the user computed and ran in ``Wait`` instead:
+no overlap (bench/overlap.py: the collective's threads used 1-5 ms of their ~18 ms of CPU
+inside a 50-70 ms compute window).
+
+:func:`short_switch` lowers the interval to SWITCH_SECONDS while at least one such job
+runs, and puts back what was there when the last one ends. The user's thread is only
+interrupted when the communication thread actually waits for the GIL, and then holds it
+for those few microseconds. The interval is the interpreter's, so a program that sets its
+own meanwhile keeps it (we restore only a value we set ourselves).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+
+# POLYCAST_SWITCH_US=0 leaves the interval alone.
+SWITCH_SECONDS = float(os.environ.get("POLYCAST_SWITCH_US", "100")) * 1e-6
+
+_lock = threading.Lock()
+_users = 0
+_saved: float | None = None      # the interval before the first user, when we lowered it
+
+
+@contextlib.contextmanager
+def short_switch():
+    """Run the body with the switch interval at most SWITCH_SECONDS."""
+    global _users, _saved
+    with _lock:
+        if _users == 0:
+            old = sys.getswitchinterval()
+            if 0 < SWITCH_SECONDS < old:
+                sys.setswitchinterval(SWITCH_SECONDS)
+                _saved = old
+        _users += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _users -= 1
+            if _users == 0 and _saved is not None:
+                # Put it back only if nobody changed it meanwhile (a float round-trips
+                # through the C setter within a microsecond).
+                if abs(sys.getswitchinterval() - SWITCH_SECONDS) < 1e-6:
+                    sys.setswitchinterval(_saved)
+                _saved = None
