@@ -11,7 +11,7 @@ a few hundred times, so it crawled while the user computed and ran in ``Wait`` i
 no overlap (bench/overlap.py: the collective's threads used 1-5 ms of their ~18 ms of CPU
 inside a 50-70 ms compute window).
 
-:func:`short_switch` lowers the interval to SWITCH_SECONDS while at least one such job
+:func:`short_switch` (or :func:`begin_short` / :func:`end_short`) lowers the interval to SWITCH_SECONDS while at least one such job
 runs, and puts back what was there when the last one ends. The user's thread is only
 interrupted when the communication thread actually waits for the GIL, and then holds it
 for those few microseconds. The interval is the interpreter's, so a program that sets its
@@ -33,9 +33,8 @@ _users = 0
 _saved: float | None = None      # the interval before the first user, when we lowered it
 
 
-@contextlib.contextmanager
-def short_switch():
-    """Run the body with the switch interval at most SWITCH_SECONDS."""
+def begin_short() -> None:
+    """One more user of the short interval (the first one lowers it)."""
     global _users, _saved
     with _lock:
         if _users == 0:
@@ -44,14 +43,25 @@ def short_switch():
                 sys.setswitchinterval(SWITCH_SECONDS)
                 _saved = old
         _users += 1
+
+
+def end_short() -> None:
+    """One user fewer (the last one puts back the interval it found, unless the program
+    set its own meanwhile: a float round-trips through the C setter within 1 us)."""
+    global _users, _saved
+    with _lock:
+        _users -= 1
+        if _users == 0 and _saved is not None:
+            if abs(sys.getswitchinterval() - SWITCH_SECONDS) < 1e-6:
+                sys.setswitchinterval(_saved)
+            _saved = None
+
+
+@contextlib.contextmanager
+def short_switch():
+    """Run the body with the switch interval at most SWITCH_SECONDS."""
+    begin_short()
     try:
         yield
     finally:
-        with _lock:
-            _users -= 1
-            if _users == 0 and _saved is not None:
-                # Put it back only if nobody changed it meanwhile (a float round-trips
-                # through the C setter within a microsecond).
-                if abs(sys.getswitchinterval() - SWITCH_SECONDS) < 1e-6:
-                    sys.setswitchinterval(_saved)
-                _saved = None
+        end_short()
