@@ -514,3 +514,44 @@ def test_a_driving_thread_does_not_sleep_on_a_request_already_done():
                 pr._wake_futex_sleepers = real_wake
     finally:
         polycast.finalize()
+
+
+def test_a_ring_wake_up_wakes_every_sleeper_of_the_reader(tmp_path):
+    """The reader's progress thread (carrying an overlapped request) and a user thread
+    driving a call (Barrier, Wait) can both sleep on a ring's data counter. The writer's
+    wake-up must reach both: woken alone, the progress thread could take the frame and
+    finish the driver's call while the driver slept on to its 50 ms bound (seen as every
+    other Barrier after an overlapped 64 MiB Iallreduce taking 50 ms)."""
+    import threading
+    from types import SimpleNamespace
+
+    from polycast.runtime import futex
+    from polycast.runtime.driver.peers import PeerIO
+    from polycast.runtime.shm import SLEEP_FUTEX
+    if not futex.available():
+        pytest.skip(f"futex wake-ups unavailable: {futex.unavailable_reason()}")
+    path = str(tmp_path / "ring")
+    reader = Ring.create(path, 1 << 16)
+    writer = Ring.attach(path, 1 << 16)
+    reader.unlink()
+    d0 = reader.data_bell()
+    reader.set_sleeping(SLEEP_FUTEX)
+    woke = [threading.Event(), threading.Event()]
+
+    def sleeper(ev):
+        futex.WaitSet([(reader.data_bell_addr, False)]).wait([d0], 30.0)
+        ev.set()
+    threads = [threading.Thread(target=sleeper, args=(ev,)) for ev in woke]
+    for t in threads:
+        t.start()
+    assert not woke[0].wait(0.2) and not woke[1].is_set()      # both asleep
+    writer.enqueue(3, b"hdr", [np.ones(100, np.uint8)], 100, "tok")
+    assert writer.flush()[1] == SLEEP_FUTEX
+    # The counter moved after they went to sleep: only a FUTEX_WAKE ends their sleep.
+    PeerIO._wake_reader(SimpleNamespace(futex=True), 1, SimpleNamespace(ring_out=writer),
+                        SLEEP_FUTEX)
+    assert woke[0].wait(10) and woke[1].wait(10), "a sleeper missed the wake-up"
+    for t in threads:
+        t.join()
+    writer.close()
+    reader.close()

@@ -30,6 +30,14 @@ from .. import tcp
 from ..tcp import LinkClosed, SocketPayload
 from ..world import World
 
+# A ring's futex counter can have two sleepers in the process at once: the progress thread
+# (carrying a request nobody waits on, e.g. an overlapped Iallreduce) and a user thread
+# driving progress for the call it waits on (Barrier, Wait). Waking one lost the other's
+# wake-up when the progress thread got it and finished the driver's request: the driver
+# slept to its 50 ms bound (measured: every other Barrier after an overlapped 64 MiB
+# Iallreduce took 50.5 ms on one of 2 ranks; 0.2-4 ms waking every sleeper).
+WAKE_ALL = 1 << 30
+
 
 class PeerIO:
     """The rings and TCP links of a :class:`World`; selector keys are ``("peer", rank)``."""
@@ -153,7 +161,7 @@ class PeerIO:
                     # We freed space in the ring of a writer blocked on it: it sleeps in
                     # select (the doorbell frame) or on the ring's space counter.
                     if self.futex and peer.ring_in is not None:
-                        futex.wake(peer.ring_in.space_bell_addr)
+                        futex.wake(peer.ring_in.space_bell_addr, WAKE_ALL)
                     peer.tcp.enqueue(KIND_DOORBELL, b"", [], 0, None)
                     self._flush_peer(r)
 
@@ -196,7 +204,7 @@ class PeerIO:
         """Frames were written to peer ``r``'s ring while its reader sleeps (``bell``:
         shm.SLEEP_FUTEX or SLEEP_SELECT): wake it."""
         if bell == SLEEP_FUTEX and self.futex:
-            futex.wake(peer.ring_out.data_bell_addr)
+            futex.wake(peer.ring_out.data_bell_addr, WAKE_ALL)
         else:
             # A doorbell also when the reader sleeps on its futex but this rank cannot
             # wake one (POLYCAST_FUTEX=0 here only): the reader's bounded wait ends it.
