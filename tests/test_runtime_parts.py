@@ -144,6 +144,18 @@ def test_ring_roundtrip_with_pieces_and_pinning(tmp_path):
     assert [g for g in got] == [m.tobytes() for m in msgs]
 
 
+def _futex_ring_pair(tmp_path):
+    """A ring's reader and writer ends (skips where futex wake-ups are unavailable)."""
+    from polycast.runtime import futex
+    if not futex.available():
+        pytest.skip(f"futex wake-ups unavailable: {futex.unavailable_reason()}")
+    path = str(tmp_path / "ring")
+    reader = Ring.create(path, 1 << 16)
+    writer = Ring.attach(path, 1 << 16)
+    reader.unlink()
+    return reader, writer
+
+
 def test_ring_futex_bells_wake_a_sleeping_reader_and_a_blocked_writer(tmp_path):
     """The counters a sleeper waits on: a flush that wrote bumps the data counter and asks
     for a futex wake when the reader sleeps on it; freeing space bumps the space counter.
@@ -152,12 +164,7 @@ def test_ring_futex_bells_wake_a_sleeping_reader_and_a_blocked_writer(tmp_path):
 
     from polycast.runtime import futex
     from polycast.runtime.shm import SLEEP_FUTEX, SLEEP_SELECT
-    if not futex.available():
-        pytest.skip(f"futex wake-ups unavailable: {futex.unavailable_reason()}")
-    path = str(tmp_path / "ring")
-    reader = Ring.create(path, 1 << 16)
-    writer = Ring.attach(path, 1 << 16)
-    reader.unlink()
+    reader, writer = _futex_ring_pair(tmp_path)
     ws = futex.WaitSet([(reader.data_bell_addr, False), (writer.space_bell_addr, False)])
     d0, s0 = reader.data_bell(), writer.space_bell()
     reader.set_sleeping(SLEEP_FUTEX)
@@ -528,12 +535,7 @@ def test_a_ring_wake_up_wakes_every_sleeper_of_the_reader(tmp_path):
     from polycast.runtime import futex
     from polycast.runtime.driver.peers import PeerIO
     from polycast.runtime.shm import SLEEP_FUTEX
-    if not futex.available():
-        pytest.skip(f"futex wake-ups unavailable: {futex.unavailable_reason()}")
-    path = str(tmp_path / "ring")
-    reader = Ring.create(path, 1 << 16)
-    writer = Ring.attach(path, 1 << 16)
-    reader.unlink()
+    reader, writer = _futex_ring_pair(tmp_path)
     d0 = reader.data_bell()
     reader.set_sleeping(SLEEP_FUTEX)
     woke = [threading.Event(), threading.Event()]
