@@ -1,8 +1,10 @@
-"""Builds the optional compiled helper of the shared-memory rings (polycast/runtime/_ring.c).
+"""Builds the optional compiled helpers: the shared-memory rings' (polycast/runtime/_ring.c)
+and the symm barrier's and small calls' (polycast/runtime/symm/_symm.c).
 
 Everything else is declared in pyproject.toml. ``optional=True``: where no C compiler (or no
-Python headers) is found, pip still installs polycast and the rings run in pure Python
-(runtime/native.py says which is in use at POLYCAST_DEBUG=INFO).
+Python headers) is found, pip still installs polycast and the rings and the symm path run
+in pure Python (runtime/native.py and runtime/symm/barrier.py say which is in use at
+POLYCAST_DEBUG=INFO).
 """
 import sys
 
@@ -11,6 +13,8 @@ from setuptools import Extension, setup
 ext_modules = []
 if sys.platform.startswith("linux"):       # futexes and the ring layout are Linux-only
     ext_modules.append(Extension("polycast.runtime._ring", ["polycast/runtime/_ring.c"],
+                                 extra_compile_args=["-O2", "-std=gnu11"], optional=True))
+    ext_modules.append(Extension("polycast.runtime.symm._symm", ["polycast/runtime/symm/_symm.c"],
                                  extra_compile_args=["-O2", "-std=gnu11"], optional=True))
 
 setup(ext_modules=ext_modules)

@@ -545,15 +545,28 @@ def _symm_first_profile(path) -> str:
     return profile.save({"links": profile.BUILTIN_LINKS, "symm": zero}, str(path))
 
 
-@pytest.mark.parametrize("nranks,single_copy", [(2, "1"), (3, "1"), (4, "1"), (3, "0")])
-def test_symm_auto_staged_plain_arrays(nranks, single_copy, tmp_path):
+def _needs_symm_native():
+    from polycast.runtime.symm import barrier
+    return pytest.mark.skipif(barrier.compiled is None, reason="compiled symm helper not in "
+                              f"use: {barrier.compiled_why_not}")
+
+
+# native: "1" the compiled barrier and small calls where built, "0" the Python fallback on
+# every rank (POLYCAST_NATIVE=0), "mixed" the fallback on rank 1 only (same layout).
+@pytest.mark.parametrize("nranks,single_copy,native", [
+    (2, "1", "1"), (3, "1", "1"), (4, "1", "1"), (3, "0", "1"), (3, "1", "0"),
+    pytest.param(3, "1", "mixed", marks=_needs_symm_native())])
+def test_symm_auto_staged_plain_arrays(nranks, single_copy, native, tmp_path):
     """``auto`` on one host runs ordinary arrays through a staging symmetric buffer (large
-    allgathers single-copy, unless POLYCAST_CMA=0)."""
+    allgathers single-copy, unless POLYCAST_CMA=0), with the compiled helper, without, and
+    with one rank without it."""
     before = _symm_files()
     prof = _symm_first_profile(tmp_path / "profile.json")
     results = spawn_ranks(nranks, [HERE, "--suite", "auto"],
                           env={"POLYCAST_TIMEOUT": "20", "POLYCAST_PROFILE": prof,
-                               "POLYCAST_CMA": single_copy},
+                               "POLYCAST_CMA": single_copy,
+                               "POLYCAST_NATIVE": "0" if native == "0" else "1"},
+                          per_rank={1: {"POLYCAST_NATIVE": "0"}} if native == "mixed" else None,
                           timeout=120)
     for res in results:
         assert res.returncode == 0 and SUITE_OK in res.out, (

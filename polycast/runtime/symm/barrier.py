@@ -18,6 +18,13 @@ A rank that
 publishes a slot wakes the futex when a peer has said it sleeps (its SLEEP slot). A
 wake-up lost to a store/load reordering between those two costs one SLEEP_CHECK_SECONDS
 sleep, never a hang. Without futexes (not Linux, POLYCAST_FUTEX=0) it naps instead.
+
+The compiled helper (``_symm.c``, built by pip where a C compiler exists; POLYCAST_NATIVE=0
+turns it off) runs the same protocol with release/acquire ordering and fenced sleep flags:
+the publish, the poll/yield/sleep of a wait (returning to this module's loop every
+SLEEP_CHECK_SECONDS at most, so the deadline and dead peers are still checked), and whole
+small slotted calls (:meth:`EpochBarrier.run_small`). Its layout is this one: a compiled
+rank and a Python rank interoperate.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 import time
 
 from .. import futex
@@ -52,6 +60,32 @@ SLEEP_CHECK_SECONDS = 2e-3
 YIELD_SECONDS = 1e-3
 # Then a futex sleep, or without futexes a nap (growing to MAX_NAP_SECONDS).
 MAX_NAP_SECONDS = 1e-3
+
+
+def _load_compiled():
+    """The compiled helper, or None and why not (chosen once, at import)."""
+    if os.environ.get("POLYCAST_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "POLYCAST_NATIVE=0"
+    if sys.byteorder != "little" or not sys.platform.startswith("linux"):
+        return None, "the futex and slot layout are Linux, little-endian"
+    try:
+        from . import _symm
+    except ImportError as exc:
+        return None, f"the compiled helper is not built ({exc}); reinstall with a C compiler"
+    return _symm, None
+
+
+compiled, compiled_why_not = _load_compiled()
+
+# The small calls the compiled helper runs whole (its K_* codes).
+K_ALLREDUCE, K_BCAST, K_ALLGATHER, K_REDUCE_SCATTER = 0, 1, 2, 3
+
+
+def describe() -> str:
+    """One line for POLYCAST_DEBUG=INFO and ``polycast doctor``."""
+    if compiled is not None:
+        return "symm barrier and small calls: compiled (polycast.runtime.symm._symm)"
+    return f"symm barrier and small calls: pure Python ({compiled_why_not})"
 
 
 def _cores() -> int:
@@ -82,10 +116,19 @@ class EpochBarrier:
         self.yield_seconds = YIELD_SECONDS
         self.use_futex = ctrl is not None and futex.available()
         self._waitsets: dict = {}           # (rank, slot) -> futex.WaitSet on that slot
+        # The compiled hot path (None: this module's Python); it holds the control blocks'
+        # addresses, so it is dropped when they are unmapped (SymmState.free).
+        self.native = None
+        if ctrl is not None and compiled is not None:
+            self.native = compiled.Barrier(self.rank, [c.__array_interface__["data"][0]
+                                                       for c in ctrl])
 
     def publish(self, slot: int, value: int) -> None:
         """Store ``value`` in our ``slot`` (after the data: TSO) and wake peers sleeping on
         it."""
+        if self.native is not None:
+            self.native.publish(slot, value)
+            return
         own = self.ctrl[self.rank]
         own[slot] = value
         if self.use_futex:
@@ -98,12 +141,15 @@ class EpochBarrier:
     def _addr(self, rank: int, slot: int) -> int:
         return self.ctrl[rank].__array_interface__["data"][0] + 8 * slot
 
-    def barrier(self, sig: int, what: str) -> list[int]:
-        """Publish ``sig`` and wait for every peer's epoch; returns every rank's sig."""
+    def _refuse_if_broken(self, what: str) -> None:
         if self.broken:
             raise PolycastError(f"rank {self.rank}: {what}: the symmetric memory of this "
                                 f"communicator is unusable after an earlier failure "
                                 f"({self.broken})")
+
+    def barrier(self, sig: int, what: str) -> list[int]:
+        """Publish ``sig`` and wait for every peer's epoch; returns every rank's sig."""
+        self._refuse_if_broken(what)
         try:
             return self._barrier(sig, what)
         except (PeerLost, CollectiveTimeout) as exc:
@@ -120,20 +166,57 @@ class EpochBarrier:
         self.wait_for(self._others, EPOCH, e, what, "did not reach the barrier")
         return [int(c[slot]) for c in self.ctrl]
 
+    def run_small(self, kind: int, sig: int, what: str, src, dst, root: int = 0,
+                  dtype_code: int = 0, op_code: int = 0) -> None:
+        """A whole small slotted call in the compiled helper (``kind``: K_*): copy ``src``
+        into our slot for the next epoch, publish ``sig`` and the epoch, wait for every
+        peer, compare the descriptors (MismatchError on every rank when they differ, nothing
+        copied out), then copy out into ``dst`` or fold every rank's slot in rank order
+        (dtype and op codes: see staged.py). Waits beyond the spin and yields take
+        :meth:`wait_for`'s bounded loop."""
+        self._refuse_if_broken(what)
+        self.epoch += 1
+        e = self.epoch
+        try:
+            rc = self.native.start(kind, e, sig, src, dst, root, dtype_code, op_code,
+                                   self.spin_seconds, self.yield_seconds, self.use_futex)
+        except ValueError:          # refused before publishing anything: a caller's bug
+            self.epoch -= 1
+            raise
+        try:
+            if rc > 0:
+                self.wait_for(self._others, EPOCH, e, what, "did not reach the barrier")
+                rc = self.native.finish(kind, e, src, dst, root, dtype_code, op_code)
+        except (PeerLost, CollectiveTimeout) as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            raise
+        if rc < 0:
+            slot = SIG0 // 8 + (e & 1)
+            self.check_sigs([int(c[slot]) for c in self.ctrl], what)
+
     def wait_for(self, pending: list[int], slot: int, target: int, what: str,
                  missing: str) -> None:
         """Wait until control slot ``slot`` of every rank in ``pending`` is >= ``target``,
         bounded by the timeout and watching the driver's dead-peer list."""
         ctrl = self.ctrl
-        pending = [p for p in pending if int(ctrl[p][slot]) < target]
-        if not pending:
-            return
+        native = self.native
         start = time.monotonic()
-        spin_until = start + self.spin_seconds
-        while time.monotonic() < spin_until:
+        if native is not None:
+            # Spin and yields in C; then this loop's checks between bounded sleeps.
+            # (callers wait for one peer, or for every other rank)
+            only = pending[0] if len(pending) == 1 else -1
+            if not native.wait(only, slot, target, self.spin_seconds, self.yield_seconds,
+                               0.0, self.use_futex):
+                return
+        else:
             pending = [p for p in pending if int(ctrl[p][slot]) < target]
             if not pending:
                 return
+            spin_until = start + self.spin_seconds
+            while time.monotonic() < spin_until:
+                pending = [p for p in pending if int(ctrl[p][slot]) < target]
+                if not pending:
+                    return
         down = getattr(self.comm._driver, "peer_down", None)
         deadline = start + self.comm.timeout_seconds
         nap = 20e-6
@@ -152,7 +235,14 @@ class EpochBarrier:
                     f"rank {self.rank}: {what}: ranks {pending} {missing} within "
                     f"{self.comm.timeout_seconds:g} s (did every rank call it, with "
                     "symmetric buffers?)" + self._notes(pending))
-            if now - start < self.yield_seconds:
+            if native is not None:
+                if self.use_futex:
+                    native.wait(only, slot, target, 0.0, 0.0,
+                                min(deadline - now, SLEEP_CHECK_SECONDS), True)
+                else:
+                    native.wait(only, slot, target, 0.0, 0.0, nap, False)
+                    nap = min(MAX_NAP_SECONDS, nap * 2)
+            elif now - start < self.yield_seconds:
                 os.sched_yield()
             elif self.use_futex:
                 self._sleep(pending[0], slot, target, min(deadline - now,

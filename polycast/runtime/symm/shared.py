@@ -121,6 +121,8 @@ class SymmState:
                 # The two slots of calls up to slot_nbytes (see .staged), made with the
                 # first staging buffer: a step every rank takes at the same call.
                 self.slots = self._new_segment(2 * self.slot_nbytes, f"s{self.nsegments}")
+                if self.bar.native is not None:
+                    self.bar.native.set_slots(self.slots.bases, self.slot_nbytes)
             return self.stage
         finally:
             self.growing = False
@@ -145,6 +147,7 @@ class SymmState:
 
     def free(self) -> None:
         self.queue.close()
+        self.bar.native = None          # it holds addresses in the maps closed below
         self.plans.clear()              # their views hold the slots' mappings
         for seg in self.segments:
             for m in seg.maps:

@@ -25,9 +25,12 @@ descriptor per call was a fifth of a small call's Python."""
 
 from __future__ import annotations
 
+from ...collectives import ReduceOp
 from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
+from ...memory import apply_avg
 from . import single
-from .barrier import PROGRESS, call_sig
+from .barrier import (K_ALLGATHER, K_ALLREDUCE, K_BCAST, K_REDUCE_SCATTER, PROGRESS,
+                      call_sig, compiled)
 from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
                      _reduce_scatter_args, _tell_peers, fold_in_rank_order)
 from .shared import ONE_SHOT_MAX_NBYTES, Segment, SymmState, state
@@ -75,16 +78,35 @@ def _place(comm, st: SymmState, nbytes: int, desc: tuple, what: str):
 
 PLANS_MAX = 256         # kept call shapes per communicator (more: start over)
 
+# The compiled helper's codes (_symm.c) for the dtypes and ops it reduces itself.
+_DTYPE_CODES = {"<f4": 1, "<f8": 2, "|i1": 3, "<i2": 4, "<i4": 5, "<i8": 6,
+                "|u1": 7, "<u2": 8, "<u4": 9, "<u8": 10}
+_OP_CODES = {ReduceOp.SUM: 1, ReduceOp.AVG: 1, ReduceOp.PROD: 2, ReduceOp.MIN: 3,
+             ReduceOp.MAX: 4}
+
+
+def _native_codes(st: SymmState, dt, ropt) -> tuple[int, int] | None:
+    """``(dtype code, op code)`` of a slotted call the compiled helper runs whole ((0, 0):
+    one without a reduction, ``ropt`` None), or None: it runs in numpy (no helper, or a
+    dtype or op the helper leaves to numpy, e.g. float min/max)."""
+    if st.bar.native is None:
+        return None
+    if ropt is None:
+        return 0, 0
+    codes = _DTYPE_CODES.get(dt.str), _OP_CODES.get(ropt)
+    return codes if None not in codes and compiled.supports(*codes) else None
+
 
 def _plan(comm, st: SymmState, key: tuple, nbytes: int, desc: tuple, about: tuple,
-          tag: str, views):
-    """``(what, sig, views, seg, slotted)`` of a call of ``nbytes`` a rank (``what``: its
-    description from ``about``, ``sig``: its descriptor from ``tag`` and ``desc``): for a
-    slotted call made once per ``key`` (the call's shape), with ``views(seg, off, other)``
-    built for both slots (``off``: the byte offset of the slot its data is published in,
-    ``other``: of the other slot); else made each time, without views (the staging segment
-    may be replaced: the job makes them). None: the allocation failed on every rank (the
-    call takes the engine)."""
+          tag: str, views, dt=None, ropt=None):
+    """``(what, sig, views, seg, slotted, native)`` of a call of ``nbytes`` a rank
+    (``what``: its description from ``about``, ``sig``: its descriptor from ``tag`` and
+    ``desc``): for a slotted call made once per ``key`` (the call's shape), with
+    ``views(seg, off, other)`` built for both slots (``off``: the byte offset of the slot
+    its data is published in, ``other``: of the other slot) and ``native``, the compiled
+    helper's codes for it (:func:`_native_codes` of ``dt`` and ``ropt``; None: numpy);
+    else made each time, without views (the staging segment may be replaced: the job
+    makes them). None: the allocation failed on every rank (the call takes the engine)."""
     plan = st.plans.get(key)
     if plan is not None:
         return plan
@@ -95,9 +117,10 @@ def _plan(comm, st: SymmState, key: tuple, nbytes: int, desc: tuple, about: tupl
     seg, slotted = got
     sig = call_sig(tag, *desc[1:], seg.index)
     if not slotted:
-        return what, sig, None, seg, False
+        return what, sig, None, seg, False, None
     half = st.slot_nbytes
-    plan = (what, sig, (views(seg, 0, half), views(seg, half, 0)), seg, True)
+    plan = (what, sig, (views(seg, 0, half), views(seg, half, 0)), seg, True,
+            _native_codes(st, dt, ropt))
     if len(st.plans) >= PLANS_MAX:
         st.plans.clear()
     st.plans[key] = plan
@@ -141,7 +164,13 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
                  lambda seg, off, _: [seg.view(p, off, n, dt) for p in range(P)])
     if plan is None:
         return None
-    what, sig, views, seg, slotted = plan
+    what, sig, views, seg, slotted, native = plan
+    if native is not None:
+        bar = st.bar
+
+        def job():
+            bar.run_small(K_ALLGATHER, sig, what, src, recv)
+        return _post(comm, st, "allgather", job, blocking, True)
 
     def job():
         if slotted:
@@ -186,10 +215,18 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
     plan = _plan(comm, st, ("reduce_scatter", n, dt, ropt), P * n * isz,
                  ("reduce_scatter", n, dt.str, ropt.value),
                  ("reduce_scatter", n, dt, ropt.value), "reduce_scatter-staged",
-                 views)
+                 views, dt, ropt)
     if plan is None:
         return None
-    what, sig, vs, seg, slotted = plan
+    what, sig, vs, seg, slotted, native = plan
+    if native is not None:
+        bar = st.bar
+
+        def job():
+            bar.run_small(K_REDUCE_SCATTER, sig, what, src, out, 0, *native)
+            if ropt is ReduceOp.AVG:
+                apply_avg(out, P)
+        return _post(comm, st, "reduce_scatter", job, blocking, True)
     ufunc = UFUNCS[ropt]
 
     def job():
@@ -240,10 +277,18 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
     plan = _plan(comm, st, ("allreduce", count, dt, ropt), count * isz,
                  ("allreduce", count, dt.str, ropt.value),
                  ("allreduce", count, dt, ropt.value), "allreduce-staged",
-                 one_shot_views if one_shot else two_step_views)
+                 one_shot_views if one_shot else two_step_views, dt, ropt)
     if plan is None:
         return None
-    what, sig, vs, seg, slotted = plan
+    what, sig, vs, seg, slotted, native = plan
+    if native is not None and one_shot:
+        bar = st.bar
+
+        def job():
+            bar.run_small(K_ALLREDUCE, sig, what, src, recv, 0, *native)
+            if ropt is ReduceOp.AVG:
+                apply_avg(recv, P)
+        return _post(comm, st, "allreduce", job, blocking, True)
     ufunc = UFUNCS[ropt]
     if slotted and one_shot:
 
@@ -290,7 +335,14 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
                  lambda seg, off, _: seg.view(root, off, n, dt))
     if plan is None:
         return None
-    what, sig, vs, seg, slotted = plan
+    what, sig, vs, seg, slotted, native = plan
+    if native is not None:
+        bar = st.bar
+        src, dst = (b, None) if r == root else (None, b)
+
+        def job():
+            bar.run_small(K_BCAST, sig, what, src, dst, root)
+        return _post(comm, st, "bcast", job, blocking, True)
     # Within the slots one barrier and one copy each beat the pipeline's waits per chunk
     # (same minutes, RT priority, 1 MiB: 4 ranks 248 vs 290-340 us, 2 ranks 76 vs 97 us).
     pipelined = not slotted and nbytes > 2 * BCAST_CHUNK_NBYTES

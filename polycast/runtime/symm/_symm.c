@@ -1,0 +1,508 @@
+/* The compiled hot path of the symm epoch barrier and of small slotted calls
+ * (polycast/runtime/symm/barrier.py and staged.py hold the same protocol in Python, the
+ * fallback; both run the same layout, so a compiled rank and a Python rank interoperate).
+ *
+ * Layout (barrier.py): each rank's control block is an array of uint64 slots: EPOCH (0), the
+ * call's descriptor at 1 + (epoch & 1), PROGRESS (3), SLEEP (4: non-zero while the rank sleeps
+ * on a peer's futex). A rank stores its data, then its descriptor, then its epoch with a
+ * release store; a waiter reads peers' epochs with acquire loads, so the data a peer wrote
+ * before publishing is visible once its epoch is. A rank about to sleep raises SLEEP, fences
+ * (seq_cst) and looks again before FUTEX_WAIT on the peer's epoch (its low 32 bits); a
+ * publisher fences after its epoch store and wakes its own epoch's futex when any peer's SLEEP
+ * is up: no wake-up is lost either way round.
+ *
+ * A wait spins, then sched_yields (the core goes to whoever is runnable: with more ranks than
+ * cores, usually the peer waited for), then sleeps once on a futex, and returns how many peers
+ * are still missing; barrier.py loops over it, checking the deadline and the driver's dead
+ * peers between calls (every ~1-2 ms), so every wait stays bounded.
+ *
+ * Small slotted calls (staged.py: data published at epoch e lies in slot e & 1 of each rank's
+ * slots segment) run whole here: copy in, publish, wait, compare descriptors, then copy out or
+ * reduce in rank order (sum/prod of float32/float64, sum/prod/min/max of the integer types;
+ * each element reduced in the same order as numpy's fold, so the bits agree). Anything else
+ * stays in numpy.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <sched.h>
+#include <errno.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+
+enum { S_EPOCH = 0, S_SIG0 = 1, S_PROGRESS = 3, S_SLEEP = 4 };
+enum { K_ALLREDUCE = 0, K_BCAST = 1, K_ALLGATHER = 2, K_REDUCE_SCATTER = 3 };
+enum { OP_SUM = 1, OP_PROD = 2, OP_MIN = 3, OP_MAX = 4 };
+enum { T_F32 = 1, T_F64, T_I8, T_I16, T_I32, T_I64, T_U8, T_U16, T_U32, T_U64 };
+
+/* Copies and folds above this many bytes release the GIL. */
+#define NOGIL_NBYTES (64 << 10)
+
+typedef struct {
+    PyObject_HEAD
+    int size, rank;
+    uint64_t **ctrl;        /* each rank's control block */
+    char **slots;           /* each rank's slots segment (two slots of half bytes), or NULL */
+    Py_ssize_t half;
+} Bar;
+
+/* Counts for the benches (bench/symm.py --waits): waits that had to wait, polls, yields,
+ * sleeps. Per process, unsynchronised: only read while no call runs. */
+static unsigned long long n_waits, n_polls, n_yields, n_sleeps;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Peers (every other rank, or only rank ``only`` when >= 0) whose slot is still below
+ * target; *first: the lowest such rank. */
+static int missing_of(Bar *b, int only, int slot, uint64_t target, int *first) {
+    if (only >= 0) {
+        *first = only;
+        return __atomic_load_n(&b->ctrl[only][slot], __ATOMIC_ACQUIRE) < target;
+    }
+    int n = 0;
+    for (int p = 0; p < b->size; p++) {
+        if (p == b->rank) continue;
+        if (__atomic_load_n(&b->ctrl[p][slot], __ATOMIC_ACQUIRE) < target) {
+            if (!n) *first = p;
+            n++;
+        }
+    }
+    return n;
+}
+
+static void publish(Bar *b, int slot, uint64_t value) {
+    uint64_t *own = b->ctrl[b->rank];
+    __atomic_store_n(&own[slot], value, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    for (int p = 0; p < b->size; p++) {
+        if (p != b->rank && __atomic_load_n(&b->ctrl[p][S_SLEEP], __ATOMIC_RELAXED)) {
+            syscall(SYS_futex, (void *)&own[slot], FUTEX_WAKE, b->size, NULL, NULL, 0);
+            return;
+        }
+    }
+}
+
+/* Spin for spin_s, sched_yield until yield_s after the start, then (sleep_s > 0) sleep once
+ * for up to sleep_s: on the first missing peer's futex, or a plain nap without futexes.
+ * Returns how many peers are still missing. The GIL is released past the spin. */
+#define missing(b, slot, target, first) missing_of(b, only, slot, target, first)
+static int wait_slot(Bar *b, int only, int slot, uint64_t target, double spin_s,
+                     double yield_s, double sleep_s, int use_futex) {
+    int first = 0;
+    int n = missing(b, slot, target, &first);
+    if (!n) return 0;
+    n_waits++;
+    double t0 = now_s();
+    while (now_s() - t0 < spin_s) {
+        for (int i = 0; i < 32; i++) cpu_relax();
+        n_polls++;
+        if (!(n = missing(b, slot, target, &first))) return 0;
+    }
+    if (yield_s <= 0 && sleep_s <= 0) return n;
+    PyThreadState *ts = PyEval_SaveThread();
+    while (now_s() - t0 < yield_s) {
+        sched_yield();
+        n_yields++;
+        if (!(n = missing(b, slot, target, &first))) break;
+    }
+    if (n && sleep_s > 0) {
+        struct timespec tv;
+        tv.tv_sec = (time_t)sleep_s;
+        tv.tv_nsec = (long)((sleep_s - (double)tv.tv_sec) * 1e9);
+        if (use_futex) {
+            uint64_t *own = b->ctrl[b->rank];
+            __atomic_store_n(&own[S_SLEEP], 1, __ATOMIC_SEQ_CST);
+            __atomic_thread_fence(__ATOMIC_SEQ_CST);
+            if ((n = missing(b, slot, target, &first))) {
+                n_sleeps++;
+                uint64_t *w = &b->ctrl[first][slot];
+                uint64_t seen = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+                if (seen < target)      /* the low 32 bits (little-endian) */
+                    syscall(SYS_futex, (void *)w, FUTEX_WAIT, (uint32_t)seen, &tv, NULL, 0);
+            }
+            __atomic_store_n(&own[S_SLEEP], 0, __ATOMIC_RELEASE);
+        } else {
+            nanosleep(&tv, NULL);
+        }
+        n = missing(b, slot, target, &first);
+    }
+    PyEval_RestoreThread(ts);
+    return n;
+}
+#undef missing
+
+/* ---- folds: out = b0 op b1 op ... in the order given --------------------------------- */
+#define FOLD(NAME, T, EXPR)                                                              \
+    static void NAME(char *out_, char **blk, int nb, Py_ssize_t n) {                      \
+        T *out = (T *)out_;                                                               \
+        const T *x = (const T *)blk[0], *y = (const T *)blk[1];                           \
+        for (Py_ssize_t i = 0; i < n; i++) { T a = x[i], c = y[i]; out[i] = (EXPR); }     \
+        for (int k = 2; k < nb; k++) {                                                    \
+            y = (const T *)blk[k];                                                        \
+            for (Py_ssize_t i = 0; i < n; i++) { T a = out[i], c = y[i]; out[i] = (EXPR); } \
+        }                                                                                 \
+    }
+/* Signed sums and products wrap as numpy's do: computed in the unsigned type. */
+#define INTFOLDS(S, T, U)                                                                 \
+    FOLD(sum_##S, T, (T)((U)a + (U)c))                                                    \
+    FOLD(prod_##S, T, (T)((U)a * (U)c))                                                   \
+    FOLD(min_##S, T, (a <= c ? a : c))                                                    \
+    FOLD(max_##S, T, (a >= c ? a : c))
+FOLD(sum_f32, float, a + c)
+FOLD(prod_f32, float, a * c)
+FOLD(sum_f64, double, a + c)
+FOLD(prod_f64, double, a * c)
+INTFOLDS(i8, int8_t, uint8_t)
+INTFOLDS(i16, int16_t, uint16_t)
+INTFOLDS(i32, int32_t, uint32_t)
+INTFOLDS(i64, int64_t, uint64_t)
+INTFOLDS(u8, uint8_t, uint8_t)
+INTFOLDS(u16, uint16_t, uint16_t)
+INTFOLDS(u32, uint32_t, uint32_t)
+INTFOLDS(u64, uint64_t, uint64_t)
+
+typedef void (*fold_fn)(char *, char **, int, Py_ssize_t);
+
+/* The fold for (dtype code, op code), NULL where numpy must do it (float min/max: numpy's
+ * NaN and signed-zero rules). */
+static fold_fn fold_for(int t, int op, int *itemsize) {
+#define INTS(C, S, SZ) case C: *itemsize = SZ; \
+        return op == OP_SUM ? sum_##S : op == OP_PROD ? prod_##S : op == OP_MIN ? min_##S \
+             : op == OP_MAX ? max_##S : NULL;
+    switch (t) {
+    case T_F32: *itemsize = 4; return op == OP_SUM ? sum_f32 : op == OP_PROD ? prod_f32 : NULL;
+    case T_F64: *itemsize = 8; return op == OP_SUM ? sum_f64 : op == OP_PROD ? prod_f64 : NULL;
+    INTS(T_I8, i8, 1) INTS(T_I16, i16, 2) INTS(T_I32, i32, 4) INTS(T_I64, i64, 8)
+    INTS(T_U8, u8, 1) INTS(T_U16, u16, 2) INTS(T_U32, u32, 4) INTS(T_U64, u64, 8)
+    }
+#undef INTS
+    return NULL;
+}
+
+static PyObject *supports(PyObject *mod, PyObject *args) {
+    int t, op, isz;
+    if (!PyArg_ParseTuple(args, "ii", &t, &op)) return NULL;
+    return PyBool_FromLong(fold_for(t, op, &isz) != NULL);
+}
+
+/* ---- the Barrier object ---------------------------------------------------------------- */
+static void Bar_dealloc(Bar *self) {
+    PyMem_Free(self->ctrl);
+    PyMem_Free(self->slots);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int addr_list(PyObject *seq, int size, void **out) {
+    PyObject *fast = PySequence_Fast(seq, "a sequence of addresses");
+    if (!fast) return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != size) {
+        PyErr_SetString(PyExc_ValueError, "one address per rank");
+        Py_DECREF(fast);
+        return -1;
+    }
+    for (int p = 0; p < size; p++) {
+        out[p] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(fast, p));
+        if (PyErr_Occurred()) { Py_DECREF(fast); return -1; }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* Barrier(rank, ctrl_addresses): the caller keeps the control blocks mapped while it lives. */
+static int Bar_init(Bar *self, PyObject *args, PyObject *kw) {
+    int rank;
+    PyObject *ctrl;
+    if (!PyArg_ParseTuple(args, "iO", &rank, &ctrl)) return -1;
+    Py_ssize_t size = PySequence_Size(ctrl);
+    if (size < 1 || rank < 0 || rank >= size) {
+        PyErr_SetString(PyExc_ValueError, "rank out of range");
+        return -1;
+    }
+    self->size = (int)size;
+    self->rank = rank;
+    self->ctrl = PyMem_Calloc(size, sizeof(uint64_t *));
+    self->slots = PyMem_Calloc(size, sizeof(char *));
+    if (!self->ctrl || !self->slots) { PyErr_NoMemory(); return -1; }
+    return addr_list(ctrl, self->size, (void **)self->ctrl);
+}
+
+/* set_slots(addresses, half): each rank's slots segment, two slots of half bytes. */
+static PyObject *Bar_set_slots(Bar *self, PyObject *args) {
+    PyObject *seq;
+    Py_ssize_t half;
+    if (!PyArg_ParseTuple(args, "On", &seq, &half)) return NULL;
+    if (addr_list(seq, self->size, (void **)self->slots) < 0) return NULL;
+    self->half = half;
+    Py_RETURN_NONE;
+}
+
+/* publish(slot, value): release store, and wake the peers sleeping on it. */
+static PyObject *Bar_publish(Bar *self, PyObject *args) {
+    int slot;
+    unsigned long long v;
+    if (!PyArg_ParseTuple(args, "iK", &slot, &v)) return NULL;
+    publish(self, slot, v);
+    Py_RETURN_NONE;
+}
+
+/* wait(only, slot, target, spin_s, yield_s, sleep_s, use_futex) -> peers still missing
+ * (only: a rank, or -1 for every other rank). */
+static PyObject *Bar_wait(Bar *self, PyObject *args) {
+    int only, slot, fx;
+    unsigned long long target;
+    double spin, yld, sl;
+    if (!PyArg_ParseTuple(args, "iiKdddp", &only, &slot, &target, &spin, &yld, &sl, &fx))
+        return NULL;
+    if (only >= self->size || only == self->rank) {
+        PyErr_SetString(PyExc_ValueError, "wait: no such peer");
+        return NULL;
+    }
+    return PyLong_FromLong(wait_slot(self, only, slot, target, spin, yld, sl, fx));
+}
+
+/* sigs_equal(epoch): whether every rank published the same descriptor at epoch. */
+static int sigs_equal(Bar *b, uint64_t e) {
+    int s = S_SIG0 + (int)(e & 1);
+    uint64_t mine = __atomic_load_n(&b->ctrl[b->rank][s], __ATOMIC_RELAXED);
+    for (int p = 0; p < b->size; p++)
+        if (__atomic_load_n(&b->ctrl[p][s], __ATOMIC_ACQUIRE) != mine) return 0;
+    return 1;
+}
+
+typedef struct {
+    int kind, root, t, op;
+    uint64_t e;
+    Py_buffer src, dst;
+    int has_src, has_dst;
+} Call;
+
+static void release(Call *c) {
+    if (c->has_src) PyBuffer_Release(&c->src);
+    if (c->has_dst) PyBuffer_Release(&c->dst);
+}
+
+/* Parses (kind, epoch, sig, src, dst, root, dtype, op, ...) and checks sizes against the
+ * slots. src None: nothing to copy in (a broadcast's non-root); dst None: nothing out. */
+static int parse_call(Bar *b, PyObject *src, PyObject *dst, Call *c) {
+    c->has_src = c->has_dst = 0;
+    if (!b->slots[0]) {
+        PyErr_SetString(PyExc_RuntimeError, "symm fast path: no slots set");
+        return -1;
+    }
+    if (src != Py_None) {
+        if (PyObject_GetBuffer(src, &c->src, PyBUF_C_CONTIGUOUS) < 0) return -1;
+        c->has_src = 1;
+    }
+    if (dst != Py_None) {
+        if (PyObject_GetBuffer(dst, &c->dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            release(c);
+            return -1;
+        }
+        c->has_dst = 1;
+    }
+    Py_ssize_t in = c->has_src ? c->src.len : 0, out = c->has_dst ? c->dst.len : 0;
+    int P = b->size, isz = 1;
+    int ok;
+    switch (c->kind) {
+    case K_ALLREDUCE:
+        ok = c->has_src && c->has_dst && in == out && in <= b->half
+             && fold_for(c->t, c->op, &isz) && in % isz == 0;
+        break;
+    case K_BCAST:
+        ok = c->root >= 0 && c->root < P && in <= b->half && out <= b->half
+             && (b->rank == c->root ? c->has_src && !c->has_dst : c->has_dst && !c->has_src);
+        break;
+    case K_ALLGATHER:
+        ok = c->has_src && c->has_dst && in * P == out && in <= b->half;
+        break;
+    case K_REDUCE_SCATTER:
+        ok = c->has_src && c->has_dst && out * P == in && in <= b->half
+             && fold_for(c->t, c->op, &isz) && out % isz == 0;
+        break;
+    default:
+        ok = 0;
+    }
+    if (!ok) {
+        release(c);
+        PyErr_SetString(PyExc_ValueError, "symm fast path: buffers do not fit this call");
+        return -1;
+    }
+    return 0;
+}
+
+static void copy_in(Bar *b, Call *c) {
+    char *mine = b->slots[b->rank] + (c->e & 1) * b->half;
+    Py_ssize_t n = c->has_src ? c->src.len : 0;
+    if (c->kind == K_ALLGATHER) {
+        memcpy(mine, c->src.buf, n);
+        char *own = (char *)c->dst.buf + (Py_ssize_t)b->rank * n;
+        if (own != (char *)c->src.buf)      /* not IN_PLACE: our block, while peers arrive */
+            memcpy(own, c->src.buf, n);
+    } else if (c->has_src) {
+        memcpy(mine, c->src.buf, n);
+    }
+}
+
+static void copy_out(Bar *b, Call *c) {
+    Py_ssize_t off = (c->e & 1) * b->half;
+    int P = b->size, r = b->rank, isz = 1;
+    char *blk[P];
+    switch (c->kind) {
+    case K_ALLREDUCE:
+        for (int p = 0; p < P; p++) blk[p] = b->slots[p] + off;
+        if (P == 1) memcpy(c->dst.buf, blk[0], c->dst.len);
+        else {
+            fold_fn f = fold_for(c->t, c->op, &isz);
+            f(c->dst.buf, blk, P, c->dst.len / isz);
+        }
+        break;
+    case K_BCAST:
+        if (r != c->root) memcpy(c->dst.buf, b->slots[c->root] + off, c->dst.len);
+        break;
+    case K_ALLGATHER: {
+        Py_ssize_t n = c->src.len;
+        for (int i = 1; i < P; i++) {
+            int p = (r + i) % P;
+            memcpy((char *)c->dst.buf + p * n, b->slots[p] + off, n);
+        }
+        break;
+    }
+    case K_REDUCE_SCATTER: {
+        Py_ssize_t n = c->dst.len;      /* ours first, then the peers rotated (staged.py) */
+        for (int i = 0; i < P; i++) blk[i] = b->slots[(r + i) % P] + off + (Py_ssize_t)r * n;
+        if (P == 1) memcpy(c->dst.buf, blk[0], n);
+        else {
+            fold_fn f = fold_for(c->t, c->op, &isz);
+            f(c->dst.buf, blk, P, n / isz);
+        }
+        break;
+    }
+    }
+}
+
+static Py_ssize_t call_nbytes(Bar *b, Call *c) {
+    return (c->has_src ? c->src.len : 0) + (c->has_dst ? c->dst.len : 0) * (c->kind == K_ALLREDUCE ? b->size : 1);
+}
+
+/* start(kind, epoch, sig, src, dst, root, dtype, op, spin_s, yield_s, use_futex) ->
+ *   0: done; -1: done waiting but the descriptors differ (nothing copied out: raise);
+ *   n > 0: n peers still missing after the spin and the yields (wait, then finish()). */
+static PyObject *Bar_start(Bar *self, PyObject *args) {
+    Call c;
+    unsigned long long e, sig;
+    PyObject *src, *dst;
+    double spin, yld;
+    int fx;
+    if (!PyArg_ParseTuple(args, "iKKOOiiiddp", &c.kind, &e, &sig, &src, &dst, &c.root, &c.t,
+                          &c.op, &spin, &yld, &fx))
+        return NULL;
+    c.e = e;
+    if (parse_call(self, src, dst, &c) < 0) return NULL;
+    int big = call_nbytes(self, &c) > NOGIL_NBYTES;
+    PyThreadState *ts = big ? PyEval_SaveThread() : NULL;
+    copy_in(self, &c);
+    __atomic_store_n(&self->ctrl[self->rank][S_SIG0 + (e & 1)], (uint64_t)sig, __ATOMIC_RELAXED);
+    publish(self, S_EPOCH, e);
+    if (ts) PyEval_RestoreThread(ts);
+    int n = wait_slot(self, -1, S_EPOCH, e, spin, yld, 0.0, fx);
+    if (n == 0) {
+        if (!sigs_equal(self, e)) n = -1;
+        else {
+            ts = big ? PyEval_SaveThread() : NULL;
+            copy_out(self, &c);
+            if (ts) PyEval_RestoreThread(ts);
+        }
+    }
+    release(&c);
+    return PyLong_FromLong(n);
+}
+
+/* finish(kind, epoch, src, dst, root, dtype, op) -> 0, or -1 (descriptors differ): the rest
+ * of a start() that returned n > 0, once every peer arrived. */
+static PyObject *Bar_finish(Bar *self, PyObject *args) {
+    Call c;
+    unsigned long long e;
+    PyObject *src, *dst;
+    if (!PyArg_ParseTuple(args, "iKOOiii", &c.kind, &e, &src, &dst, &c.root, &c.t, &c.op))
+        return NULL;
+    c.e = e;
+    if (parse_call(self, src, dst, &c) < 0) return NULL;
+    int rc = 0, first;
+    if (missing_of(self, -1, S_EPOCH, e, &first)) {
+        release(&c);
+        PyErr_SetString(PyExc_RuntimeError, "symm fast path: finish before every peer arrived");
+        return NULL;
+    }
+    if (!sigs_equal(self, e)) rc = -1;
+    else {
+        PyThreadState *ts = call_nbytes(self, &c) > NOGIL_NBYTES ? PyEval_SaveThread() : NULL;
+        copy_out(self, &c);
+        if (ts) PyEval_RestoreThread(ts);
+    }
+    release(&c);
+    return PyLong_FromLong(rc);
+}
+
+static PyMethodDef Bar_methods[] = {
+    {"set_slots", (PyCFunction)Bar_set_slots, METH_VARARGS, "each rank's slots segment"},
+    {"publish", (PyCFunction)Bar_publish, METH_VARARGS, "release-store a slot, wake sleepers"},
+    {"wait", (PyCFunction)Bar_wait, METH_VARARGS, "spin, yield, sleep once: peers missing"},
+    {"start", (PyCFunction)Bar_start, METH_VARARGS, "a small slotted call, up to its wait"},
+    {"finish", (PyCFunction)Bar_finish, METH_VARARGS, "the rest of a start() that waited"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BarType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polycast.runtime.symm._symm.Barrier",
+    .tp_basicsize = sizeof(Bar),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "the epoch barrier's and small slotted calls' hot path",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Bar_init,
+    .tp_dealloc = (destructor)Bar_dealloc,
+    .tp_methods = Bar_methods,
+};
+
+static PyObject *stats(PyObject *mod, PyObject *noargs) {
+    return Py_BuildValue("{sKsKsKsK}", "waits", n_waits, "polls", n_polls, "yields", n_yields,
+                         "sleeps", n_sleeps);
+}
+
+static PyMethodDef module_methods[] = {
+    {"stats", stats, METH_NOARGS, "waits, polls, yields and futex sleeps so far (process)"},
+    {"supports", supports, METH_VARARGS, "whether (dtype code, op code) folds here"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "_symm", "symm barrier and small-call hot path", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__symm(void) {
+    if (PyType_Ready(&BarType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    Py_INCREF(&BarType);
+    if (PyModule_AddObject(m, "Barrier", (PyObject *)&BarType) < 0) {
+        Py_DECREF(&BarType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
