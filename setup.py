@@ -15,6 +15,6 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
     ext_modules.append(Extension("polycast.runtime._ring", ["polycast/runtime/_ring.c"],
                                  extra_compile_args=["-O2", "-std=gnu11"], optional=True))
     ext_modules.append(Extension("polycast.runtime.symm._symm", ["polycast/runtime/symm/_symm.c"],
-                                 extra_compile_args=["-O2", "-std=gnu11"], optional=True))
+                                 extra_compile_args=["-O3", "-std=gnu11"], optional=True))
 
 setup(ext_modules=ext_modules)
