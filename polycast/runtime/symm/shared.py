@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 
 import numpy as np
 
@@ -12,7 +13,8 @@ from ...errors import InvalidArgument, MismatchError
 from .. import cma
 from ..env import host_id
 from ..shm import shm_unavailable_reason
-from .barrier import CTRL_NBYTES, EpochBarrier
+from ...planner import debug
+from .barrier import CTRL_NBYTES, EpochBarrier, describe
 from .queue import JobQueue
 from .segments import Segment, _close, _map_collectively
 
@@ -70,6 +72,9 @@ class SymmState:
         self._ctrl_maps = maps
         self.bar = EpochBarrier(comm, [np.ndarray((CTRL_NBYTES // 8,), np.uint64, m, 0)
                                        for m in maps])
+        if debug.level() >= 1:
+            print(f"[rank {comm.rank}] polycast INFO {describe()}", file=sys.stderr,
+                  flush=True)
 
     # -- allocation -----------------------------------------------------------------------
     def alloc(self, shape, dtype) -> np.ndarray:
