@@ -127,6 +127,21 @@ def _plan(comm, st: SymmState, key: tuple, nbytes: int, desc: tuple, about: tupl
     return plan
 
 
+def _native_job(st: SymmState, kind: int, plan: tuple, src, dst, root: int = 0,
+                avg_over: int = 0):
+    """The job of a slotted call the compiled helper runs whole (``plan``: :func:`_plan`'s,
+    with its codes; ``kind``: barrier.K_*); ``avg_over``: divide the sum by that many
+    ranks afterwards (AVG)."""
+    what, sig, _, _, _, codes = plan
+    bar = st.bar
+
+    def job():
+        bar.run_small(kind, sig, what, src, dst, root, *codes)
+        if avg_over:
+            apply_avg(dst, avg_over)
+    return job
+
+
 def _offset(st: SymmState, slotted: bool, ahead: int = 1) -> int:
     """Byte offset of the slot for data published at barrier epoch + ``ahead`` (0 in the
     staging segment). Called inside the job, where the epoch is the previous call's."""
@@ -166,11 +181,8 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
         return None
     what, sig, views, seg, slotted, native = plan
     if native is not None:
-        bar = st.bar
-
-        def job():
-            bar.run_small(K_ALLGATHER, sig, what, src, recv)
-        return _post(comm, st, "allgather", job, blocking, True)
+        return _post(comm, st, "allgather", _native_job(st, K_ALLGATHER, plan, src, recv),
+                     blocking, True)
 
     def job():
         if slotted:
@@ -220,12 +232,8 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
         return None
     what, sig, vs, seg, slotted, native = plan
     if native is not None:
-        bar = st.bar
-
-        def job():
-            bar.run_small(K_REDUCE_SCATTER, sig, what, src, out, 0, *native)
-            if ropt is ReduceOp.AVG:
-                apply_avg(out, P)
+        job = _native_job(st, K_REDUCE_SCATTER, plan, src, out, 0,
+                          P if ropt is ReduceOp.AVG else 0)
         return _post(comm, st, "reduce_scatter", job, blocking, True)
     ufunc = UFUNCS[ropt]
 
@@ -282,12 +290,8 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
         return None
     what, sig, vs, seg, slotted, native = plan
     if native is not None and one_shot:
-        bar = st.bar
-
-        def job():
-            bar.run_small(K_ALLREDUCE, sig, what, src, recv, 0, *native)
-            if ropt is ReduceOp.AVG:
-                apply_avg(recv, P)
+        job = _native_job(st, K_ALLREDUCE, plan, src, recv, 0,
+                          P if ropt is ReduceOp.AVG else 0)
         return _post(comm, st, "allreduce", job, blocking, True)
     ufunc = UFUNCS[ropt]
     if slotted and one_shot:
@@ -337,12 +341,9 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
         return None
     what, sig, vs, seg, slotted, native = plan
     if native is not None:
-        bar = st.bar
         src, dst = (b, None) if r == root else (None, b)
-
-        def job():
-            bar.run_small(K_BCAST, sig, what, src, dst, root)
-        return _post(comm, st, "bcast", job, blocking, True)
+        return _post(comm, st, "bcast", _native_job(st, K_BCAST, plan, src, dst, root),
+                     blocking, True)
     # Within the slots one barrier and one copy each beat the pipeline's waits per chunk
     # (same minutes, RT priority, 1 MiB: 4 ranks 248 vs 290-340 us, 2 ranks 76 vs 97 us).
     pipelined = not slotted and nbytes > 2 * BCAST_CHUNK_NBYTES
