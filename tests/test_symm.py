@@ -337,11 +337,14 @@ def _auto_suite(comm, check, leftovers) -> None:
 
     # Increasing counts: 0 and 1 element, non-powers of two, and allreduce above
     # ONE_SHOT_MAX_NBYTES (the reduce-scatter + allgather form).
+    # Small shapes run three times with new data: a repeated call takes the compiled
+    # helper's kept entry (staged._small) straight from the comm layer's arrays.
     for count in (0, 1, 5, 37, 1000, 20001):
-        for dtype in ("float32", "int64", "uint8", "float16"):
+        for dtype, rep in [(d, k) for d in ("float32", "int64", "uint8", "float16")
+                           for k in range(3 if count in (1, 37) else 1)]:
             dt = np.dtype(dtype)
-            tag = f"auto/{dtype}/{count}"
-            ins = make_inputs(Collective.ALLGATHER, P, count, dt, seed=4)
+            tag = f"auto/{dtype}/{count}/{rep}"
+            ins = make_inputs(Collective.ALLGATHER, P, count, dt, seed=4 + 10 * rep)
             want = reference(Collective.ALLGATHER, ins)[r]
             got = np.full(P * count, 99, dt)
             req = comm.Iallgather(ins[r].copy(), got)
@@ -353,14 +356,16 @@ def _auto_suite(comm, check, leftovers) -> None:
             comm.Allgather(polycast.IN_PLACE, got)
             check(f"{tag}/allgather-inplace", np.array_equal(got, want))
             root = count % P
-            ins = make_inputs(Collective.BROADCAST, P, count, dt, root=root, seed=5)
+            ins = make_inputs(Collective.BROADCAST, P, count, dt, root=root,
+                              seed=5 + 10 * rep)
             want = reference(Collective.BROADCAST, ins, root=root)[r]
             buf = ins[r].copy() if r == root else np.full(count, 99, dt)
             req = comm.Ibcast(buf, root)
             req.Wait()
             check(f"{tag}/bcast", np.array_equal(buf, want) and "symm" in req.desc, req.desc)
             for op in ("sum", "max", "avg"):
-                ins = make_inputs(Collective.REDUCE_SCATTER, P, count, dt, seed=6, op=op)
+                ins = make_inputs(Collective.REDUCE_SCATTER, P, count, dt, seed=6 + 10 * rep,
+                                  op=op)
                 want = reference(Collective.REDUCE_SCATTER, ins, op=op)[r]
                 got = np.full(count, 99, dt)
                 req = comm.Ireduce_scatter_block(ins[r].copy(), got, op=op)
@@ -371,7 +376,8 @@ def _auto_suite(comm, check, leftovers) -> None:
                 comm.Reduce_scatter_block(polycast.IN_PLACE, inout, op=op)
                 check(f"{tag}/{op}/reduce_scatter-inplace",
                       np.array_equal(inout[:count], want))
-                ins = make_inputs(Collective.ALLREDUCE, P, count, dt, seed=7, op=op)
+                ins = make_inputs(Collective.ALLREDUCE, P, count, dt, seed=7 + 10 * rep,
+                                  op=op)
                 want = reference(Collective.ALLREDUCE, ins, op=op)[r]
                 got = np.full(count, 99, dt)
                 req = comm.Iallreduce(ins[r].copy(), got, op=op)
@@ -382,6 +388,9 @@ def _auto_suite(comm, check, leftovers) -> None:
                 comm.Allreduce(polycast.IN_PLACE, inout, op=op)
                 check(f"{tag}/{op}/allreduce-inplace", np.array_equal(inout, want))
         sizes.append(stage_nbytes())
+    st = symm.state(comm)
+    check("auto/small-kept", bool(st.small) == (st.bar.native is not None),
+          f"{len(st.small)} kept, compiled helper {st.bar.native is not None}")
     # The staging buffer grew with the calls, to powers of two covering the largest one,
     # and only the newest is mapped (the old ones were freed), beside the small
     # allreduces' two slots.

@@ -174,13 +174,14 @@ class EpochBarrier:
         copied out), then copy out into ``dst`` or fold every rank's slot in rank order
         (dtype and op codes: see staged.py). Waits beyond the spin and yields take
         :meth:`wait_for`'s bounded loop."""
-        self._refuse_if_broken(what)
+        if self.broken:
+            self._refuse_if_broken(what)
         self.epoch += 1
         e = self.epoch
         try:
             rc = self.native.start(kind, e, sig, src, dst, root, dtype_code, op_code,
                                    self.spin_seconds, self.yield_seconds, self.use_futex)
-        except ValueError:          # refused before publishing anything: a caller's bug
+        except Exception:           # buffers refused before anything was published
             self.epoch -= 1
             raise
         try:

@@ -41,6 +41,7 @@ class SymmState:
         self.usable_reason: str | None = None
         self.done: dict = {}            # collective -> its completed request
         self.plans: dict = {}           # a staged call's shape -> its views (.staged._plan)
+        self.small: dict = {}           # a compiled slotted call's shape -> .staged._small
         self.nsegments = 0              # allocations made (segment indices stay unique)
         self.nuser = 0                  # symm_empty allocations (their tags: a0, a1, ...)
         # The staging buffer of the auto path for ordinary arrays (see staged_*); while it
@@ -154,6 +155,7 @@ class SymmState:
         self.queue.close()
         self.bar.native = None          # it holds addresses in the maps closed below
         self.plans.clear()              # their views hold the slots' mappings
+        self.small.clear()
         for seg in self.segments:
             for m in seg.maps:
                 _close(m)

@@ -25,14 +25,16 @@ descriptor per call was a fifth of a small call's Python."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...collectives import ReduceOp
 from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
 from ...memory import apply_avg
 from . import single
 from .barrier import (K_ALLGATHER, K_ALLREDUCE, K_BCAST, K_REDUCE_SCATTER, PROGRESS,
                       call_sig, compiled)
-from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
-                     _reduce_scatter_args, _tell_peers, fold_in_rank_order)
+from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _done_request, _flat,
+                     _post, _reduce_scatter_args, _tell_peers, fold_in_rank_order)
 from .shared import ONE_SHOT_MAX_NBYTES, Segment, SymmState, state
 
 BCAST_CHUNK_NBYTES = 256 << 10   # 4 ranks, 16 MiB: 128K 4.1, 256K 4.7, 512K 3.5, 1M 4.5 GB/s
@@ -127,19 +129,35 @@ def _plan(comm, st: SymmState, key: tuple, nbytes: int, desc: tuple, about: tupl
     return plan
 
 
-def _native_job(st: SymmState, kind: int, plan: tuple, src, dst, root: int = 0,
-                avg_over: int = 0):
-    """The job of a slotted call the compiled helper runs whole (``plan``: :func:`_plan`'s,
-    with its codes; ``kind``: barrier.K_*); ``avg_over``: divide the sum by that many
-    ranks afterwards (AVG)."""
+def _small(st: SymmState, key: tuple, kind: int, coll: str, plan: tuple, root: int = 0,
+           avg_over: int = 0) -> tuple:
+    """The entry of a slotted call the compiled helper runs whole, kept in ``st.small``
+    under ``key`` (the call's shape as the comm layer hands it over: a repeated call finds
+    it before any other work, see :func:`_run_small`): ``(kind, coll, what, sig, codes,
+    root, avg_over)``, ``kind`` a barrier.K_*, ``avg_over`` the ranks an AVG sum is divided
+    by afterwards (0: not AVG)."""
     what, sig, _, _, _, codes = plan
+    entry = (kind, coll, what, sig, codes, root, avg_over)
+    if len(st.small) >= PLANS_MAX:
+        st.small.clear()
+    st.small[key] = entry
+    return entry
+
+
+def _run_small(comm, st: SymmState, entry: tuple, src, dst, blocking: bool):
+    """Run a :func:`_small` entry's call on ``src`` and ``dst`` (the arrays the comm layer
+    checked): on this thread when blocking, else queued; returns the request."""
+    kind, coll, what, sig, codes, root, avg_over = entry
     bar = st.bar
 
     def job():
         bar.run_small(kind, sig, what, src, dst, root, *codes)
         if avg_over:
             apply_avg(dst, avg_over)
-    return job
+    if blocking:
+        st.queue.run_now(job)
+        return st.done.get(coll) or _done_request(comm, coll)
+    return _post(comm, st, coll, job, False, True)
 
 
 def _offset(st: SymmState, slotted: bool, ahead: int = 1) -> int:
@@ -152,8 +170,12 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
     """``auto`` allgather of ordinary arrays: this rank's block is copied into shared
     memory, whence every peer reads it straight into its own recvbuf (no copy out).
     Returns the request, or None when the call must take the engine."""
-    P, r = comm.size, comm.rank
     st = state(comm)
+    key = (K_ALLGATHER, recvbuf.size, recvbuf.dtype, in_place)
+    entry = st.small.get(key) if type(recvbuf) is np.ndarray else None
+    if entry is not None:           # (in place, the comm layer's sendbuf is our block)
+        return _run_small(comm, st, entry, sendbuf, recvbuf, blocking)
+    P, r = comm.size, comm.rank
     try:
         recv = _flat(recvbuf, "recvbuf")
         if recv.size % P:
@@ -181,8 +203,10 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
         return None
     what, sig, views, seg, slotted, native = plan
     if native is not None:
-        return _post(comm, st, "allgather", _native_job(st, K_ALLGATHER, plan, src, recv),
-                     blocking, True)
+        if recv is recvbuf and (sendbuf is src or in_place):
+            _small(st, key, K_ALLGATHER, "allgather", plan)
+        entry = (K_ALLGATHER, "allgather", what, sig, native, 0, 0)
+        return _run_small(comm, st, entry, src, recv, blocking)
 
     def job():
         if slotted:
@@ -205,8 +229,15 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
                           blocking: bool = True):
     """``auto`` reduce-scatter of ordinary arrays: the input is copied into shared memory;
     each rank reduces its block from every rank's copy into its recvbuf."""
-    P, r = comm.size, comm.rank
     st = state(comm)
+    key = (K_REDUCE_SCATTER, recvbuf.size, recvbuf.dtype, op, in_place)
+    entry = st.small.get(key) if type(recvbuf) is np.ndarray else None
+    if entry is not None:
+        if in_place:
+            return _run_small(comm, st, entry, recvbuf, recvbuf[:recvbuf.size // comm.size],
+                              blocking)
+        return _run_small(comm, st, entry, sendbuf, recvbuf, blocking)
+    P, r = comm.size, comm.rank
     try:
         recv, src, n, ropt = _reduce_scatter_args(sendbuf, recvbuf, op, in_place, P)
         out = recv[:n] if in_place else recv
@@ -232,9 +263,11 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
         return None
     what, sig, vs, seg, slotted, native = plan
     if native is not None:
-        job = _native_job(st, K_REDUCE_SCATTER, plan, src, out, 0,
-                          P if ropt is ReduceOp.AVG else 0)
-        return _post(comm, st, "reduce_scatter", job, blocking, True)
+        avg = P if ropt is ReduceOp.AVG else 0
+        entry = (K_REDUCE_SCATTER, "reduce_scatter", what, sig, native, 0, avg)
+        if recv is recvbuf and (in_place or src is sendbuf):
+            _small(st, key, K_REDUCE_SCATTER, "reduce_scatter", plan, 0, avg)
+        return _run_small(comm, st, entry, src, out, blocking)
     ufunc = UFUNCS[ropt]
 
     def job():
@@ -255,8 +288,13 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
     where nobody else reads that block then), and after a barrier every rank copies every
     block from its owner into its recvbuf. Either way each element is reduced in one
     order, so every rank holds the same bits."""
-    P, r = comm.size, comm.rank
     st = state(comm)
+    key = (K_ALLREDUCE, recvbuf.size, recvbuf.dtype, op, in_place)
+    entry = st.small.get(key) if type(recvbuf) is np.ndarray else None
+    if entry is not None:
+        return _run_small(comm, st, entry, recvbuf if in_place else sendbuf, recvbuf,
+                          blocking)
+    P, r = comm.size, comm.rank
     try:
         recv, src, ropt = _allreduce_args(sendbuf, recvbuf, op, in_place)
     except InvalidArgument:
@@ -290,9 +328,11 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
         return None
     what, sig, vs, seg, slotted, native = plan
     if native is not None and one_shot:
-        job = _native_job(st, K_ALLREDUCE, plan, src, recv, 0,
-                          P if ropt is ReduceOp.AVG else 0)
-        return _post(comm, st, "allreduce", job, blocking, True)
+        avg = P if ropt is ReduceOp.AVG else 0
+        entry = (K_ALLREDUCE, "allreduce", what, sig, native, 0, avg)
+        if recv is recvbuf and (in_place or src is sendbuf):
+            _small(st, key, K_ALLREDUCE, "allreduce", plan, 0, avg)
+        return _run_small(comm, st, entry, src, recv, blocking)
     ufunc = UFUNCS[ropt]
     if slotted and one_shot:
 
@@ -327,6 +367,12 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
     each chunk as soon as it is there, while it is still in cache."""
     r = comm.rank
     st = state(comm)
+    key = (K_BCAST, buf.size, buf.dtype, root) if type(buf) is np.ndarray else None
+    entry = st.small.get(key)
+    if entry is not None:
+        if r == root:
+            return _run_small(comm, st, entry, buf, None, blocking)
+        return _run_small(comm, st, entry, None, buf, blocking)
     try:
         b = _flat(buf, "buf")
     except InvalidArgument:
@@ -341,9 +387,11 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
         return None
     what, sig, vs, seg, slotted, native = plan
     if native is not None:
+        entry = (K_BCAST, "bcast", what, sig, native, root, 0)
+        if b is buf:
+            _small(st, key, K_BCAST, "bcast", plan, root)
         src, dst = (b, None) if r == root else (None, b)
-        return _post(comm, st, "bcast", _native_job(st, K_BCAST, plan, src, dst, root),
-                     blocking, True)
+        return _run_small(comm, st, entry, src, dst, blocking)
     # Within the slots one barrier and one copy each beat the pipeline's waits per chunk
     # (same minutes, RT priority, 1 MiB: 4 ranks 248 vs 290-340 us, 2 ranks 76 vs 97 us).
     pipelined = not slotted and nbytes > 2 * BCAST_CHUNK_NBYTES
