@@ -103,11 +103,23 @@ def route(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
                 or coll is Collective.ALLREDUCE and st.find(recvbuf) is not None):
             return SYMM
     buf = recvbuf if coll is not Collective.BROADCAST else sendbuf
-    if coll in _STAGED and not _planner_wants(comm, coll, getattr(
-            recvbuf if in_place or coll is not Collective.REDUCE_SCATTER else sendbuf,
-            "nbytes", None)):
-        return None
+    if coll in _STAGED:
+        nbytes = getattr(recvbuf if in_place or coll is not Collective.REDUCE_SCATTER
+                         else sendbuf, "nbytes", None)
+        # (the planner's kept answer first, as _planner_wants keys it)
+        got = comm.__dict__.get("_symm_planner", _NO_ANSWERS).get(
+            (coll, nbytes, comm.mcast_error is None))
+        if not (got if got is not None else _planner_wants(comm, coll, nbytes)):
+            return None
+        # The common case, _staged_ok's checks inline: a state that takes calls.
+        if (st is not None and type(buf) is np.ndarray and not buf.dtype.hasobject
+                and comm.size > 1 and not comm._freed
+                and not (st.usable_reason or st.bar.broken or st.growing or st.auto_refused)):
+            return STAGED
     return STAGED if _staged_ok(comm, coll, buf) else None
+
+
+_NO_ANSWERS: dict = {}
 
 
 def _planner_wants(comm, coll: Collective, nbytes: int | None) -> bool:
