@@ -14,6 +14,13 @@ into a symmetric one per call), ``ring`` (the engine's ring).
 
 Small sizes (below 64 KiB) run 30x the iterations: they measure latency.
 
+``--floor`` measures instead what an 8-byte ``auto`` call costs (issue 9: the per-call floor
+of the staged path): per call, the slowest rank's wall time, the CPU time of a rank (mean),
+and how the compiled helper's barrier waits went (polls, sched_yields and futex sleeps per
+call and rank; "n/a" when the Python barrier runs), for blocking calls and ``I...().Wait()``::
+
+    python bench/symm.py --floor [-n 4] [--iters 3000]
+
 Prints a table and writes the rows to bench/results/symm.json (or --out).
 """
 
@@ -38,9 +45,50 @@ COLLS = ("allgather", "reduce_scatter", "allreduce")
 ALGOS = ("symm", "auto", "staged", "ring")
 
 
+def _floor_rows(comm, iters: int) -> list[dict]:
+    """8-byte auto calls: wall, CPU and barrier waits per call (see --floor)."""
+    from polycast.runtime.symm.barrier import compiled
+    P = comm.size
+    s, d, g = np.ones(2, np.float32), np.empty(2, np.float32), np.empty(2 * P, np.float32)
+    calls = {"Allreduce": lambda: comm.Allreduce(s, d),
+             "Iallreduce.Wait": lambda: comm.Iallreduce(s, d).Wait(),
+             "Bcast": lambda: comm.Bcast(d, 0),
+             "Allgather": lambda: comm.Allgather(s[:1], g[:P])}
+    rows = []
+    for name, fn in calls.items():
+        for _ in range(200):
+            fn()
+        comm.Barrier()
+        w0 = compiled.stats() if compiled is not None else None
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(iters):
+            fn()
+        got = np.array([time.perf_counter() - t0, time.process_time() - c0, 0, 0, 0, 0])
+        if w0 is not None:
+            w1 = compiled.stats()
+            got[2:] = [w1[k] - w0[k] for k in ("waits", "polls", "yields", "sleeps")]
+        most, total = np.empty_like(got), np.empty_like(got)
+        comm.Allreduce(got, most, op="max")
+        comm.Allreduce(got, total, op="sum")
+        per = total / P / iters
+        rows.append({"call": name, "nranks": P, "time_us": most[0] / iters * 1e6,
+                     "cpu_us": per[1] * 1e6,
+                     "waits": per[2] if w0 is not None else None, "polls": per[3],
+                     "yields": per[4], "sleeps": per[5]})
+    return rows
+
+
 def _rank(args) -> None:
     sys.path.insert(0, REPO)
     import polycast
+    if args.floor:
+        comm = polycast.init()
+        rows = _floor_rows(comm, args.iters)
+        if comm.rank == 0:
+            print("SYMMROWS " + json.dumps(rows), flush=True)
+        comm.Barrier()
+        polycast.finalize()
+        return
     from polycast.collectives import Collective
     from polycast.units import parse_size
     comm = polycast.init()
@@ -115,8 +163,12 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--out", default=os.path.join(HERE, "results", "symm.json"))
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--floor", action="store_true",
+                   help="the per-call floor of 8-byte auto calls (see the module doc)")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.floor and args.iters == 10:
+        args.iters = 3000
     if args.rank:
         _rank(args)
         return 0
@@ -124,9 +176,25 @@ def main(argv=None) -> int:
     from rank_jobs import run_ranks
     cmd = [sys.executable, os.path.abspath(__file__), "--rank", "--size", args.size,
            "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    if args.floor:
+        cmd.append("--floor")
     rows = run_ranks(cmd, args.nranks, f"bsymm{os.getpid()}", "SYMMROWS", args.timeout, REPO)
     if rows is None:
         return 1
+    if args.floor:
+        print(f"8-byte auto calls, {args.nranks} ranks, {args.iters} calls; per call: "
+              "slowest rank's wall, a rank's CPU, its barrier waits (compiled helper)")
+        print(f"{'call':<18}{'wall us':>9}{'CPU us':>9}{'waits':>8}{'polls':>8}{'yields':>8}"
+              f"{'sleeps':>8}")
+        for row in rows:
+            w = (f"{row['waits']:>8.2f}{row['polls']:>8.2f}{row['yields']:>8.2f}"
+                 f"{row['sleeps']:>8.3f}" if row["waits"] is not None else f"{'n/a':>8}")
+            print(f"{row['call']:<18}{row['time_us']:>9.1f}{row['cpu_us']:>9.1f}{w}")
+        out = args.out.replace("symm.json", "symm-floor.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+        return 0
     print(f"{'collective':<16}{'algo':<8}{'ranks':>6}{'bytes':>11}{'time us':>11}"
           f"{'algbw':>8}{'busbw':>8}  ok")
     for row in rows:

@@ -49,7 +49,7 @@ typedef struct {
     Py_ssize_t half;
 } Bar;
 
-/* Counts for the benches (bench/symm.py --waits): waits that had to wait, polls, yields,
+/* Counts for the benches (bench/symm.py --floor): waits that had to wait, polls, yields,
  * sleeps. Per process, unsynchronised: only read while no call runs. */
 static unsigned long long n_waits, n_polls, n_yields, n_sleeps;
 
