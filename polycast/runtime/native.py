@@ -9,6 +9,7 @@ import; ``POLYCAST_DEBUG=INFO`` prints which (runtime/world.py, at connect).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -16,19 +17,21 @@ ring = None                    # the compiled module, when in use
 why_not: str | None = None     # why not, when not
 
 
-def _load():
+def load(module: str, layout: str):
+    """``(module, None)``, or ``(None, why not)``: POLYCAST_NATIVE=0, a host the shared
+    ``layout`` does not fit (it is Linux futexes and little-endian words), or not built.
+    One rule for both compiled helpers (this one's rings, and runtime/symm/_symm.c)."""
     if os.environ.get("POLYCAST_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "POLYCAST_NATIVE=0"
-    if sys.byteorder != "little":
-        return None, "the ring layout is little-endian"
+    if sys.byteorder != "little" or not sys.platform.startswith("linux"):
+        return None, f"{layout} is Linux, little-endian"
     try:
-        from . import _ring
+        return importlib.import_module(module), None
     except ImportError as exc:
         return None, f"the compiled helper is not built ({exc}); reinstall with a C compiler"
-    return _ring, None
 
 
-ring, why_not = _load()
+ring, why_not = load("polycast.runtime._ring", "the ring layout")
 
 
 def describe() -> str:

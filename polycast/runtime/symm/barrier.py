@@ -32,10 +32,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import sys
 import time
 
-from .. import futex
+from .. import futex, native
 
 from ...errors import CollectiveTimeout, MismatchError, PeerLost, PolycastError
 from ..report import process_state
@@ -62,20 +61,9 @@ YIELD_SECONDS = 1e-3
 MAX_NAP_SECONDS = 1e-3
 
 
-def _load_compiled():
-    """The compiled helper, or None and why not (chosen once, at import)."""
-    if os.environ.get("POLYCAST_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, "POLYCAST_NATIVE=0"
-    if sys.byteorder != "little" or not sys.platform.startswith("linux"):
-        return None, "the futex and slot layout are Linux, little-endian"
-    try:
-        from . import _symm
-    except ImportError as exc:
-        return None, f"the compiled helper is not built ({exc}); reinstall with a C compiler"
-    return _symm, None
-
-
-compiled, compiled_why_not = _load_compiled()
+# The compiled helper, or None and why not (chosen once, at import).
+compiled, compiled_why_not = native.load("polycast.runtime.symm._symm",
+                                         "the futex and slot layout")
 
 # The small calls the compiled helper runs whole (its K_* codes).
 K_ALLREDUCE, K_BCAST, K_ALLGATHER, K_REDUCE_SCATTER = 0, 1, 2, 3
