@@ -113,8 +113,7 @@ def route(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
             return None
         # The common case, _staged_ok's checks inline: a state that takes calls.
         if (st is not None and type(buf) is np.ndarray and not buf.dtype.hasobject
-                and comm.size > 1 and not comm._freed
-                and not (st.usable_reason or st.bar.broken or st.growing or st.auto_refused)):
+                and comm.size > 1 and not comm._freed and _takes_calls(st)):
             return STAGED
     return STAGED if _staged_ok(comm, coll, buf) else None
 
@@ -178,4 +177,9 @@ def _staged_ok(comm, coll: Collective, buf) -> bool:
         except PolycastError as exc:        # raised on every rank: all take the engine
             comm._symm_refused = str(exc)
             return False
+    return _takes_calls(st)
+
+
+def _takes_calls(st) -> bool:
+    """Whether a communicator's symmetric state takes staged calls now."""
     return not (st.usable_reason or st.bar.broken or st.growing or st.auto_refused)

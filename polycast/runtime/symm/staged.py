@@ -129,18 +129,19 @@ def _plan(comm, st: SymmState, key: tuple, nbytes: int, desc: tuple, about: tupl
     return plan
 
 
-def _small(st: SymmState, key: tuple, kind: int, coll: str, plan: tuple, root: int = 0,
-           avg_over: int = 0) -> tuple:
-    """The entry of a slotted call the compiled helper runs whole, kept in ``st.small``
-    under ``key`` (the call's shape as the comm layer hands it over: a repeated call finds
-    it before any other work, see :func:`_run_small`): ``(kind, coll, what, sig, codes,
-    root, avg_over)``, ``kind`` a barrier.K_*, ``avg_over`` the ranks an AVG sum is divided
-    by afterwards (0: not AVG)."""
+def _small(st: SymmState, key: tuple | None, kind: int, coll: str, plan: tuple,
+           root: int = 0, avg_over: int = 0) -> tuple:
+    """The entry of a slotted call the compiled helper runs whole: ``(kind, coll, what,
+    sig, codes, root, avg_over)``, ``kind`` a barrier.K_*, ``avg_over`` the ranks an AVG sum
+    is divided by afterwards (0: not AVG). Kept in ``st.small`` under ``key`` (the call's
+    shape as the comm layer hands it over: a repeated call finds it before any other work,
+    see :func:`_run_small`) unless ``key`` is None (arrays the comm layer's would not be)."""
     what, sig, _, _, _, codes = plan
     entry = (kind, coll, what, sig, codes, root, avg_over)
-    if len(st.small) >= PLANS_MAX:
-        st.small.clear()
-    st.small[key] = entry
+    if key is not None:
+        if len(st.small) >= PLANS_MAX:
+            st.small.clear()
+        st.small[key] = entry
     return entry
 
 
@@ -203,9 +204,8 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
         return None
     what, sig, views, seg, slotted, native = plan
     if native is not None:
-        if recv is recvbuf and (sendbuf is src or in_place):
-            _small(st, key, K_ALLGATHER, "allgather", plan)
-        entry = (K_ALLGATHER, "allgather", what, sig, native, 0, 0)
+        keep = recv is recvbuf and (sendbuf is src or in_place)
+        entry = _small(st, key if keep else None, K_ALLGATHER, "allgather", plan)
         return _run_small(comm, st, entry, src, recv, blocking)
 
     def job():
@@ -263,10 +263,9 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
         return None
     what, sig, vs, seg, slotted, native = plan
     if native is not None:
-        avg = P if ropt is ReduceOp.AVG else 0
-        entry = (K_REDUCE_SCATTER, "reduce_scatter", what, sig, native, 0, avg)
-        if recv is recvbuf and (in_place or src is sendbuf):
-            _small(st, key, K_REDUCE_SCATTER, "reduce_scatter", plan, 0, avg)
+        keep = recv is recvbuf and (in_place or src is sendbuf)
+        entry = _small(st, key if keep else None, K_REDUCE_SCATTER, "reduce_scatter", plan,
+                       0, P if ropt is ReduceOp.AVG else 0)
         return _run_small(comm, st, entry, src, out, blocking)
     ufunc = UFUNCS[ropt]
 
@@ -328,10 +327,9 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
         return None
     what, sig, vs, seg, slotted, native = plan
     if native is not None and one_shot:
-        avg = P if ropt is ReduceOp.AVG else 0
-        entry = (K_ALLREDUCE, "allreduce", what, sig, native, 0, avg)
-        if recv is recvbuf and (in_place or src is sendbuf):
-            _small(st, key, K_ALLREDUCE, "allreduce", plan, 0, avg)
+        keep = recv is recvbuf and (in_place or src is sendbuf)
+        entry = _small(st, key if keep else None, K_ALLREDUCE, "allreduce", plan, 0,
+                       P if ropt is ReduceOp.AVG else 0)
         return _run_small(comm, st, entry, src, recv, blocking)
     ufunc = UFUNCS[ropt]
     if slotted and one_shot:
@@ -387,9 +385,7 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
         return None
     what, sig, vs, seg, slotted, native = plan
     if native is not None:
-        entry = (K_BCAST, "bcast", what, sig, native, root, 0)
-        if b is buf:
-            _small(st, key, K_BCAST, "bcast", plan, root)
+        entry = _small(st, key if b is buf else None, K_BCAST, "bcast", plan, root)
         src, dst = (b, None) if r == root else (None, b)
         return _run_small(comm, st, entry, src, dst, blocking)
     # Within the slots one barrier and one copy each beat the pipeline's waits per chunk
