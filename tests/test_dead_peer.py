@@ -1,6 +1,7 @@
 """A rank SIGKILLed or SIGSTOPped in the middle of a collective, on the shared-memory, TCP,
 multicast and symmetric-memory paths: every survivor raises an error naming it within the
-timeout, the launcher exits non-zero, and nothing is left in /dev/shm."""
+timeout, the launcher exits non-zero, and nothing is left in /dev/shm. Also a rank killed
+between two calls (``between``), whose loss some survivors learn before their next call."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 3
-CASES = [(m, p) for m in ("kill", "stop") for p in ("shm", "tcp", "mcast", "symm")]
+CASES = [(m, p) for m in ("kill", "stop") for p in ("shm", "tcp", "mcast", "symm")] + [
+    ("between", "shm")]
 
 
 @pytest.mark.parametrize("mode, path", CASES, ids=[f"{m}-{p}" for m, p in CASES])
@@ -31,11 +33,11 @@ def test_survivors_name_the_dead_or_stopped_rank(mode, path):
     assert sorted(s["rank"] for s in survivors) == [0, 1, 3], out[-3000:]
     for s in survivors:
         assert "rank 2" in s["message"], s
-        if mode == "kill":
+        if mode != "stop":
             assert s["error"] == "PeerLost" and s["seconds"] < TIMEOUT_S, s
         else:
             assert s["error"] == "CollectiveTimeout" and s["seconds"] < TIMEOUT_S + 3, s
-    if mode == "kill":
+    if mode != "stop":
         assert "rank 2 failed first: it was killed by SIGKILL" in res.stderr
     else:
         assert "rank 2 is stopped" in res.stderr
@@ -65,3 +67,32 @@ def test_a_timeout_names_collective_sequence_step_peer_and_bytes():
     assert ("broadcast mcast" in bcast
             and "(mrecv from rank 2: 1 of 1 chunks missing) with about 256 of 256 bytes "
             "outstanding" in bcast), bcast
+
+
+def test_a_call_failed_at_post_for_a_lost_peer_tells_the_others():
+    """Ranks 1 and 3 learn rank 2 is gone between two calls, so their next ring allgather
+    fails when posted; rank 0's part needs only ranks 1 and 3 and its own connection to rank
+    2 spares it (test_peer_lost_spares_requests_that_do_not_need_it): it must hear from them
+    at once (an ABORT), not wait its whole timeout (CI's test_dead_peer[kill-shm] failure:
+    rank 0 still waiting after the launcher's 2 s settle)."""
+    import numpy as np
+    from polycast.engine import EngineConfig
+    from polycast.errors import PeerLost
+    from world import World, ring_allgather
+    P, count = 4, 8
+    s = ring_allgather(P, count)
+    w = World(P, EngineConfig(op_timeout_s=5.0))
+    w.post_call(s)
+    w.run(max_time_s=1.0)
+    assert all((r, 0) in w.done for r in range(P)), w.errors
+    w.kill(2, notify_after_s=0.0)
+    w.run(max_time_s=1.0, until_finished=False)
+    t_lost = w.now
+    for r in (1, 3, 0):                 # the ranks that know fail first, at post
+        w.post(r, s, np.ones(count, np.float32), np.zeros(P * count, np.float32), req=1)
+    assert isinstance(w.errors.get((1, 1)), PeerLost) and isinstance(w.errors.get((3, 1)),
+                                                                     PeerLost), w.errors
+    w.run(max_time_s=t_lost + 10.0)
+    err = w.errors[(0, 1)]
+    assert isinstance(err, PeerLost) and err.rank == 2 and "rank 2" in str(err), err
+    assert w.now - t_lost < 0.5, (w.now, t_lost)       # not the 5 s timeout

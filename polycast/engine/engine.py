@@ -158,14 +158,16 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
             r.rto = self.config.recovery_timeout_s + 2 * total * 8 / (rate * 1e9)
             if self.nranks == 1:                # nobody to hear it, nobody to shake hands with
                 r.fin_sent = r.fin_received = True
-        # A peer already lost: fail at once, clearly.
+        # A peer already lost: fail at once, clearly, and tell the others: a rank whose
+        # part of this call needs only live peers would otherwise wait its whole timeout
+        # for data that can never come (rank 0 of a ring when 1 and 3 fail here).
         for p in self._lost:
             if r.multicast or p in plan.peers:
                 for _, _, h, _ in self._early.pop(seq):
                     self._early.release_entry(h)
                 self._fail(r, PeerLost(p, f"rank {self.rank}: {r.desc} needs rank {p}, which "
                                           f"was lost earlier ({self._lost[p]})"), out,
-                           abort=None)
+                           abort=AbortReason.PEER_LOST, lost=p)
                 return out
         why = self._early.failure(seq)
         if why is not None:
