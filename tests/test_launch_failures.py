@@ -148,6 +148,31 @@ def test_a_straggler_after_the_others_finished_is_ended_with_its_stack(tmp_path)
     assert "stuck_here" in res.stderr           # the stack dump says where it was
 
 
+def test_a_rank_still_running_after_the_settle_is_ended_with_its_stack(tmp_path):
+    """A failure the others should have followed (test_dead_peer[kill-shm] in CI: one
+    survivor still waiting 2 s after the rest failed) says where that rank was."""
+    script = _script(tmp_path, """
+        import os, sys, time
+        import polycast         # installs the stack dump the launcher asks for
+        def still_waiting_here():
+            time.sleep(120)
+        if os.environ["POLYCAST_RANK"] == "1":
+            time.sleep(0.5)     # rank 0 has installed its handler by now
+            sys.exit(3)
+        still_waiting_here()
+    """)
+    t0 = time.monotonic()
+    res = _run(["-n", "2", "--straggler-timeout", "0", script])
+    assert res.returncode == 3, res.stderr
+    assert time.monotonic() - t0 < 30
+    assert "rank 0 still running 2 s after rank 1 failed: stacks follow" in res.stderr, \
+        res.stderr
+    dump = [ln for ln in res.stderr.splitlines() if ln.startswith("[rank 0]")]
+    assert any("still_waiting_here" in ln for ln in dump), res.stderr
+    assert "rank 1 failed first: it exited with status 3; ended rank 0" in res.stderr, \
+        res.stderr
+
+
 def test_timeout_names_what_it_ends(tmp_path):
     script = _script(tmp_path, """
         import os, time

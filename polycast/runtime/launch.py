@@ -330,6 +330,15 @@ class _Supervisor:
 
     def _end_stuck(self, running: list[_Rank], message: str) -> None:
         _say(self.err, self.lock, message)
+        self._dump_stacks(running)
+        for item in running:
+            item.ended_by_us = True
+        _end_all(self.ranks)
+
+    def _dump_stacks(self, running: list[_Rank]) -> None:
+        """Have ranks that installed the handler (report.install) print every thread's
+        stack to their stderr (forwarded with their prefix), so a rank the launcher ends
+        says where it was."""
         dumping = [i for i in running
                    if os.path.exists(report.dump_marker(self.reports, i.rank))]
         for item in dumping:
@@ -339,9 +348,6 @@ class _Supervisor:
                 pass
         if dumping:
             time.sleep(STACK_DUMP_SECONDS)
-        for item in running:
-            item.ended_by_us = True
-        _end_all(self.ranks)
 
     def _failure(self, failed: list[_Rank]) -> int:
         """Someone failed. Wait briefly for the others to fail too (the cause, if only
@@ -353,6 +359,15 @@ class _Supervisor:
             self._poll()
         still = self._running()
         stopped = {i.rank: report.process_state(i.proc.pid) for i in still}
+        # A running rank that has not failed within the settle time after a peer did is
+        # waiting for something the failure should have ended: say where (its stacks), so
+        # such a failure explains itself (a stopped rank cannot answer).
+        silent = [i for i in still if not (stopped[i.rank] and "stopped" in stopped[i.rank])]
+        if silent:
+            _say(self.err, self.lock,
+                 f"{_ranks_text(i.rank for i in silent)} still running {SETTLE_SECONDS:g} s "
+                 f"after {_ranks_text(i.rank for i in failed)} failed: stacks follow")
+            self._dump_stacks(silent)
         for item in still:
             item.ended_by_us = True
         _end_all(self.ranks)
