@@ -51,15 +51,11 @@ def main() -> None:
     if comm.rank == VICTIM:
         sig = signal.SIGKILL if mode == "kill" else signal.SIGSTOP
         threading.Timer(DELAY_S, os.kill, (os.getpid(), sig)).start()
-    try:
+
+    def loop():
         while time.monotonic() < t_signal + 120:
             one()
-    except PolycastError as exc:
-        print("SURVIVOR " + json.dumps({"rank": comm.rank, "error": type(exc).__name__,
-                                        "message": str(exc),
-                                        "seconds": time.monotonic() - t_signal}), flush=True)
-        sys.exit(1)
-    print("NO ERROR", flush=True)
+    survive(comm, loop, t_signal)
 
 
 def between(comm, one) -> None:
@@ -72,12 +68,17 @@ def between(comm, one) -> None:
         lost = comm._driver.peers.lost
         while VICTIM not in lost and time.monotonic() < t_kill + 5:
             time.sleep(0.01)
+    survive(comm, one, t_kill)
+
+
+def survive(comm, calls, t_signal: float) -> None:
+    """Run ``calls``; a survivor prints its error and the seconds since the signal."""
     try:
-        one()
+        calls()
     except PolycastError as exc:
         print("SURVIVOR " + json.dumps({"rank": comm.rank, "error": type(exc).__name__,
                                         "message": str(exc),
-                                        "seconds": time.monotonic() - t_kill}), flush=True)
+                                        "seconds": time.monotonic() - t_signal}), flush=True)
         sys.exit(1)
     print("NO ERROR", flush=True)
 
