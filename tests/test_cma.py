@@ -4,6 +4,7 @@ died, and whole collectives with single-copy forced on every message and forced 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import subprocess
@@ -38,6 +39,36 @@ def test_read_own_memory_in_pieces():
     assert (dst[:30_000] == src[:30_000]).all()
     assert (dst[50_000:] == src[30_000:80_000]).all()
     assert not dst[30_000:50_000].any()
+
+
+@needs_cma
+def test_write_into_a_live_process_and_refused_into_a_dead_one():
+    """cma.write (process_vm_writev, the broadcast root's half of the copying): the bytes
+    land in the other process, a range at a time; a peer gone is ESRCH, nothing else."""
+    nbytes = 3 * 4096 + 5
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, ctypes\n"
+         f"b = ctypes.create_string_buffer({nbytes})\n"
+         "print(ctypes.addressof(b), flush=True)\nsys.stdin.readline()\n"
+         "print(b.raw.hex(), flush=True)\nsys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        addr = int(child.stdout.readline())
+        src = (np.arange(nbytes) % 251 + 1).astype(np.uint8)
+        # two local ranges into one remote range, skipping the remote's first 5 bytes
+        cma.write(child.pid, [(_addr(src), 4096), (_addr(src) + 4096, nbytes - 4101)],
+                  [(addr + 5, nbytes - 5)])
+        child.stdin.write("\n")
+        child.stdin.flush()
+        got = np.frombuffer(bytes.fromhex(child.stdout.readline().strip()), np.uint8)
+        assert not got[:5].any()
+        assert (got[5:] == src[:nbytes - 5]).all()
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    with pytest.raises(OSError) as info:
+        cma.write(child.pid, [(_addr(src), 16)], [(addr, 16)])
+    assert info.value.errno == errno.ESRCH
 
 
 @needs_cma
@@ -276,3 +307,23 @@ def test_writer_dying_between_pieces_of_a_reduce_is_peer_lost(monkeypatch):
         if child.poll() is None:
             child.kill()
         child.wait(timeout=30)
+
+
+@needs_cma
+def test_symm_single_copy_to_or_from_a_dead_rank_is_peer_lost():
+    """The symm single-copy forms (a broadcast's root writing into a reader, a reader
+    reading a root) map a peer that is gone (ESRCH) to PeerLost naming its rank, and
+    mark the barrier broken so the other ranks' next wait fails too."""
+    from types import SimpleNamespace
+    from polycast.runtime.symm import single
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()                                # gone and reaped: its pid names no process
+    buf = np.zeros(64, np.uint8)
+    for write, doing in ((True, "writing into"), (False, "reading")):
+        st = SimpleNamespace(rank=0, pids=[os.getpid(), p.pid],
+                             bar=SimpleNamespace(broken=None))
+        with pytest.raises(PeerLost) as info:
+            single._read_peer(st, 1, buf, _addr(buf), "symm bcast of 64 x uint8", write)
+        assert info.value.rank == 1
+        assert f"rank 1 exited while {doing} its array" in str(info.value)
+        assert st.bar.broken and "PeerLost" in st.bar.broken

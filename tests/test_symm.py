@@ -394,12 +394,16 @@ def _auto_suite(comm, check, leftovers) -> None:
     # The staging buffer grew with the calls, to powers of two covering the largest one,
     # and only the newest is mapped (the old ones were freed), beside the small
     # allreduces' two slots.
-    # (reduce-scatter of int64; with single copy it reads peers' arrays and does not stage:
-    # then allreduce of int64)
-    need = 20001 * 8 * (1 if symm.state(comm).single_copy else P)
-    check("auto/grew", sizes == sorted(sizes) and sizes[0] < sizes[-1], str(sizes))
-    check("auto/grew-pow2", sizes[-1] >= need and sizes[-1] & (sizes[-1] - 1) == 0
-          and sizes[-1] < 2 * need, f"{sizes[-1]} for {need}")
+    # (reduce-scatter of int64.) With single copy every collective above the slots reads
+    # (or writes) the peers' arrays and nothing stages: the buffer never grows.
+    need = 20001 * 8 * P
+    if symm.state(comm).single_copy:
+        check("auto/single-copy-no-growth", len(set(sizes)) == 1 and sizes[0] < need,
+              str(sizes))
+    else:
+        check("auto/grew", sizes == sorted(sizes) and sizes[0] < sizes[-1], str(sizes))
+        check("auto/grew-pow2", sizes[-1] >= need and sizes[-1] & (sizes[-1] - 1) == 0
+              and sizes[-1] < 2 * need, f"{sizes[-1]} for {need}")
     st = symm.state(comm)
     check("auto/one-stage", st.stage in st.segments and st.slots in st.segments
           and len(st.segments) == 2, str(len(st.segments)))
@@ -426,15 +430,39 @@ def _auto_suite(comm, check, leftovers) -> None:
     check("mismatch/after", np.array_equal(out, np.arange(P, dtype=float)), str(out))
     check("mismatch/no-growth", stage_nbytes() == sizes[-1], str(stage_nbytes()))
 
-    # A broadcast big enough to be pipelined chunk by chunk (a partial last chunk).
+    # A broadcast big enough to be pipelined chunk by chunk (a partial last chunk), where
+    # single copy is off; where it is allowed, not staged at all: the root writes the last
+    # k // P elements of every other rank's buffer while they read the rest (P does not
+    # divide k). Counted, so a call that quietly took the pipeline fails here.
     from polycast.runtime.symm import BCAST_CHUNK_NBYTES
+    st = symm.state(comm)
     k = 3 * BCAST_CHUNK_NBYTES // 8 + 7
-    want = np.arange(k, dtype=np.int64) * 3 + 1
-    buf = want.copy() if r == P - 1 else np.zeros(k, np.int64)
-    req = comm.Ibcast(buf, P - 1)
-    req.Wait()
-    check("auto/bcast-pipelined", np.array_equal(buf, want) and "symm" in req.desc,
-          req.desc)
+    for root, rep in ((P - 1, 0), (0, 1)):
+        want = np.arange(k, dtype=np.int64) * 3 + 1 + rep
+        buf = want.copy() if r == root else np.zeros(k, np.int64)
+        took = st.single_copy_calls["bcast"]
+        if rep:
+            comm.Bcast(buf, root)
+            desc = "symm"
+        else:
+            req = comm.Ibcast(buf, root)
+            req.Wait()
+            desc = req.desc
+        took = st.single_copy_calls["bcast"] - took
+        check(f"auto/bcast-large/{root}", np.array_equal(buf, want) and "symm" in desc,
+              desc)
+        check(f"auto/bcast-large/{root}/form", took == int(st.single_copy),
+              f"{took} single-copy calls, single_copy={st.single_copy}")
+    # Ranks naming different roots: every rank raises MismatchError before any copy (the
+    # root would write into the others' buffers), and nobody's buffer changed.
+    mine = np.full(k, 10.0 + r)
+    buf = mine.copy()
+    try:
+        comm.Bcast(buf, 0 if r == 0 else P - 1)
+        check("mismatch-root/bcast-large", False, "returned")
+    except MismatchError as exc:
+        check("mismatch-root/bcast-large", "differently" in str(exc), str(exc))
+    check("mismatch-root/bcast-large/untouched", np.array_equal(buf, mine))
 
     # POLYCAST_SYMM=0: the engine's schedules, same results.
     os.environ["POLYCAST_SYMM"] = "0"

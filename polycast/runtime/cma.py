@@ -55,14 +55,14 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-def _load():
+def _load(name: str = "process_vm_readv"):
     if not sys.platform.startswith("linux"):
         return None, f"not Linux ({sys.platform})"
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.process_vm_readv
+        fn = getattr(libc, name)
     except (OSError, AttributeError) as exc:
-        return None, f"process_vm_readv not in the C library ({exc})"
+        return None, f"{name} not in the C library ({exc})"
     fn.restype = ctypes.c_ssize_t
     fn.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
                    ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
@@ -70,6 +70,9 @@ def _load():
 
 
 _readv, _load_error = _load()
+# The kernel grants process_vm_writev on exactly the terms of process_vm_readv (the same
+# ptrace access check on the target), so a peer we may read we may also write.
+_writev, _ = _load("process_vm_writev")
 
 # What a peer reads to prove it may read us: 8 random bytes at a fixed address.
 _PROBE = ctypes.create_string_buffer(os.urandom(8), 8)
@@ -139,16 +142,29 @@ def _skip(ranges, nbytes: int) -> list:
 def read(pid: int, local: list, remote: list) -> None:
     """Copy the bytes of ``remote`` (address, nbytes) ranges of process ``pid`` into the
     ``local`` ranges (equal totals). Raises OSError (errno set) on failure."""
+    _move(_readv, "process_vm_readv", pid, local, remote)
+
+
+def write(pid: int, local: list, remote: list) -> None:
+    """Copy the bytes of our ``local`` (address, nbytes) ranges into the ``remote`` ranges
+    of process ``pid`` (equal totals): :func:`read` the other way round, for a peer that
+    waits while we fill its buffer. Raises OSError (errno set) on failure."""
+    if _writev is None:
+        raise OSError(errno.ENOSYS, "process_vm_writev is not in the C library")
+    _move(_writev, "process_vm_writev", pid, local, remote)
+
+
+def _move(fn, name: str, pid: int, local: list, remote: list) -> None:
     total = sum(n for _, n in local)
     done = 0
     while done < total:
         lo, re_ = _skip(local, done)[:_IOV_MAX], _skip(remote, done)[:_IOV_MAX]
-        got = _readv(pid, _iovecs(lo), len(lo), _iovecs(re_), len(re_), 0)
+        got = fn(pid, _iovecs(lo), len(lo), _iovecs(re_), len(re_), 0)
         if got < 0:
             e = ctypes.get_errno()
             raise OSError(e, os.strerror(e))
         if got == 0:
-            raise OSError(errno.EFAULT, "process_vm_readv made no progress")
+            raise OSError(errno.EFAULT, f"{name} made no progress")
         done += got
 
 

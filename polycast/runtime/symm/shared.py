@@ -3,6 +3,7 @@ segment of the ``auto`` path, and its epoch barrier (:mod:`.barrier`)."""
 
 from __future__ import annotations
 
+import collections
 import mmap
 import os
 import sys
@@ -57,6 +58,8 @@ class SymmState:
         got = comm.allgather((host_id(), _reads_every_peer(comm)))
         hosts = [h for h, _ in got]
         self.single_copy = all(ok for _, ok in got)
+        # Calls that took a single-copy form (.single), by collective: what tests count.
+        self.single_copy_calls: collections.Counter = collections.Counter()
         self.pids = _pids(comm) if self.single_copy else []
         why = None
         if len(set(hosts)) != 1:

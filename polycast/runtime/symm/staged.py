@@ -362,7 +362,8 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
     """``auto`` broadcast of an ordinary array: the root copies it into shared memory;
     after a barrier every other rank copies it out. Above the slots it is pipelined: the
     root publishes its progress chunk by chunk in its control block and the others copy
-    each chunk as soon as it is there, while it is still in cache."""
+    each chunk as soon as it is there, while it is still in cache. Where single copy is
+    allowed (:func:`.single.wanted`) it is not staged at all: :func:`.single.bcast`."""
     r = comm.rank
     st = state(comm)
     key = (K_BCAST, buf.size, buf.dtype, root) if type(buf) is np.ndarray else None
@@ -378,6 +379,8 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
         raise
     dt, n = b.dtype, b.size
     nbytes = n * dt.itemsize
+    if single.wanted(st, nbytes):       # no staging: copied root -> ranks by the kernel
+        return single.bcast(comm, st, b, root, blocking)
     plan = _plan(comm, st, ("bcast", n, dt, root), nbytes, ("bcast", n, dt.str, root),
                  ("bcast", n, dt, f"root {root}"), "bcast",
                  lambda seg, off, _: seg.view(root, off, n, dt))
