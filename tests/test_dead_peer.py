@@ -69,12 +69,15 @@ def test_a_timeout_names_collective_sequence_step_peer_and_bytes():
             "outstanding" in bcast), bcast
 
 
-def test_a_call_failed_at_post_for_a_lost_peer_tells_the_others():
+@pytest.mark.parametrize("aborts_first", [False, True], ids=["rank0-posts-first",
+                                                              "aborts-arrive-first"])
+def test_a_call_failed_at_post_for_a_lost_peer_tells_the_others(aborts_first):
     """Ranks 1 and 3 learn rank 2 is gone between two calls, so their next ring allgather
     fails when posted; rank 0's part needs only ranks 1 and 3 and its own connection to rank
     2 spares it (test_peer_lost_spares_requests_that_do_not_need_it): it must hear from them
-    at once (an ABORT), not wait its whole timeout (CI's test_dead_peer[kill-shm] failure:
-    rank 0 still waiting after the launcher's 2 s settle)."""
+    at once (an ABORT, before or after it posts), not wait its whole timeout (CI's
+    test_dead_peer[kill-shm] failure: rank 0 still waiting after the launcher's 2 s
+    settle)."""
     import numpy as np
     from polycast.engine import EngineConfig
     from polycast.errors import PeerLost
@@ -88,10 +91,14 @@ def test_a_call_failed_at_post_for_a_lost_peer_tells_the_others():
     w.kill(2, notify_after_s=0.0)
     w.run(max_time_s=1.0, until_finished=False)
     t_lost = w.now
-    for r in (1, 3, 0):                 # the ranks that know fail first, at post
+    for r in (1, 3):                    # the ranks that know fail at once, at post
         w.post(r, s, np.ones(count, np.float32), np.zeros(P * count, np.float32), req=1)
     assert isinstance(w.errors.get((1, 1)), PeerLost) and isinstance(w.errors.get((3, 1)),
                                                                      PeerLost), w.errors
+    if aborts_first:
+        w.run(max_time_s=t_lost + 0.1, until_finished=False)
+        assert (0, 1) not in w.errors and w.engines[1].stats.aborts_out >= 1
+    w.post(0, s, np.ones(count, np.float32), np.zeros(P * count, np.float32), req=1)
     w.run(max_time_s=t_lost + 10.0)
     err = w.errors[(0, 1)]
     assert isinstance(err, PeerLost) and err.rank == 2 and "rank 2" in str(err), err
