@@ -97,6 +97,11 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         self._watchdog: int | None = None
         self._watchdog_at = float("inf")
         self._lost: dict[int, str] = {}
+        # Peers whose call failed after ours was over here (their ABORT came too late to
+        # matter): (reason, lost rank, their text). If such a peer then leaves, what a call
+        # of ours still waits for from it never comes (on_peer_gone).
+        self._failed_peers: dict[int, tuple] = {}
+        self._departed: set[int] = set()
         self._pacer = Pacer(self.config.pacing_gbps, self.config.pacing_min_fraction)
         self._sig_cache: dict[tuple, tuple] = {}    # -> (schedule, sig)
         self._plans: dict[int, tuple] = {}          # id(schedule) -> (schedule, plan)
@@ -190,6 +195,10 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
                     self._message(src, h, payload, now, out)
                 else:
                     self._datagram(h, payload, now, out)
+        if self._departed:              # what they sent before leaving is in by now
+            for p in self._departed:
+                if self._reqs.get(r.req) is r and self._fail_for_departed(r, p, out):
+                    break
         if self._reqs.get(r.req) is r:
             self._maybe_complete(r, out)
         if self._grant_wait:
@@ -342,6 +351,37 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
             self._p2p_peer_lost(peer, out)
         return out
 
+    def on_peer_gone(self, peer: int, now: float) -> list[Action]:
+        """Peer ``peer`` finalized (an orderly goodbye: all it sent has arrived). Normally
+        nothing to do: a call still waiting for it ends at its timeout (ranks calling
+        different numbers of collectives). But when that peer's last call had failed (its
+        PEER_LOST or TIMEOUT abort came for a call already over here, so nothing failed
+        here), a call of ours still waiting to receive from it will never get it: fail it
+        now, naming the first failure (test_dead_peer: rank 0 had finished call k, ranks 1
+        and 3 failed k on the loss of rank 2 and left; rank 0 waited in k+1)."""
+        out: list[Action] = []
+        if not 0 <= peer < self.nranks or peer == self.rank:
+            return out
+        self._departed.add(peer)
+        for r in list(self._reqs.values()):
+            self._fail_for_departed(r, peer, out)
+        return out
+
+    def _fail_for_departed(self, r: Request, peer: int, out: list) -> bool:
+        failed = self._failed_peers.get(peer)
+        if failed is None or r.multicast:       # multicast data comes by datagram, later
+            return False
+        prog, state, held = r.prog, r.state, r.held
+        if not any(state[i] != DONE and prog[i].kind is Kind.RECV and prog[i].peer == peer
+                   and (peer, prog[i].tag) not in held for i in range(len(prog))):
+            return False
+        reason, lost, text = failed
+        what = (f"rank {self.rank}: {r.desc} was waiting on {self._stuck(r)}, but rank "
+                f"{peer} left after its own call failed: {text}")
+        named = lost if reason == AbortReason.PEER_LOST and 0 <= lost < self.nranks else peer
+        self._fail(r, PeerLost(named, what), out, abort=AbortReason.PEER_LOST, lost=named)
+        return True
+
     # -- messages -------------------------------------------------------------------------
     def _message(self, src: int, h: Header, payload, now: float, out: list) -> None:
         st = self.stats
@@ -357,7 +397,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         r = self._by_seq.get(h.seq)
         if r is None:
             if h.kind is _ABORT and h.seq in self._recent:
-                self._stale_abort(src, h, out)
+                self._stale_abort(src, h, out, payload)
                 return
             self._early.hold(True, src, h, payload, h.payload_nbytes, self._next_seq)
             return

@@ -87,9 +87,17 @@ class Failure:
         self._remember(seq, r.sig, (lambda: d) if isinstance(d, str) else
                        (lambda: describe(sched, req, seq, *d)))
 
-    def _stale_abort(self, src: int, h: Header, out: list) -> None:
+    def _stale_abort(self, src: int, h: Header, out: list, payload=None) -> None:
         """An ABORT for a call that is over here: if it reports a mismatch, tell its sender
-        what this rank called, so its error names both calls."""
+        what this rank called, so its error names both calls. If it reports a lost peer or
+        a timeout, remember that its sender failed (see Engine.on_peer_gone)."""
+        if h.tag in (AbortReason.PEER_LOST, AbortReason.TIMEOUT):
+            try:
+                text = bytes(payload).decode("utf-8", "replace")[:2000] if payload else ""
+            except Exception:
+                text = ""
+            self._failed_peers.setdefault(src, (h.tag, h.offset, text or "(no reason given)"))
+            return
         if h.tag != AbortReason.MISMATCH:
             return
         ent = self._recent.get(h.seq)

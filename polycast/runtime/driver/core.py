@@ -85,7 +85,7 @@ class Driver:
         self.progress = Progress(self)
         self.timers = Timers()
         self.peers = PeerIO(world, self.progress.sel, self._on_frame, self._on_sent,
-                            self._on_lost)
+                            self._on_lost, self._on_gone)
         self.mcast = mcast_io(self.progress.sel, self._on_datagram)
         self.runner = ActionRunner(self.buffers, self.requests, self.peers, self.mcast,
                                    self.timers, self.secret, self.mcast_requests, on_action)
@@ -362,6 +362,13 @@ class Driver:
             local = cs.local_of.get(r)
             if local is not None:
                 self._run(cs, cs.engine.on_peer_lost(local, now, reason))
+
+    def _on_gone(self, r: int) -> None:
+        now = time.monotonic()
+        for cs in list(self._comms.values()):
+            local = cs.local_of.get(r)
+            if local is not None:
+                self._run(cs, cs.engine.on_peer_gone(local, now))
 
     def _on_datagram(self, comm_id: int, data: bytes) -> None:
         cs = self._comms.get(comm_id)

@@ -43,10 +43,11 @@ class PeerIO:
     """The rings and TCP links of a :class:`World`; selector keys are ``("peer", rank)``."""
 
     def __init__(self, world: World, sel: selectors.BaseSelector, on_frame, on_sent,
-                 on_lost) -> None:
+                 on_lost, on_gone=None) -> None:
         self.world = world
         self._sel = sel
         self._on_frame, self._on_sent, self._on_lost = on_frame, on_sent, on_lost
+        self._on_gone = on_gone
         self.lost: dict[int, str] = {}          # peers whose connection broke
         self.gone: dict[int, str] = {}          # peers that closed in order (finalized)
         self._dirty: set[int] = set()           # peers with queued output
@@ -329,6 +330,8 @@ class PeerIO:
                 # calling different numbers of collectives) ends at the engine's timeout.
                 self.gone[r] = "rank finalized"
                 self._discard_queued(r)
+                if self._on_gone is not None:   # unless its last call had failed
+                    self._on_gone(r)
                 return
             self.mark_lost(r, f"connection lost: {exc}")
             return
