@@ -1,7 +1,10 @@
-"""Where a large engine-path collective's time goes on one host, against the copy floor.
+"""Where a large collective's time goes on one host (engine or auto path), against the copy floor.
 
     python bench/cma_floor.py [--ranks 4,2] [--sizes 16MiB,1MiB] [--algos direct,recdoubling,ring]
                               [--collective allgather] [--iters 20] [--realtime] [--json FILE]
+
+``--algos`` may name ``auto``: the default path (on one host the symm path, whose large calls
+read, and for a broadcast also write, the peers' arrays with the same kernel copy).
 
 Large DATA between ranks of one host goes single-copy (runtime/cma.py: a descriptor in the
 shm ring, the receiver reads the sender's memory with ``process_vm_readv``, then
@@ -12,11 +15,13 @@ bench/results/cma_floor.json):
   reading another's array with ``cma.read`` (``process_vm_readv``, GIL released) and a
   ``memcpy`` (``np.copyto``), 4 MiB and 12 MiB, best of several; then 2 readers at once
   (one per core) to show whether the cores share a bandwidth limit.
-* **split** -- per case (ranks x size x algorithm, POLYCAST_SYMM=0: the engine's schedule),
-  ranks launched here time every call and split its CPU (``time.process_time``) into ``read``
-  (thread CPU inside ``RemotePayload._read``/``_read_at``: the single-copy reads), ``copy``
-  (``Buffers.copy``: the own block's local copy) and ``rest`` (Python: engine, driver, rings,
-  waiting; a reduction's ufunc), and count the frames each rank handled. Medians over the
+* **split** -- per case (ranks x size x algorithm, POLYCAST_SYMM=0: the engine's schedule;
+  ``auto``: the symm path), ranks launched here time every call and split its CPU
+  (``time.process_time``) into ``read`` (thread CPU inside ``cma.read``/``cma.write``: the
+  single-copy reads, and a symm broadcast root's writes), ``copy`` (``Buffers.copy``: the
+  engine's own block's local copy; the symm path copies inline, so its own copy is in
+  ``rest``) and ``rest`` (Python: engine, driver, rings, barriers, waiting; a reduction's
+  ufunc), and count the frames each rank handled (none on the symm path). Medians over the
   timed calls, averaged over ranks. ``busy`` = ranks x CPU / wall: 2 on this 2-core machine
   means CPU-bound. ``floor`` = the wall if every rank did only its copies at the ceiling
   rates, spread over min(ranks, cores) cores: no engine, no protocol, no waiting.
@@ -144,9 +149,10 @@ def _rank(args) -> None:
                 acc[key] += time.thread_time() - c
         setattr(cls, name, wrapper)
 
-    timed(cma.RemotePayload, "_read", "read")
-    if hasattr(cma.RemotePayload, "_read_at"):       # a reduction's piecewise reads
-        timed(cma.RemotePayload, "_read_at", "read")
+    # Every single-copy read (the engine's RemotePayload and the symm path call these).
+    timed(cma, "read", "read")
+    if hasattr(cma, "write"):                        # a symm broadcast root's share
+        timed(cma, "write", "read")
     timed(memory.Buffers, "copy", "copy")
     frame = peers.PeerIO._frame
 
@@ -168,13 +174,19 @@ def _rank(args) -> None:
         if coll is Collective.BROADCAST and r == 0:
             recv[:] = 1.0               # the root's data, in place
         for algo in args.algos.split(","):
+            how = None if algo == "auto" else algo
+            if algo == "auto":              # the launch set POLYCAST_SYMM=0 for the engine
+                os.environ.pop("POLYCAST_SYMM", None)
+            else:
+                os.environ["POLYCAST_SYMM"] = "0"
+
             def once():
                 if coll is Collective.ALLGATHER:
-                    comm.Allgather(send, recv, algorithm=algo)
+                    comm.Allgather(send, recv, algorithm=how)
                 elif coll is Collective.BROADCAST:
-                    comm.Bcast(recv, 0, algorithm=algo)
+                    comm.Bcast(recv, 0, algorithm=how)
                 else:
-                    comm.Allreduce(send, recv, algorithm=algo)
+                    comm.Allreduce(send, recv, algorithm=how)
             for _ in range(3):
                 once()
             comm.Barrier()
@@ -280,14 +292,16 @@ def main(argv=None) -> int:
         if got is None:
             return 1
         rows += got
-    print(f"\n{args.collective}, engine path (POLYCAST_SYMM=0), per call and rank, medians of "
+    print(f"\n{args.collective}, engine path (POLYCAST_SYMM=0; auto: the default path), per "
+          f"call and rank, medians of "
           f"{args.iters} calls (us){' at chrt -r 1' if prefix else ''}; load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"{'ranks':>5} {'size':>6} {'algorithm':<12}{'wall':>7}{'busbw':>7}{'cpu':>7}"
           f"{'read':>7}{'copy':>7}{'rest':>7}{'frames':>7}{'busy':>6}{'floor':>7}")
     for row in rows:
         P = row["ranks"]
-        factor = (P - 1) / P if row["collective"] != "allreduce" else 2 * (P - 1) / P
+        factor = {"allgather": (P - 1) / P, "broadcast": 1.0}.get(row["collective"],
+                                                                   2 * (P - 1) / P)
         row["busbw_gbps"] = row["nbytes"] / row["wall_s"] / 1e9 * factor
         row["rest_s"] = row["cpu_s"] - row["read_s"] - row["copy_s"]
         row["busy_cores"] = P * row["cpu_s"] / row["wall_s"]

@@ -1,6 +1,6 @@
 """bench/cma_floor.py runs end to end on a small case: the copy ceilings of this machine and
 a 2-rank engine allgather whose CPU is split into single-copy reads, the local copy and the
-rest, with the frames counted and the copy floor beside it."""
+rest, with the frames counted and the copy floor beside it; and the auto (symm) path's."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_cma_floor_bench_splits_an_engine_allgather(tmp_path):
     out = tmp_path / "cma_floor.json"
     env = dict(os.environ, PYTHONPATH=REPO)
     res = subprocess.run([sys.executable, os.path.join(REPO, "bench", "cma_floor.py"),
-                          "--ranks", "2", "--sizes", "1MiB", "--algos", "ring,direct",
+                          "--ranks", "2", "--sizes", "1MiB", "--algos", "ring,direct,auto",
                           "--iters", "3", "--json", str(out)],
                          capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
     if res.returncode == 2:
@@ -31,7 +31,13 @@ def test_cma_floor_bench_splits_an_engine_allgather(tmp_path):
     for c in got["ceilings"]:
         assert c["read_gbps"] > 0.1 and c["memcpy_gbps"] > 0.1, c
     rows = {r["algorithm"]: r for r in got["rows"]}
-    assert set(rows) == {"ring", "direct"}
+    assert set(rows) == {"ring", "direct", "auto"}
+    # auto: the symm path, no frames at all; with a core per rank 512 KiB a rank goes
+    # single copy (runtime/symm/single.py), so its reads are timed
+    from polycast.runtime.symm.barrier import _cores
+    auto = rows.pop("auto")
+    assert auto["correct"] and auto["frames"] == 0, auto
+    assert auto["read_s"] > 0 or _cores() < 2, auto
     for r in rows.values():
         assert r["correct"] and r["ranks"] == 2 and r["nbytes"] == 1 << 20, r
         # 512 KiB shards go single-copy: the reads are timed, and every call handles frames
