@@ -337,7 +337,7 @@ def bench_iters_arg(nbytes: int, iters: int) -> int:
 
 
 def run_polycast(cases, nranks, warmup, timeout_seconds, algo: str | None,
-                 transport: str = "auto") -> PeerRun:
+                 transport: str = "auto", nonblocking: bool = False) -> PeerRun:
     """``polycast bench --json`` with every algorithm: one launch per collective when the
     bench takes ``--sizes``, else one per case. The bench runs sizes in order and the
     algorithms in order within a size, and an algorithm that raises ends the launch: the
@@ -356,6 +356,8 @@ def run_polycast(cases, nranks, warmup, timeout_seconds, algo: str | None,
         opts += ["--timeout", f"{max(1.0, timeout_seconds - 10):g}"]
     if transport != "auto":
         opts += ["--transport", transport]
+    if nonblocking and "--nonblocking" in helptext:
+        opts += ["--nonblocking"]
     run.library = "polycast bench"
     by_collective: dict[str, list[pc.Case]] = {}
     for case in cases:
@@ -595,6 +597,9 @@ def parse_args(argv):
     p.add_argument("--transport", default="auto", choices=TRANSPORTS,
                    help="between local ranks: polycast's POLYCAST_TRANSPORT, and for tcp "
                         "MPICH without its shared memory (UCX over TCP); gloo is always TCP")
+    p.add_argument("--nonblocking", action="store_true",
+                   help="time polycast's I-variants + Wait (Iallreduce(...).Wait()) instead "
+                        "of the blocking calls the MPI and gloo peers make (the default)")
     p.add_argument("--breakdown", action="store_true",
                    help="also profile the engine path's best algorithm per case "
                         "(bench/breakdown.py: CPU per call by engine, driver, transport, "
@@ -644,7 +649,7 @@ def main(argv=None) -> int:
             print(f"running {LABELS[name]} ...", file=sys.stderr, flush=True)
             if name == "polycast":
                 runs[name] = run_polycast(cases, args.nranks, args.warmup, args.timeout,
-                                          args.algo, args.transport)
+                                          args.algo, args.transport, args.nonblocking)
             elif name == "mpich":
                 runs[name] = run_mpich(cases, args.nranks, args.warmup, args.timeout,
                                        workdir, args.transport)
@@ -658,7 +663,9 @@ def main(argv=None) -> int:
                 right=set(columns[2:3] + columns[4:]))
     print("engine: polycast's best explicit algorithm (the engine's schedules; --algo, "
           "default all it supports); auto: polycast's default (on one host the symm path, "
-          "named auto(symm))")
+          "named auto(symm)); polycast times "
+          + ("I-variants + Wait (--nonblocking)" if args.nonblocking else
+             "the blocking calls (Allreduce, Bcast, ...), as the MPI and gloo peers do"))
     lat = latency(cases, runs)
     if lat:
         print_table(lat[0], lat[1], lat[2], right={"time us"})
@@ -678,6 +685,7 @@ def main(argv=None) -> int:
                                f"{MIN_ITERS}..{MAX_ITERS}",
         "timing": "max over ranks of each rank's mean over iters back-to-back calls "
                   "after warmup (polycast: as polycast bench times it)",
+        "polycast_calls": "nonblocking" if args.nonblocking else "blocking",
         "cpus": os.cpu_count(),
         # Other work on a small machine skews every peer (busy-polling MPI most): keep the
         # load next to the numbers.

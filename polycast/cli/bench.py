@@ -6,6 +6,8 @@ Starts the ranks itself (polycast.runtime.launch), runs every size (from --min t
 times --step-factor) with every algorithm, and prints per row: size, count, dtype,
 algorithm, time (us), algbw and busbw (GB/s = 1e9 B/s; busbw = algbw x the nccl-tests
 factor of the collective) and whether the result matched polycast.reference exactly.
+It times the blocking calls (``Allreduce``, ``Bcast``, ...), as MPI programs and nccl-tests
+do; ``--nonblocking`` times ``Iallreduce(...).Wait()`` and the like.
 """
 
 from __future__ import annotations
@@ -78,15 +80,16 @@ def _table(rows: list[dict], coll: str, nranks: int) -> None:
              for r in rows]
     headers = ["size", "count", "type", "algorithm", "time (us)", "algbw (GB/s)",
                "busbw (GB/s)", "correct"]
+    calls = rows[0].get("calls", "blocking") if rows else "blocking"
     print_table(f"polycast bench: {coll}, {nranks} ranks, transport "
-                f"{rows[0]['transport'] if rows else '?'}", headers, cells,
+                f"{rows[0]['transport'] if rows else '?'}, {calls} calls", headers, cells,
                 right=set(headers) - {"type", "algorithm"})
 
 
 def measure(collective, nranks: int, algos: list[str], sizes: list[int], *, iters: int = 20,
             warmup: int = 5, dtype: str = "float32", op: str = "sum", root: int = 0,
             check: bool = True, transport: str | None = None, timeout_seconds: float = 900,
-            progress=None) -> list[dict]:
+            progress=None, nonblocking: bool = False) -> list[dict]:
     """Launch ``nranks`` local ranks and measure ``collective`` for every algorithm and size.
 
     Returns the rows (dicts with ``collective, algorithm, nranks, nbytes, count, dtype,
@@ -111,7 +114,8 @@ def measure(collective, nranks: int, algos: list[str], sizes: list[int], *, iter
     cmd = ["-m", "polycast.runtime.bench_rank", str(coll), "--algo", ",".join(algos),
            "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
            "--warmup", str(warmup), "--dtype", dtype, "--op", op,
-           "--root", str(root)] + ([] if check else ["--no-check"])
+           "--root", str(root)] + ([] if check else ["--no-check"]) + (
+               ["--nonblocking"] if nonblocking else [])
     extra = {"POLYCAST_TRANSPORT": transport} if transport else {}
     status = launch(nranks, cmd, extra_env=extra, stdout=sink, timeout_seconds=timeout_seconds)
     if sink.errors or status != 0:
@@ -142,7 +146,8 @@ def run(args) -> int:
         rows = measure(args.collective, args.nranks, algos, sizes, iters=args.iters,
                        warmup=args.warmup, dtype=args.dtype, op=args.op, root=args.root,
                        check=not args.no_check, transport=args.transport,
-                       timeout_seconds=args.timeout, progress=update)
+                       timeout_seconds=args.timeout, progress=update,
+                       nonblocking=args.nonblocking)
     finally:
         stop()
     if args.json:
@@ -173,6 +178,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--root", type=int, default=0)
     p.add_argument("--transport", choices=("auto", "shm", "tcp"), default=None)
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    p.add_argument("--nonblocking", action="store_true",
+                   help="time Iallreduce(...).Wait() and the like instead of the blocking "
+                        "calls (Allreduce, ...), which are the default")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="end the run after this many seconds (default 900)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")

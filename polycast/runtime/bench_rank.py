@@ -4,7 +4,10 @@ Rank 0 prints one ``BENCHROW <json>`` line per (size, algorithm) and ``BENCHPROG
 lines (``auto`` rows say what the planner ran: ``auto(symm)``, ``auto(ring)``); the parent (:mod:`polycast.cli.bench`) turns them into the table.
 
 Timing follows nccl-tests: ``warmup`` untimed calls, a barrier, ``iters`` calls back to
-back; the time is the slowest rank's average. The correctness check runs one more call on
+back; the time is the slowest rank's average. The calls are the blocking ones
+(``Allreduce``, ``Bcast``, ...), as an MPI program and the MPI peers of ``bench/peers.py``
+make them; ``--nonblocking`` times ``Iallreduce(...).Wait()`` and the like instead (the row
+says which in ``calls``). The correctness check runs one more call on
 the reference inputs (:func:`polycast.reference.make_inputs`) and compares exactly on every
 rank.
 """
@@ -22,7 +25,7 @@ from .. import comm as pcomm
 from ..collectives import Collective
 from ..errors import PolycastError
 from ..reference import make_inputs, reference
-from .selftest import call
+from .selftest import call, call_blocking
 
 
 def sizes_between(lo: int, hi: int, factor: int) -> list[int]:
@@ -42,7 +45,8 @@ def count_for(coll: Collective, nranks: int, nbytes: int, itemsize: int) -> int:
 
 
 def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op: str,
-            root: int, iters: int, warmup: int, check: bool) -> dict:
+            root: int, iters: int, warmup: int, check: bool, nonblocking: bool = False
+            ) -> dict:
     P, r = comm.size, comm.rank
     dt = np.dtype(dtype)
     inputs = make_inputs(coll, P, count, dtype, root=root, op=op) if check else None
@@ -69,11 +73,15 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
         # every root's time that no peer pays). The check below uses its own buffers.
         recv[...] = send
 
-    def once():
-        if coll is Collective.BROADCAST:
-            comm.Bcast(recv, root, algorithm=how)
-        else:
-            call(comm, coll, send, recv, root, op, how)
+    if nonblocking:
+        def once():
+            if coll is Collective.BROADCAST:
+                comm.Ibcast(recv, root, algorithm=how).Wait()
+            else:
+                call(comm, coll, send, recv, root, op, how)
+    else:
+        def once():
+            call_blocking(comm, coll, send, recv, root, op, how)
 
     for _ in range(warmup):
         once()
@@ -114,6 +122,7 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
         "time_us": t * 1e6, "algbw": algbw, "busbw": algbw * coll.busbw_factor(P),
         "cpu_us": float(cpus.mean()) * 1e6,
         "correct": correct, "iters": iters,
+        "calls": "nonblocking" if nonblocking else "blocking",
         "transport": ",".join(sorted(set(comm.transports().values()))) or "self",
         "recovered_bytes": (st1.recovered_bytes - rec0) if st1 is not None else 0,
         "dropped": (st1.dropped - drops0) if st1 is not None else 0,
@@ -131,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--op", default="sum")
     p.add_argument("--root", type=int, default=0)
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--nonblocking", action="store_true",
+                   help="time I-variant + Wait instead of the blocking call")
     args = p.parse_args(argv)
     coll = Collective.parse(args.collective)
     comm = pcomm.init()
@@ -145,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             iters = args.iters if nbytes <= (8 << 20) else max(2, args.iters // 4)
             try:
                 row = measure(comm, coll, None if algo == "auto" else algo, count, args.dtype,
-                              args.op, args.root, iters, args.warmup, not args.no_check)
+                              args.op, args.root, iters, args.warmup, not args.no_check,
+                              args.nonblocking)
             except PolycastError as exc:
                 if comm.rank == 0:
                     print("BENCHERROR " + json.dumps({"algorithm": algo, "nbytes": nbytes,

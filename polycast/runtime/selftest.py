@@ -82,6 +82,36 @@ def call(comm, coll: Collective, send, recv, root: int, op: str, algorithm: str 
     return req
 
 
+def call_blocking(comm, coll: Collective, send, recv, root: int, op: str,
+                  algorithm: str | None) -> None:
+    """The blocking form of :func:`call` (``Allreduce`` rather than ``Iallreduce().Wait()``):
+    what an MPI program calls, and what the MPI peers of ``bench/peers.py`` time. Bcast
+    leaves the root's buffer as it is (fill it before the first call)."""
+    kw = {"algorithm": algorithm}
+    if coll is Collective.BROADCAST:
+        comm.Bcast(recv, root, **kw)
+    elif coll is Collective.REDUCE:
+        comm.Reduce(send, recv, op, root, **kw)
+    elif coll is Collective.ALLREDUCE:
+        comm.Allreduce(send, recv, op, **kw)
+    elif coll is Collective.ALLGATHER:
+        comm.Allgather(send, recv, **kw)
+    elif coll is Collective.REDUCE_SCATTER:
+        comm.Reduce_scatter_block(send, recv, op, **kw)
+    elif coll is Collective.SCATTER:
+        comm.Scatter(send if comm.rank == root else None, recv, root, **kw)
+    elif coll is Collective.GATHER:
+        comm.Gather(send, recv, root, **kw)
+    elif coll is Collective.ALLTOALL:
+        comm.Alltoall(send, recv, **kw)
+    elif coll is Collective.SCAN:
+        comm.Scan(send, recv, op, **kw)
+    elif coll is Collective.EXSCAN:
+        comm.Exscan(send, recv, op, **kw)
+    else:
+        comm.Barrier(**kw)
+
+
 def one(ck: Checker, coll: Collective, algo: str | None, count: int, root: int = 0,
         op: str = "sum", dtype: str = "float32", seed: int = 0) -> None:
     comm = ck.comm
