@@ -339,13 +339,33 @@ class BufferCollectives:
             raise self._refused("Barrier", exc)
 
     # -- blocking forms -------------------------------------------------------------------
+    # A repeated small Allreduce / Bcast on one host is ONE call into the symm path's
+    # compiled helper (``_symm_fast``, kept once the Python path ran the same call shape):
+    # it checks the arrays themselves and answers False for anything it does not keep, and
+    # then the call takes the Python path, which checks and raises as always.
+    _symm_fast = None
+
     def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
+        fast = self._symm_fast
+        if fast is not None and algorithm is None:
+            got = fast.bcast(buf, root)
+            if got is True:
+                return
+            if got is not False:
+                return self._symm_state.bar.fast_rest(got)
         self._bcast(buf, root, algorithm, True).Wait()
 
     def Reduce(self, sendbuf, recvbuf, op="sum", root: int = 0, **kw) -> None:
         self.Ireduce(sendbuf, recvbuf, op, root, **kw).Wait()
 
     def Allreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None) -> None:
+        fast = self._symm_fast
+        if fast is not None and algorithm is None:
+            got = fast.allreduce(sendbuf, recvbuf, op)
+            if got is True:
+                return
+            if got is not False:
+                return self._symm_state.bar.fast_rest(got)
         self._allreduce(sendbuf, recvbuf, op, algorithm, True).Wait()
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:

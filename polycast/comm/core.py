@@ -246,7 +246,10 @@ class CommCore:
         memory (:meth:`empty`) and the "symm" algorithm is not available."""
         if getattr(self._driver, "empty", None) is not None:
             return self.empty(shape, dtype)
-        return _symm.alloc(self, shape, dtype)
+        arr = _symm.alloc(self, shape, dtype)
+        # Calls now route by buffer (symmetric or not): no more one-call fast path.
+        self._symm_state.bar.fast_off()
+        return arr
 
     # -- communicators ----------------------------------------------------------------------
     def _child_id(self, what: str) -> int:

@@ -47,6 +47,8 @@ typedef struct {
     uint64_t **ctrl;        /* each rank's control block */
     char **slots;           /* each rank's slots segment (two slots of half bytes), or NULL */
     Py_ssize_t half;
+    unsigned long long epoch;   /* the barrier's epoch (barrier.py reads and moves it here) */
+    struct Fast *fast;          /* the kept repeated calls (NULL: none kept) */
 } Bar;
 
 /* Counts for the benches (bench/symm.py --floor): waits that had to wait, polls, yields,
@@ -208,7 +210,10 @@ static PyObject *supports(PyObject *mod, PyObject *args) {
 }
 
 /* ---- the Barrier object ---------------------------------------------------------------- */
+static void fast_free(Bar *b);
+
 static void Bar_dealloc(Bar *self) {
+    fast_free(self);
     PyMem_Free(self->ctrl);
     PyMem_Free(self->slots);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -465,7 +470,313 @@ static PyObject *Bar_finish(Bar *self, PyObject *args) {
     return PyLong_FromLong(rc);
 }
 
+/* ---- one call for a repeated small call (comm -> here, no Python in between) --------------
+ * staged.py keeps an entry per call shape the first time such a call ran through the Python
+ * path (which checked everything and chose this path); Comm.Allreduce / Comm.Bcast then hand
+ * their arguments here first. A call is "mine" only when the arrays are exactly numpy arrays,
+ * C-contiguous (recvbuf writable), of the kept dtype (the same dtype object) and size, with
+ * the kept op / root / in-place, neither POLYCAST_SYMM nor POLYCAST_<COLL>_ALGO is set, no
+ * symm job is queued and the communicator's run lock is free: checked on every call, from
+ * the arrays themselves. Anything else returns False with nothing touched, and the caller
+ * takes the Python path (which raises every error). Python disarms it (disarm()) when the
+ * symm path stops taking calls (broken barrier, refused staging, freed state, user symm
+ * arrays). A wait longer than the spin and the yields returns to barrier.py's bounded loop
+ * holding the call (pending), as start()/finish() do. */
+#define NENT 16
+typedef struct {
+    int kind, flag, t, opc;     /* flag: in place (allreduce) or the root (bcast) */
+    Py_ssize_t nbytes;
+    unsigned long long sig;
+    PyObject *dtype, *op, *what, *env_key;      /* owned; op NULL for bcast */
+} Entry;
+
+struct Fast {
+    double spin_s, yield_s;
+    int use_futex, nent, next, pending;
+    PyObject *ndarray, *in_place, *env, *symm_key, *acquire, *release, *jobs;
+    Entry ent[NENT];
+    Call pc;                    /* the pending call: its buffers, and the run lock, held */
+    unsigned long long last_e;
+    PyObject *last_what;
+};
+
+static unsigned long long n_fast;     /* calls the fast path ran (tests count them) */
+static PyObject *str_dtype;
+
+static void entry_clear(Entry *en) {
+    Py_CLEAR(en->dtype); Py_CLEAR(en->op); Py_CLEAR(en->what); Py_CLEAR(en->env_key);
+}
+
+static void unlock(struct Fast *f) {
+    PyObject *r = PyObject_CallNoArgs(f->release);
+    if (r) Py_DECREF(r); else PyErr_WriteUnraisable(f->release);
+}
+
+static void drop_pending(struct Fast *f) {
+    if (!f->pending) return;
+    f->pending = 0;
+    release(&f->pc);
+    unlock(f);
+}
+
+static void fast_free(Bar *b) {
+    struct Fast *f = b->fast;
+    if (!f) return;
+    b->fast = NULL;
+    drop_pending(f);
+    for (int i = 0; i < f->nent; i++) entry_clear(&f->ent[i]);
+    Py_XDECREF(f->ndarray); Py_XDECREF(f->in_place); Py_XDECREF(f->env);
+    Py_XDECREF(f->symm_key); Py_XDECREF(f->acquire); Py_XDECREF(f->release);
+    Py_XDECREF(f->jobs); Py_XDECREF(f->last_what);
+    PyMem_Free(f);
+}
+
+/* arm(ndarray, IN_PLACE, environ_store, b"POLYCAST_SYMM", lock.acquire, lock.release, jobs,
+ *     spin_s, yield_s, use_futex) */
+static PyObject *Bar_arm(Bar *self, PyObject *args) {
+    PyObject *o[7];
+    double spin, yld;
+    int fx;
+    if (!PyArg_ParseTuple(args, "O!OO!O!OOOddp", &PyType_Type, &o[0], &o[1], &PyDict_Type,
+                          &o[2], &PyBytes_Type, &o[3], &o[4], &o[5], &o[6], &spin, &yld, &fx))
+        return NULL;
+    if (!self->slots[0]) {
+        PyErr_SetString(PyExc_RuntimeError, "symm fast path: no slots set");
+        return NULL;
+    }
+    fast_free(self);
+    struct Fast *f = PyMem_Calloc(1, sizeof(struct Fast));
+    if (!f) return PyErr_NoMemory();
+    PyObject **dst[7] = {&f->ndarray, &f->in_place, &f->env, &f->symm_key, &f->acquire,
+                         &f->release, &f->jobs};
+    for (int i = 0; i < 7; i++) *dst[i] = Py_NewRef(o[i]);
+    f->spin_s = spin; f->yield_s = yld; f->use_futex = fx;
+    self->fast = f;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Bar_disarm(Bar *self, PyObject *noargs) {
+    fast_free(self);
+    Py_RETURN_NONE;
+}
+
+/* add(kind, nbytes, dtype, op or None, flag, sig, dtype code, op code, what, env_key) */
+static PyObject *Bar_add(Bar *self, PyObject *args) {
+    Entry en = {0};
+    PyObject *dtype, *op, *what, *key;
+    if (!PyArg_ParseTuple(args, "inOOiKiiUO!", &en.kind, &en.nbytes, &dtype, &op, &en.flag,
+                          &en.sig, &en.t, &en.opc, &what, &PyBytes_Type, &key))
+        return NULL;
+    struct Fast *f = self->fast;
+    int isz = 1;
+    if (!f || en.nbytes <= 0 || en.nbytes > self->half
+        || (en.kind == K_ALLREDUCE ? !PyUnicode_CheckExact(op) || !fold_for(en.t, en.opc, &isz)
+            || en.nbytes % isz : en.kind != K_BCAST || op != Py_None
+            || en.flag < 0 || en.flag >= self->size)) {
+        PyErr_SetString(PyExc_ValueError, "symm fast path: not armed, or not such a call");
+        return NULL;
+    }
+    Entry *slot = f->nent < NENT ? &f->ent[f->nent++] : &f->ent[f->next++ % NENT];
+    entry_clear(slot);
+    en.dtype = Py_NewRef(dtype);
+    en.op = op == Py_None ? NULL : Py_NewRef(op);
+    en.what = Py_NewRef(what);
+    en.env_key = Py_NewRef(key);
+    *slot = en;
+    Py_RETURN_NONE;
+}
+
+static Entry *lookup(struct Fast *f, int kind, Py_ssize_t nbytes, PyObject *dtype,
+                     PyObject *op, int flag) {
+    for (int i = 0; i < f->nent; i++) {
+        Entry *en = &f->ent[i];
+        if (en->kind != kind || en->nbytes != nbytes || en->dtype != dtype || en->flag != flag)
+            continue;
+        if (en->op == op || (op && en->op && PyUnicode_Compare(en->op, op) == 0))
+            return en;
+    }
+    return NULL;
+}
+
+/* Whether the call may run here now; 1 with the communicator's run lock taken. */
+static int gate(struct Fast *f, Entry *en) {
+    if (PyDict_GetItemWithError(f->env, f->symm_key) || PyDict_GetItemWithError(f->env, en->env_key)
+        || PyErr_Occurred())
+        goto no;
+    Py_ssize_t nj = PyObject_Length(f->jobs);
+    if (nj != 0) goto no;
+    PyObject *got = PyObject_CallOneArg(f->acquire, Py_False);
+    if (!got) goto no;
+    int ok = got == Py_True;
+    Py_DECREF(got);
+    return ok;
+no:
+    PyErr_Clear();
+    return 0;
+}
+
+/* The call (buffers in c) once its entry is found: True done, False not mine (nothing done),
+ * -1 descriptors differ (nothing copied out: the caller raises MismatchError), n > 0 peers
+ * still missing (pending: the caller waits in barrier.py's loop, then finish_pending()). */
+static PyObject *run_fast(Bar *b, Entry *en, Call *c) {
+    struct Fast *f = b->fast;
+    if (!gate(f, en)) {
+        release(c);
+        Py_RETURN_FALSE;
+    }
+    unsigned long long e = ++b->epoch;
+    c->e = e; c->kind = en->kind; c->t = en->t; c->op = en->opc;
+    c->root = en->kind == K_BCAST ? en->flag : 0;
+    f->last_e = e;
+    Py_XSETREF(f->last_what, Py_NewRef(en->what));
+    n_fast++;
+    copy_in(b, c);
+    __atomic_store_n(&b->ctrl[b->rank][S_SIG0 + (e & 1)], (uint64_t)en->sig, __ATOMIC_RELAXED);
+    publish(b, S_EPOCH, e);
+    int n = wait_slot(b, -1, S_EPOCH, e, f->spin_s, f->yield_s, 0.0, f->use_futex);
+    if (n > 0) {
+        f->pc = *c;
+        f->pending = 1;
+        return PyLong_FromLong(n);
+    }
+    int same = sigs_equal(b, e);
+    if (same) copy_out(b, c);
+    release(c);
+    unlock(f);
+    if (same) Py_RETURN_TRUE;
+    return PyLong_FromLong(-1);
+}
+
+static int get_buf(PyObject *o, Py_buffer *v, int writable) {
+    if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* allreduce(sendbuf, recvbuf, op) */
+static PyObject *Bar_allreduce(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
+    struct Fast *f = self->fast;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "allreduce(sendbuf, recvbuf, op)");
+        return NULL;
+    }
+    PyObject *send = args[0], *recv = args[1], *op = args[2];
+    if (!f || f->pending || Py_TYPE(recv) != (PyTypeObject *)f->ndarray
+        || !PyUnicode_CheckExact(op))
+        Py_RETURN_FALSE;
+    int in_place = send == f->in_place;
+    if (in_place) send = recv;
+    else if (Py_TYPE(send) != (PyTypeObject *)f->ndarray) Py_RETURN_FALSE;
+    PyObject *dt = PyObject_GetAttr(recv, str_dtype), *dt2 = NULL;
+    if (!dt) { PyErr_Clear(); Py_RETURN_FALSE; }
+    Py_DECREF(dt);          /* (only compared: the array holds it) */
+    if (!in_place) {
+        if (!(dt2 = PyObject_GetAttr(send, str_dtype))) { PyErr_Clear(); Py_RETURN_FALSE; }
+        Py_DECREF(dt2);
+        if (dt2 != dt) Py_RETURN_FALSE;
+    }
+    Call c = {0};
+    if (!get_buf(recv, &c.dst, 1)) Py_RETURN_FALSE;
+    c.has_dst = 1;
+    if (!get_buf(send, &c.src, 0)) { release(&c); Py_RETURN_FALSE; }
+    c.has_src = 1;
+    char *s0 = c.src.buf, *d0 = c.dst.buf;
+    if (c.src.len != c.dst.len) { release(&c); Py_RETURN_FALSE; }
+    if (s0 == d0) in_place = 1;
+    else if (s0 < d0 + c.dst.len && d0 < s0 + c.src.len) { release(&c); Py_RETURN_FALSE; }
+    Entry *en = lookup(f, K_ALLREDUCE, c.dst.len, dt, op, in_place);
+    if (!en) { release(&c); Py_RETURN_FALSE; }
+    return run_fast(self, en, &c);
+}
+
+/* bcast(buf, root) */
+static PyObject *Bar_bcast(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
+    struct Fast *f = self->fast;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "bcast(buf, root)");
+        return NULL;
+    }
+    PyObject *buf = args[0];
+    if (!f || f->pending || Py_TYPE(buf) != (PyTypeObject *)f->ndarray
+        || !PyLong_CheckExact(args[1]))
+        Py_RETURN_FALSE;
+    int overflow;
+    long root = PyLong_AsLongAndOverflow(args[1], &overflow);
+    if (overflow || root < 0 || root >= self->size) { PyErr_Clear(); Py_RETURN_FALSE; }
+    PyObject *dt = PyObject_GetAttr(buf, str_dtype);
+    if (!dt) { PyErr_Clear(); Py_RETURN_FALSE; }
+    Py_DECREF(dt);
+    Call c = {0};
+    Py_buffer *v = root == self->rank ? &c.src : &c.dst;
+    if (!get_buf(buf, v, root != self->rank)) Py_RETURN_FALSE;
+    if (root == self->rank) c.has_src = 1; else c.has_dst = 1;
+    Entry *en = lookup(f, K_BCAST, v->len, dt, NULL, (int)root);
+    if (!en) { release(&c); Py_RETURN_FALSE; }
+    return run_fast(self, en, &c);
+}
+
+/* finish_pending() -> 0, or -1 (descriptors differ): a pending call, once every peer arrived. */
+static PyObject *Bar_finish_pending(Bar *self, PyObject *noargs) {
+    struct Fast *f = self->fast;
+    int first;
+    if (!f || !f->pending || missing_of(self, -1, S_EPOCH, f->pc.e, &first)) {
+        PyErr_SetString(PyExc_RuntimeError, "symm fast path: nothing to finish, or early");
+        return NULL;
+    }
+    int rc = 0;
+    if (!sigs_equal(self, f->pc.e)) rc = -1;
+    else copy_out(self, &f->pc);
+    drop_pending(f);
+    return PyLong_FromLong(rc);
+}
+
+/* drop_pending(): give up a pending call (its wait raised): buffers and run lock released. */
+static PyObject *Bar_drop_pending(Bar *self, PyObject *noargs) {
+    if (self->fast) drop_pending(self->fast);
+    Py_RETURN_NONE;
+}
+
+/* last() -> (epoch, what) of the last fast call (for barrier.py's wait and messages). */
+static PyObject *Bar_last(Bar *self, PyObject *noargs) {
+    struct Fast *f = self->fast;
+    if (!f || !f->last_what) Py_RETURN_NONE;
+    return Py_BuildValue("KO", f->last_e, f->last_what);
+}
+
+static PyObject *Bar_get_armed(Bar *self, void *closure) {
+    return PyBool_FromLong(self->fast != NULL);
+}
+
+static PyObject *Bar_get_epoch(Bar *self, void *closure) {
+    return PyLong_FromUnsignedLongLong(self->epoch);
+}
+
+static int Bar_set_epoch(Bar *self, PyObject *v, void *closure) {
+    if (!v) { PyErr_SetString(PyExc_TypeError, "epoch cannot be deleted"); return -1; }
+    unsigned long long e = PyLong_AsUnsignedLongLong(v);
+    if (e == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    self->epoch = e;
+    return 0;
+}
+
+static PyGetSetDef Bar_getset[] = {
+    {"epoch", (getter)Bar_get_epoch, (setter)Bar_set_epoch, "the barrier's epoch", NULL},
+    {"armed", (getter)Bar_get_armed, NULL, "whether repeated calls take the fast path", NULL},
+    {NULL},
+};
+
 static PyMethodDef Bar_methods[] = {
+    {"arm", (PyCFunction)Bar_arm, METH_VARARGS, "start keeping repeated small calls"},
+    {"disarm", (PyCFunction)Bar_disarm, METH_NOARGS, "forget every kept call"},
+    {"add", (PyCFunction)Bar_add, METH_VARARGS, "keep a call shape"},
+    {"allreduce", (PyCFunction)(void (*)(void))Bar_allreduce, METH_FASTCALL,
+     "a kept Allreduce: True, False (not mine), -1 (mismatch) or peers missing"},
+    {"bcast", (PyCFunction)(void (*)(void))Bar_bcast, METH_FASTCALL, "a kept Bcast: as allreduce"},
+    {"finish_pending", (PyCFunction)Bar_finish_pending, METH_NOARGS, "the rest of a pending call"},
+    {"drop_pending", (PyCFunction)Bar_drop_pending, METH_NOARGS, "give a pending call up"},
+    {"last", (PyCFunction)Bar_last, METH_NOARGS, "(epoch, what) of the last fast call"},
     {"set_slots", (PyCFunction)Bar_set_slots, METH_VARARGS, "each rank's slots segment"},
     {"publish", (PyCFunction)Bar_publish, METH_VARARGS, "release-store a slot, wake sleepers"},
     {"wait", (PyCFunction)Bar_wait, METH_VARARGS, "spin, yield, sleep once: peers missing"},
@@ -484,11 +795,12 @@ static PyTypeObject BarType = {
     .tp_init = (initproc)Bar_init,
     .tp_dealloc = (destructor)Bar_dealloc,
     .tp_methods = Bar_methods,
+    .tp_getset = Bar_getset,
 };
 
 static PyObject *stats(PyObject *mod, PyObject *noargs) {
-    return Py_BuildValue("{sKsKsKsK}", "waits", n_waits, "polls", n_polls, "yields", n_yields,
-                         "sleeps", n_sleeps);
+    return Py_BuildValue("{sKsKsKsKsK}", "waits", n_waits, "polls", n_polls, "yields", n_yields,
+                         "sleeps", n_sleeps, "fast", n_fast);
 }
 
 static PyMethodDef module_methods[] = {
@@ -502,6 +814,7 @@ static struct PyModuleDef moddef = {
 };
 
 PyMODINIT_FUNC PyInit__symm(void) {
+    if (!(str_dtype = PyUnicode_InternFromString("dtype"))) return NULL;
     if (PyType_Ready(&BarType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;

@@ -92,11 +92,12 @@ class EpochBarrier:
         self.rank, self.size = comm.rank, comm.size
         self.world_ranks = list(comm.members)
         self.ctrl = ctrl
-        self.epoch = 0
+        self._native = None
+        self._epoch = 0
         self._others = [p for p in range(self.size) if p != self.rank]
         # After a barrier timed out or lost a peer, the ranks' epochs no longer agree: a
         # late rank could pass a barrier on a stale epoch and read a buffer in use.
-        self.broken: str | None = None
+        self._broken: str | None = None
         # How long a wait polls, then yields, before it sleeps (0 on a worker thread: see
         # :mod:`.queue`).
         self.spin_seconds = (SPIN_SECONDS if self.size <= _cores()
@@ -110,6 +111,72 @@ class EpochBarrier:
         if ctrl is not None and compiled is not None:
             self.native = compiled.Barrier(self.rank, [c.__array_interface__["data"][0]
                                                        for c in ctrl])
+
+    # The epoch lives in the compiled helper when there is one: its one-call fast path
+    # (comm -> Barrier.allreduce/bcast) moves it without Python.
+    @property
+    def epoch(self) -> int:
+        n = self._native
+        return self._epoch if n is None else n.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        n = self._native
+        if n is None:
+            self._epoch = value
+        else:
+            n.epoch = value
+
+    @property
+    def native(self):
+        """The compiled hot path, or None (this module's Python)."""
+        return self._native
+
+    @native.setter
+    def native(self, value) -> None:
+        old = self._native
+        if old is not None and old is not value:
+            self._epoch = old.epoch
+            self.fast_off()
+        self._native = value
+        if value is not None:
+            value.epoch = self._epoch
+
+    @property
+    def broken(self) -> str | None:
+        return self._broken
+
+    @broken.setter
+    def broken(self, why: str | None) -> None:
+        self._broken = why
+        if why:
+            self.fast_off()
+
+    def fast_off(self) -> None:
+        """Stop the one-call fast path (comm -> the compiled helper) of this communicator:
+        every call takes the Python path again, which decides afresh."""
+        self.comm.__dict__.pop("_symm_fast", None)
+        if self._native is not None:
+            self._native.disarm()
+
+    def fast_rest(self, got: int) -> None:
+        """The rest of a fast call that returned ``got`` (not True/False): n > 0 peers still
+        missing (wait in :meth:`wait_for`'s bounded loop, then finish), -1 the descriptors
+        differ (MismatchError on every rank)."""
+        native = self._native
+        e, what = native.last()
+        try:
+            if got > 0:
+                self.wait_for(self._others, EPOCH, e, what, "did not reach the barrier")
+                got = native.finish_pending()
+        except (PeerLost, CollectiveTimeout) as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            native.drop_pending()
+        if got < 0:
+            slot = SIG0 // 8 + (e & 1)
+            self.check_sigs([int(c[slot]) for c in self.ctrl], what)
 
     def publish(self, slot: int, value: int) -> None:
         """Store ``value`` in our ``slot`` (after the data: TSO) and wake peers sleeping on

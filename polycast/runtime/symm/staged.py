@@ -25,9 +25,14 @@ descriptor per call was a fifth of a small call's Python."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 
-from ...collectives import ReduceOp
+from ... import environ
+from ...planner import debug
+from ...collectives import Collective, ReduceOp
 from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
 from ...memory import apply_avg
 from . import single
@@ -63,6 +68,7 @@ def _stage(comm, st: SymmState, nbytes: int, desc: tuple, what: str) -> Segment 
             raise
         except PolycastError as exc:        # every rank raised it (the reports are shared)
             st.auto_refused = f"staging buffer of {need} bytes: {exc}"
+            st.bar.fast_off()
             return None
     return st.queue.run_now(grow)
 
@@ -142,7 +148,48 @@ def _small(st: SymmState, key: tuple | None, kind: int, coll: str, plan: tuple,
         if len(st.small) >= PLANS_MAX:
             st.small.clear()
         st.small[key] = entry
+        if kind in _FAST_KINDS and not avg_over:
+            _keep_fast(st, key, entry)
     return entry
+
+
+_FAST_KINDS = {K_ALLREDUCE: Collective.ALLREDUCE, K_BCAST: Collective.BROADCAST}
+
+
+def _keep_fast(st: SymmState, key: tuple, entry: tuple) -> None:
+    """Hand a kept Allreduce / Bcast shape to the compiled helper's one-call fast path
+    (``Comm.Allreduce``/``Bcast`` -> ``Barrier.allreduce``/``bcast``, no Python between;
+    see _symm.c): the next such call is checked there, from the arrays, and run whole.
+    Only while this path takes calls without conditions that can change per call: no
+    symm_empty arrays (they route by buffer), no broken barrier or refused staging
+    (:meth:`.barrier.EpochBarrier.fast_off` is called when either happens)."""
+    bar, comm = st.bar, st.comm
+    native = bar.native
+    store = getattr(os.environ, "_data", None)
+    if (native is None or bar.broken or st.nuser or st.auto_refused or st.growing
+            or os.name != "posix" or type(store) is not dict or st.slots is None):
+        return
+    kind, _, what, sig, codes, root, _ = entry
+    nbytes = key[1] * key[2].itemsize
+    try:
+        if not native.armed:
+            from ...comm.buffers import IN_PLACE
+            q = st.queue
+            native.arm(np.ndarray, IN_PLACE, store, b"POLYCAST_SYMM", q._run_lock.acquire,
+                       q._run_lock.release, q._jobs, bar.spin_seconds, bar.yield_seconds,
+                       bar.use_futex)
+            if debug.level() >= 1:
+                print(f"[rank {comm.rank}] polycast INFO symm: repeated small Allreduce and "
+                      "Bcast calls take the compiled one-call path", file=sys.stderr,
+                      flush=True)
+        env_key = os.fsencode(environ.algorithm_var(_FAST_KINDS[kind]))
+        if kind == K_ALLREDUCE:
+            native.add(kind, nbytes, key[2], key[3], int(key[4]), sig, *codes, what, env_key)
+        else:
+            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, env_key)
+    except (TypeError, ValueError):     # e.g. an op given as an object: the Python path
+        return
+    comm._symm_fast = native
 
 
 def _run_small(comm, st: SymmState, entry: tuple, src, dst, blocking: bool):

@@ -1,0 +1,262 @@
+"""The one-call fast path of a repeated small ``auto`` Allreduce / Bcast on one host
+(Comm.Allreduce/Bcast -> the compiled symm helper's Barrier.allreduce/bcast, _symm.c): it
+runs the calls it keeps (counted by the helper: ``stats()["fast"]``), refuses everything
+else to the Python path (non-contiguous or read-only arrays, another dtype, size, op, root
+or in-place form, op objects, an explicit algorithm, POLYCAST_SYMM / POLYCAST_<COLL>_ALGO
+set, a queued non-blocking call, symm_empty arrays), and a rank that calls differently while
+its peers take it makes EVERY rank raise (MismatchError, or InvalidArgument on the rank
+whose arguments are bad), never a hang or wrong data. Waits stay bounded (a silent or dead
+peer: CollectiveTimeout / PeerLost naming it). Runs compiled, with the Python fallback on
+every rank (POLYCAST_NATIVE=0: never armed) and mixed (rank 1 Python).
+
+Run as a rank: ``python tests/test_symm_fast.py --suite fast|hang|death``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+SUITE_OK = "FAST-SUITE OK"
+
+
+def _rank_main(suite: str) -> int:
+    import polycast
+    from polycast import IN_PLACE, ReduceOp
+    from polycast.errors import (CollectiveTimeout, InvalidArgument, MismatchError, PeerLost,
+                                 PolycastError)
+    from polycast.runtime.symm import barrier as B
+
+    comm = polycast.init()
+    P, r = comm.size, comm.rank
+    failures: list[str] = []
+    checks = 0
+
+    def check(name: str, ok: bool, detail: str = "") -> None:
+        nonlocal checks
+        checks += 1
+        if not ok:
+            failures.append(name)
+            print(f"FAIL {name} {detail}", flush=True)
+
+    def uses() -> int:
+        return B.compiled.stats()["fast"] if B.compiled is not None else 0
+
+    native = os.environ.get("POLYCAST_NATIVE") != "0" and B.compiled is not None
+
+    def counted(name: str, before: int, n: int) -> None:
+        """This rank's fast path ran exactly n calls since ``before`` (none in Python)."""
+        got = uses() - before
+        check(name, got == (n if native else 0), f"fast calls {got}, want "
+              f"{n if native else 0}")
+
+    s = np.empty(2, np.float32)
+    d = np.empty(2, np.float32)
+
+    def expect(i):
+        return np.array([sum(i + q for q in range(P)), sum(i * q for q in range(P))],
+                        np.float32)
+
+    def allreduce(i, send=None, recv=None, **kw):
+        send = s if send is None else send
+        recv = d if recv is None else recv
+        send[...] = (i + r, i * r)
+        comm.Allreduce(send, recv, **kw)
+        return np.array_equal(recv, expect(i))
+
+    # The first call of a shape takes the Python path and keeps it; the rest are one call.
+    ok = all(allreduce(i) for i in range(40))
+    check("fast/allreduce-exact", ok)
+    check("fast/armed", (comm.__dict__.get("_symm_fast") is not None) == native)
+    before = uses()
+    ok = all(allreduce(i) for i in range(40, 90))
+    check("fast/allreduce-exact-fast", ok)
+    counted("fast/allreduce-counted", before, 50)
+
+    b = np.zeros(3, np.int64)
+    for i in range(20):
+        b[...] = i if r == 1 else -1
+        comm.Bcast(b, 1)
+    before = uses()
+    ok = True
+    for i in range(30):
+        b[...] = 1000 + i if r == 1 else -1
+        comm.Bcast(b, 1)
+        ok &= bool((b == 1000 + i).all())
+    check("fast/bcast-exact", ok)
+    counted("fast/bcast-counted", before, 30)
+
+    # In place (IN_PLACE, and the same array as both buffers): kept apart, exact.
+    x = np.empty(2, np.float32)
+    for i in range(3):
+        x[...] = (i + r, i * r)
+        comm.Allreduce(IN_PLACE, x)
+        check("fast/in-place", np.array_equal(x, expect(i)), str(x))
+        x[...] = (i + r, i * r)
+        comm.Allreduce(x, x)
+        check("fast/aliased", np.array_equal(x, expect(i)), str(x))
+
+    # Refused to the Python path (this rank's count does not move), results exact.
+    class Sub(np.ndarray):
+        pass
+    before = uses()
+    check("refuse/ndarray-subclass", allreduce(7, recv=np.empty(2, np.float32).view(Sub)))
+    check("refuse/op-object", allreduce(8, op=ReduceOp.SUM))
+    check("refuse/explicit-algorithm", allreduce(9, algorithm="ring"))
+    for var in ("POLYCAST_ALLREDUCE_ALGO", "POLYCAST_SYMM"):
+        os.environ[var] = "ring" if var.endswith("ALGO") else "0"
+        try:
+            check(f"refuse/{var}", allreduce(10))
+        finally:
+            del os.environ[var]
+    counted("refuse/none-counted", before, 0)
+    check("refuse/then-fast-again", allreduce(11))
+    counted("refuse/fast-again", before, 1)
+
+    # A queued non-blocking call goes first: the blocking one behind it waits its turn.
+    s2, d2 = np.empty(2, np.float32), np.empty(2, np.float32)
+    s2[...] = (20 + r, 20 * r)
+    req = comm.Iallreduce(s2, d2)
+    check("queue/blocking-after", allreduce(21))
+    req.Wait()
+    check("queue/nonblocking-first", np.array_equal(d2, expect(20)), str(d2))
+
+    # Ranks that call differently while the others take the fast path: every rank raises.
+    def every_rank_raises(name, fn, want):
+        try:
+            fn()
+            check(name, False, "returned")
+        except want as exc:
+            check(name, True)
+            return exc
+        except PolycastError as exc:
+            check(name, False, repr(exc))
+
+    wide64 = np.empty(2, np.float64)
+    every_rank_raises("mismatch/dtype",
+                      lambda: allreduce(30, send=wide64 if r == 0 else None,
+                                        recv=np.empty(2, np.float64) if r == 0 else None),
+                      MismatchError)
+    check("mismatch/dtype-then-exact", allreduce(31))
+    three = np.empty(3, np.float32)
+    every_rank_raises("mismatch/size",
+                      lambda: comm.Allreduce(three if r == P - 1 else s,
+                                             np.empty(3, np.float32) if r == P - 1 else d),
+                      MismatchError)
+    check("mismatch/size-then-exact", allreduce(32))
+    wide = np.empty(4, np.float32)
+    every_rank_raises("mismatch/non-contiguous-on-one-rank",
+                      lambda: comm.Allreduce(s, wide[::2] if r == 0 else d),
+                      InvalidArgument if r == 0 else MismatchError)
+    ro = np.empty(2, np.float32)
+    ro.flags.writeable = False
+    every_rank_raises("mismatch/bad-arguments-on-one-rank",
+                      lambda: comm.Allreduce(s, ro if r == 0 else d),
+                      InvalidArgument if r == 0 else MismatchError)
+    check("mismatch/bad-arguments-then-exact", allreduce(33))
+    every_rank_raises("mismatch/bcast-root",
+                      lambda: comm.Bcast(b, 0 if r == 0 else 1), MismatchError)
+    b[...] = 5 if r == 1 else -1
+    comm.Bcast(b, 1)
+    check("mismatch/bcast-then-exact", bool((b == 5).all()), str(b))
+
+    # Symmetric arrays of the user's own: calls route by buffer, so no more fast path.
+    y = comm.symm_empty(2, np.float32)
+    check("symm_empty/disarms", comm.__dict__.get("_symm_fast") is None)
+    before = uses()
+    check("symm_empty/exact", allreduce(40) and allreduce(41, recv=y))
+    counted("symm_empty/none-counted", before, 0)
+
+    if suite in ("hang", "death"):
+        comm2 = comm.Dup()
+        s3, d3 = np.ones(2, np.float32), np.empty(2, np.float32)
+        for _ in range(5):
+            comm2.Allreduce(s3, d3)
+        check(f"{suite}/armed", (comm2.__dict__.get("_symm_fast") is not None) == native)
+        if r == P - 1:
+            if suite == "death":
+                os._exit(17)
+            time.sleep(comm.timeout_seconds + 2)
+            os._exit(0)
+        t0 = time.monotonic()
+        want = CollectiveTimeout if suite == "hang" else (PeerLost, CollectiveTimeout)
+        exc = every_rank_raises(f"{suite}/raised", lambda: comm2.Allreduce(s3, d3), want)
+        dt = time.monotonic() - t0
+        check(f"{suite}/names-rank", exc is not None and f"{P - 1}" in str(exc), str(exc))
+        check(f"{suite}/in-time", dt < comm.timeout_seconds + 1.5, f"{dt:.1f}s")
+        check(f"{suite}/disarmed", comm2.__dict__.get("_symm_fast") is None)
+        print(f"{SUITE_OK if not failures else 'FAST-SUITE FAILED'} {checks} checks",
+              flush=True)
+        os._exit(0 if not failures else 1)
+
+    print(f"{SUITE_OK if not failures else 'FAST-SUITE FAILED'} {checks} checks", flush=True)
+    if failures:
+        os._exit(1)
+    polycast.finalize()
+    return 0
+
+
+if __name__ == "__main__" and "--suite" in sys.argv:
+    sys.exit(_rank_main(sys.argv[sys.argv.index("--suite") + 1]))
+
+
+# -- the tests (pytest) ------------------------------------------------------------------------
+
+import pytest  # noqa: E402
+
+from test_runtime_helpers import spawn_ranks  # noqa: E402
+
+HERE = os.path.relpath(os.path.abspath(__file__), os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _needs_symm_native():
+    from polycast.runtime.symm import barrier
+    return pytest.mark.skipif(barrier.compiled is None, reason="compiled symm helper not in "
+                              f"use: {barrier.compiled_why_not}")
+
+
+def _profile(tmp_path) -> str:
+    """A calibration profile in which symmetric memory costs nothing: every auto call
+    the symm path can take goes there (as on this machine at these sizes)."""
+    from polycast.planner import profile
+    zero = {c: {"4": [0.0, 0.0]} for c in ("allgather", "reduce_scatter", "allreduce",
+                                          "broadcast")}
+    return profile.save({"links": profile.BUILTIN_LINKS, "symm": zero},
+                        str(tmp_path / "profile.json"))
+
+
+def _run(nranks, suite, tmp_path, native="1", timeout_s="10"):
+    results = spawn_ranks(nranks, [HERE, "--suite", suite],
+                          env={"POLYCAST_TIMEOUT": timeout_s, "POLYCAST_PROFILE": _profile(
+                              tmp_path), "POLYCAST_NATIVE": "0" if native == "0" else "1"},
+                          per_rank={1: {"POLYCAST_NATIVE": "0"}} if native == "mixed" else None,
+                          timeout=120)
+    return results
+
+
+def _ok(res) -> None:
+    assert res.returncode == 0 and SUITE_OK in res.out, (
+        f"rank {res.rank} exit {res.returncode}\n{res.out[-3000:]}\n{res.err[-3000:]}")
+    assert int(res.out.split(SUITE_OK)[1].split()[0]) >= 30, res.out[-500:]
+
+
+@pytest.mark.parametrize("nranks,native", [
+    pytest.param(2, "1", marks=_needs_symm_native()),
+    pytest.param(3, "1", marks=_needs_symm_native()),
+    (3, "0"),
+    pytest.param(3, "mixed", marks=_needs_symm_native())])
+def test_fast_path_runs_kept_calls_and_refuses_the_rest(nranks, native, tmp_path):
+    for res in _run(nranks, "fast", tmp_path, native):
+        _ok(res)
+
+
+@pytest.mark.parametrize("suite", ["hang", "death"])
+@_needs_symm_native()
+def test_fast_path_waits_are_bounded(suite, tmp_path):
+    results = _run(3, suite, tmp_path, timeout_s="3")
+    assert results[2].returncode == (17 if suite == "death" else 0)
+    for res in results[:2]:
+        _ok(res)
