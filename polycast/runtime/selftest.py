@@ -48,34 +48,33 @@ class Checker:
             print(f"FAIL {name} raised {exc!r}\n{traceback.format_exc()}", flush=True)
 
 
+# Each collective's blocking buffer method (its I-variant is "I" + the name, lower-cased
+# first letter: Iallreduce) and its positional arguments from (send, recv, root, op, rank).
+_METHODS = {
+    Collective.BROADCAST: ("Bcast", lambda s, r, root, op, me: (r, root)),
+    Collective.REDUCE: ("Reduce", lambda s, r, root, op, me: (s, r, op, root)),
+    Collective.ALLREDUCE: ("Allreduce", lambda s, r, root, op, me: (s, r, op)),
+    Collective.ALLGATHER: ("Allgather", lambda s, r, root, op, me: (s, r)),
+    Collective.REDUCE_SCATTER: ("Reduce_scatter_block", lambda s, r, root, op, me: (s, r, op)),
+    Collective.SCATTER: ("Scatter", lambda s, r, root, op, me: (s if me == root else None, r,
+                                                                 root)),
+    Collective.GATHER: ("Gather", lambda s, r, root, op, me: (s, r, root)),
+    Collective.ALLTOALL: ("Alltoall", lambda s, r, root, op, me: (s, r)),
+    Collective.SCAN: ("Scan", lambda s, r, root, op, me: (s, r, op)),
+    Collective.EXSCAN: ("Exscan", lambda s, r, root, op, me: (s, r, op)),
+    Collective.BARRIER: ("Barrier", lambda s, r, root, op, me: ()),
+}
+
+
 def call(comm, coll: Collective, send, recv, root: int, op: str, algorithm: str | None,
          blocking: bool = True):
-    kw = {"algorithm": algorithm}
-    if coll is Collective.BROADCAST:
-        buf = recv
-        if comm.rank == root:
-            buf[...] = send
-        req = comm.Ibcast(buf, root, **kw)
-    elif coll is Collective.REDUCE:
-        req = comm.Ireduce(send, recv, op, root, **kw)
-    elif coll is Collective.ALLREDUCE:
-        req = comm.Iallreduce(send, recv, op, **kw)
-    elif coll is Collective.ALLGATHER:
-        req = comm.Iallgather(send, recv, **kw)
-    elif coll is Collective.REDUCE_SCATTER:
-        req = comm.Ireduce_scatter_block(send, recv, op, **kw)
-    elif coll is Collective.SCATTER:
-        req = comm.Iscatter(send if comm.rank == root else None, recv, root, **kw)
-    elif coll is Collective.GATHER:
-        req = comm.Igather(send, recv, root, **kw)
-    elif coll is Collective.ALLTOALL:
-        req = comm.Ialltoall(send, recv, **kw)
-    elif coll is Collective.SCAN:
-        req = comm.Iscan(send, recv, op, **kw)
-    elif coll is Collective.EXSCAN:
-        req = comm.Iexscan(send, recv, op, **kw)
-    else:
-        req = comm.Ibarrier(**kw)
+    """``coll``'s I-variant (``Iallreduce``...), waited for when ``blocking``, else its
+    request is returned. Broadcast copies ``send`` into the root's ``recv`` first."""
+    if coll is Collective.BROADCAST and comm.rank == root:
+        recv[...] = send
+    name, args = _METHODS[coll]
+    req = getattr(comm, "I" + name[0].lower() + name[1:])(
+        *args(send, recv, root, op, comm.rank), algorithm=algorithm)
     if blocking:
         req.Wait()
         return None
@@ -87,29 +86,8 @@ def call_blocking(comm, coll: Collective, send, recv, root: int, op: str,
     """The blocking form of :func:`call` (``Allreduce`` rather than ``Iallreduce().Wait()``):
     what an MPI program calls, and what the MPI peers of ``bench/peers.py`` time. Bcast
     leaves the root's buffer as it is (fill it before the first call)."""
-    kw = {"algorithm": algorithm}
-    if coll is Collective.BROADCAST:
-        comm.Bcast(recv, root, **kw)
-    elif coll is Collective.REDUCE:
-        comm.Reduce(send, recv, op, root, **kw)
-    elif coll is Collective.ALLREDUCE:
-        comm.Allreduce(send, recv, op, **kw)
-    elif coll is Collective.ALLGATHER:
-        comm.Allgather(send, recv, **kw)
-    elif coll is Collective.REDUCE_SCATTER:
-        comm.Reduce_scatter_block(send, recv, op, **kw)
-    elif coll is Collective.SCATTER:
-        comm.Scatter(send if comm.rank == root else None, recv, root, **kw)
-    elif coll is Collective.GATHER:
-        comm.Gather(send, recv, root, **kw)
-    elif coll is Collective.ALLTOALL:
-        comm.Alltoall(send, recv, **kw)
-    elif coll is Collective.SCAN:
-        comm.Scan(send, recv, op, **kw)
-    elif coll is Collective.EXSCAN:
-        comm.Exscan(send, recv, op, **kw)
-    else:
-        comm.Barrier(**kw)
+    name, args = _METHODS[coll]
+    getattr(comm, name)(*args(send, recv, root, op, comm.rank), algorithm=algorithm)
 
 
 def one(ck: Checker, coll: Collective, algo: str | None, count: int, root: int = 0,
