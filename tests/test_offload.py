@@ -104,11 +104,21 @@ def test_a_rank_killed_is_peer_lost_on_the_others():
     assert not _leftovers(res)
 
 
+# The timeout a scenario sets also bounds its start-up: on a loaded machine (load 18+, seen
+# 4 times in sessions 4-5: every rank's output empty) the offload process, a fresh Python,
+# was not answering within a 3 s POLYCAST_TIMEOUT. Not what these tests are about: launch
+# once more then, and only then.
+STARTUP_FAILED = ("no offload process for this host", "rendezvous did not finish")
+
+
 def _scenario(nranks: int, name: str, env: dict):
-    res = spawn_ranks(nranks, ["tests/offload_rank.py", name],
-                      env={**OFFLOAD, **env}, timeout=90)
+    for _ in range(2):
+        res = spawn_ranks(nranks, ["tests/offload_rank.py", name],
+                          env={**OFFLOAD, **env}, timeout=90)
+        if _server_pids(res) or not any(w in r.err for r in res for w in STARTUP_FAILED):
+            break
     pids = _server_pids(res)
-    assert len(pids) == 1, [r.out for r in res]
+    assert len(pids) == 1, [(r.out, r.err[-2000:]) for r in res]
     assert _gone(pids.pop()), "the offload process outlived its ranks"
     assert not _leftovers(res)
     return res
