@@ -27,6 +27,26 @@ def _script(tmp_path, body: str, name="job.py"):
     return str(path)
 
 
+# Ranks start at different times on a loaded machine (importing numpy and polycast can take
+# seconds at load 20): a script whose timing matters calls all_started(n) first, so the
+# times it sets count from when every rank is up, not from each rank's own start.
+ALL_STARTED = """
+import os as _os, time as _time
+def all_started(n):
+    d = _os.environ["READY_DIR"]
+    open(_os.path.join(d, _os.environ["POLYCAST_RANK"]), "w").close()
+    end = _time.monotonic() + 60
+    while len(_os.listdir(d)) < n and _time.monotonic() < end:
+        _time.sleep(0.005)
+"""
+
+
+def _ready_env(tmp_path) -> dict:
+    d = tmp_path / "ready"
+    d.mkdir()
+    return {"READY_DIR": str(d)}
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -61,16 +81,17 @@ def test_exit_status_and_traceback_of_the_rank_that_failed_in_a_collective(tmp_p
 def test_the_cause_is_named_even_when_its_consequences_exit_first(tmp_path):
     # Ranks 0 and 1 fail at once *because of* rank 2 (PeerLost naming it); rank 2 itself
     # takes longer to exit, with status 5. The launcher must wait for it and blame it.
-    script = _script(tmp_path, """
-        import os, sys, time
-        from polycast.errors import PeerLost
-        rank = int(os.environ["POLYCAST_RANK"])
-        if rank == 2:
-            time.sleep(0.7)
-            sys.exit(5)
-        raise PeerLost(2, f"rank {rank}: allreduce needs rank 2, which is gone")
-    """)
-    res = _run(["-n", "3", script])
+    script = _script(tmp_path, ALL_STARTED + """
+import os, sys, time
+from polycast.errors import PeerLost
+rank = int(os.environ["POLYCAST_RANK"])
+all_started(3)
+if rank == 2:
+    time.sleep(0.7)
+    sys.exit(5)
+raise PeerLost(2, f"rank {rank}: allreduce needs rank 2, which is gone")
+""")
+    res = _run(["-n", "3", script], env=_ready_env(tmp_path))
     assert res.returncode == 5, res.stderr
     assert "rank 2 failed first: it exited with status 5; then ranks 0, 1 failed too" \
         in res.stderr, res.stderr
@@ -151,18 +172,18 @@ def test_a_straggler_after_the_others_finished_is_ended_with_its_stack(tmp_path)
 def test_a_rank_still_running_after_the_settle_is_ended_with_its_stack(tmp_path):
     """A failure the others should have followed (test_dead_peer[kill-shm] in CI: one
     survivor still waiting 2 s after the rest failed) says where that rank was."""
-    script = _script(tmp_path, """
-        import os, sys, time
-        import polycast         # installs the stack dump the launcher asks for
-        def still_waiting_here():
-            time.sleep(120)
-        if os.environ["POLYCAST_RANK"] == "1":
-            time.sleep(0.5)     # rank 0 has installed its handler by now
-            sys.exit(3)
-        still_waiting_here()
-    """)
+    script = _script(tmp_path, ALL_STARTED + """
+import os, sys, time
+import polycast         # installs the stack dump the launcher asks for
+def still_waiting_here():
+    time.sleep(120)
+all_started(2)          # rank 0 has installed its handler by now
+if os.environ["POLYCAST_RANK"] == "1":
+    sys.exit(3)
+still_waiting_here()
+""")
     t0 = time.monotonic()
-    res = _run(["-n", "2", "--straggler-timeout", "0", script])
+    res = _run(["-n", "2", "--straggler-timeout", "0", script], env=_ready_env(tmp_path))
     assert res.returncode == 3, res.stderr
     assert time.monotonic() - t0 < 30
     assert "rank 0 still running 2 s after rank 1 failed: stacks follow" in res.stderr, \
