@@ -111,9 +111,9 @@ def test_a_call_failed_at_post_for_a_lost_peer_tells_the_others(aborts_first):
     assert w.now - t_lost < 0.5, (w.now, t_lost)       # not the 5 s timeout
 
 
-def _finished_call_then_stale_aborts(P=4, count=8):
+def _finished_call_then_stale_aborts(P=4, count=8, reason="PEER_LOST"):
     """Every rank finishes call 0; then rank 0 hears (too late to matter: its call 0 is
-    over) that ranks 1 and 3 failed call 0 on the loss of rank 2."""
+    over) that ranks 1 and 3 failed call 0 on the loss of rank 2 (or timed out on it)."""
     import numpy as np
     from polycast.engine import EngineConfig
     from polycast.engine.wire import AbortReason, MsgKind, make_header
@@ -124,9 +124,9 @@ def _finished_call_then_stale_aborts(P=4, count=8):
     w.run(max_time_s=1.0)
     assert all((r, 0) in w.done for r in range(P)), w.errors
     for src in (1, 3):
-        text = f"lost rank 2: rank {src}: allgather ring (seq 0) was waiting on rank 2".encode()
+        text = f"rank {src}: allgather ring (seq 0) was waiting on rank 2".encode()
         w.inject_message(0, src, make_header(MsgKind.ABORT, 0, 0, src,
-                                             int(AbortReason.PEER_LOST), 2, len(text), 0),
+                                             int(AbortReason[reason]), 2, len(text), 0),
                          text)
     assert not w.errors
 
@@ -154,6 +154,19 @@ def test_a_peer_that_left_after_its_call_failed_fails_calls_waiting_on_it(gone_f
         post_next()
     err = w.errors.get((0, 1))                  # at once: not the 5 s timeout
     assert isinstance(err, PeerLost) and err.rank == 2, (err, w.now - t0)
+    assert "left after its own call failed" in str(err) and "rank 2" in str(err), err
+
+
+def test_a_peer_that_left_after_its_call_timed_out_fails_calls_with_a_timeout():
+    """test_dead_peer[stop-shm] (rank 2 stopped): the first failure was a timeout, so a call
+    failed by the departure of a rank that timed out is a CollectiveTimeout too, not a
+    PeerLost naming the rank that left."""
+    from polycast.errors import CollectiveTimeout
+    w, post_next = _finished_call_then_stale_aborts(reason="TIMEOUT")
+    post_next()
+    w._execute(0, w.engines[0].on_peer_gone(3, w.now))
+    err = w.errors.get((0, 1))
+    assert isinstance(err, CollectiveTimeout), err
     assert "left after its own call failed" in str(err) and "rank 2" in str(err), err
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..errors import InvalidArgument, PeerLost, ProtocolError
+from ..errors import CollectiveTimeout, InvalidArgument, PeerLost, ProtocolError
 from ..schedule.ir import Kind, Schedule
 from .actions import (Action, new_cancel_timer, new_complete, new_copy, new_deliver,
                       new_region, new_send, new_set_timer)
@@ -378,7 +378,10 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         reason, lost, text = failed
         what = (f"rank {self.rank}: {r.desc} was waiting on {self._stuck(r)}, but rank "
                 f"{peer} left after its own call failed: {text}")
-        named = lost if reason == AbortReason.PEER_LOST and 0 <= lost < self.nranks else peer
+        if reason == AbortReason.TIMEOUT:       # the first failure was a timeout: say so
+            self._fail(r, CollectiveTimeout(what), out, abort=AbortReason.TIMEOUT)
+            return True
+        named = lost if 0 <= lost < self.nranks else peer
         self._fail(r, PeerLost(named, what), out, abort=AbortReason.PEER_LOST, lost=named)
         return True
 
