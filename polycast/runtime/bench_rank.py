@@ -25,7 +25,7 @@ from .. import comm as pcomm
 from ..collectives import Collective
 from ..errors import PolycastError
 from ..reference import make_inputs, reference
-from .selftest import call, call_blocking
+from .selftest import blocking_call, call
 
 
 def sizes_between(lo: int, hi: int, factor: int) -> list[int]:
@@ -80,8 +80,7 @@ def measure(comm, coll: Collective, algo: str | None, count: int, dtype: str, op
             else:
                 call(comm, coll, send, recv, root, op, how)
     else:
-        def once():
-            call_blocking(comm, coll, send, recv, root, op, how)
+        once = blocking_call(comm, coll, send, recv, root, op, how)
 
     for _ in range(warmup):
         once()

@@ -13,6 +13,7 @@ naming it within the timeout.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -81,13 +82,15 @@ def call(comm, coll: Collective, send, recv, root: int, op: str, algorithm: str 
     return req
 
 
-def call_blocking(comm, coll: Collective, send, recv, root: int, op: str,
-                  algorithm: str | None) -> None:
-    """The blocking form of :func:`call` (``Allreduce`` rather than ``Iallreduce().Wait()``):
-    what an MPI program calls, and what the MPI peers of ``bench/peers.py`` time. Bcast
-    leaves the root's buffer as it is (fill it before the first call)."""
+def blocking_call(comm, coll: Collective, send, recv, root: int, op: str,
+                  algorithm: str | None):
+    """A callable that makes the blocking form of :func:`call` (``Allreduce`` rather than
+    ``Iallreduce().Wait()``) with these arguments: what an MPI program calls, and what the
+    MPI peers of ``bench/peers.py`` time (a bench calls it in its timed loop: nothing
+    between it and the method). Bcast leaves the root's buffer as it is (fill it first)."""
     name, args = _METHODS[coll]
-    getattr(comm, name)(*args(send, recv, root, op, comm.rank), algorithm=algorithm)
+    return functools.partial(getattr(comm, name), *args(send, recv, root, op, comm.rank),
+                             algorithm=algorithm)
 
 
 def one(ck: Checker, coll: Collective, algo: str | None, count: int, root: int = 0,
