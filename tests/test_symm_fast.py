@@ -1,9 +1,10 @@
-"""The one-call fast path of a repeated small ``auto`` Allreduce / Bcast on one host
-(Comm.Allreduce/Bcast -> the compiled symm helper's Barrier.allreduce/bcast, _symm.c): it
-runs the calls it keeps (counted by the helper: ``stats()["fast"]``), refuses everything
-else to the Python path (non-contiguous or read-only arrays, another dtype, size, op, root
-or in-place form, op objects, an explicit algorithm, POLYCAST_SYMM / POLYCAST_<COLL>_ALGO
-set, a queued non-blocking call, symm_empty arrays), and a rank that calls differently while
+"""The one-call fast path of a repeated small ``auto`` Allreduce / Bcast / Allgather /
+Reduce_scatter_block (and their I-variants) on one host (Comm.Allreduce... -> the compiled
+symm helper's Barrier.allreduce..., _symm.c): it runs the calls it keeps (counted by the
+helper: ``stats()["fast"]``), refuses everything else to the Python path (an ndarray
+subclass, another dtype, size, op, root or in-place form, op objects, an explicit
+algorithm, POLYCAST_SYMM / POLYCAST_<COLL>_ALGO set, a queued non-blocking call, in-place
+allgather, symm_empty arrays), and a rank that calls differently while
 its peers take it makes EVERY rank raise (MismatchError, or InvalidArgument on the rank
 whose arguments are bad), never a hang or wrong data. Waits stay bounded (a silent or dead
 peer: CollectiveTimeout / PeerLost naming it). Runs compiled, with the Python fallback on
@@ -88,6 +89,31 @@ def _rank_main(suite: str) -> int:
     check("fast/bcast-exact", ok)
     counted("fast/bcast-counted", before, 30)
 
+    # Allgather and Reduce_scatter_block (not in place; in place keeps the Python path).
+    g_s, g_r = np.empty(2, np.int32), np.empty(2 * P, np.int32)
+    rs_s, rs_r = np.empty(3 * P, np.float64), np.empty(3, np.float64)
+
+    def gather_scatter(i):
+        g_s[...] = (i, r)
+        comm.Allgather(g_s, g_r)
+        ok = np.array_equal(g_r, np.array([(i, q) for q in range(P)], np.int32).ravel())
+        rs_s[...] = np.arange(3 * P) * (r + 1) + i
+        comm.Reduce_scatter_block(rs_s, rs_r)
+        want = sum(np.arange(3 * P, dtype=np.float64) * (q + 1) + i for q in range(P))
+        return ok and np.array_equal(rs_r, want[3 * r:3 * r + 3])
+    check("fast/gather-scatter-first", all(gather_scatter(i) for i in range(3)))
+    before = uses()
+    check("fast/gather-scatter-exact", all(gather_scatter(i) for i in range(3, 23)))
+    counted("fast/gather-scatter-counted", before, 40)
+    before = uses()
+    inplace = np.empty(2 * P, np.int32)
+    for i in range(3):
+        inplace[2 * r:2 * r + 2] = (i, r)
+        comm.Allgather(IN_PLACE, inplace)
+        check("refuse/allgather-in-place-exact", np.array_equal(
+            inplace, np.array([(i, q) for q in range(P)], np.int32).ravel()), str(inplace))
+    counted("refuse/allgather-in-place", before, 0)
+
     # In place (IN_PLACE, and the same array as both buffers): kept apart, exact.
     x = np.empty(2, np.float32)
     for i in range(3):
@@ -123,6 +149,39 @@ def _rank_main(suite: str) -> int:
     req.Wait()
     check("queue/nonblocking-first", np.array_equal(d2, expect(20)), str(d2))
 
+    # The I-variants take it too: done at once when the peers are there within a short
+    # spin, else the rest is queued (a late peer here), and Waits in any order are exact.
+    before = uses()
+    reqs, outs = [], []
+    for i in range(50, 60):
+        si, di = np.array([i + r, i * r], np.float32), np.empty(2, np.float32)
+        if i == 55 and r == P - 1:
+            time.sleep(0.05)            # the others' posts find it missing: pending
+        reqs.append(comm.Iallreduce(si, di))
+        outs.append(di)
+    for k in range(len(reqs) - 1, -1, -1):
+        reqs[k].Wait()
+    check("nonblocking/exact", all(np.array_equal(o, expect(50 + k))
+                                   for k, o in enumerate(outs)), str(outs))
+    # (each post that finds no call pending or queued, and the run lock free, takes it;
+    # after a pending one the posts behind it queue in Python: how many take it depends on
+    # when the late rank came and when the worker let go of the lock; the waited loop
+    # below counts)
+    got = uses() - before
+    check("nonblocking/counted", got <= 10 if native else got == 0, f"{got}")
+    before = uses()
+    for i in range(61, 70):
+        si = np.array([i + r, i * r], np.float32)
+        comm.Iallreduce(si, d).Wait()
+        check("nonblocking/exact-waited", np.array_equal(d, expect(i)), str(d))
+        b[...] = i if r == 1 else -1
+        comm.Ibcast(b, 1).Wait()
+        check("nonblocking/bcast-exact", bool((b == i).all()), str(b))
+    # (a post may find the worker still letting go of the run lock after finishing the
+    # previous pending call: that one takes the Python path)
+    got = uses() - before
+    check("nonblocking/waited-counted", 9 <= got <= 18 if native else got == 0, f"{got}")
+
     # Ranks that call differently while the others take the fast path: every rank raises.
     def every_rank_raises(name, fn, want):
         try:
@@ -156,6 +215,19 @@ def _rank_main(suite: str) -> int:
                       lambda: comm.Allreduce(s, ro if r == 0 else d),
                       InvalidArgument if r == 0 else MismatchError)
     check("mismatch/bad-arguments-then-exact", allreduce(33))
+    every_rank_raises("mismatch/nonblocking-size",
+                      lambda: comm.Iallreduce(three if r == P - 1 else s,
+                                              np.empty(3, np.float32) if r == P - 1 else d
+                                              ).Wait(), MismatchError)
+    check("mismatch/nonblocking-then-exact", allreduce(34))
+    every_rank_raises("mismatch/allgather-size",
+                      lambda: comm.Allgather(g_s[:1] if r == 0 else g_s,
+                                             g_r[:P] if r == 0 else g_r), MismatchError)
+    check("mismatch/allgather-then-exact", gather_scatter(50))
+    every_rank_raises("mismatch/reduce-scatter-op",
+                      lambda: comm.Reduce_scatter_block(rs_s, rs_r, "max" if r == 1 else
+                                                        "sum"), MismatchError)
+    check("mismatch/reduce-scatter-then-exact", gather_scatter(51))
     every_rank_raises("mismatch/bcast-root",
                       lambda: comm.Bcast(b, 0 if r == 0 else 1), MismatchError)
     b[...] = 5 if r == 1 else -1

@@ -58,6 +58,11 @@ class BufferCollectives:
     # the communicator's worker (runtime/symm/queue.py): each collective it takes has one
     # body, told which.
     def Ibcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> Request:
+        fast = self._symm_fast          # (see the blocking forms below)
+        if fast is not None and algorithm is None:
+            got = fast.bcast(buf, root, True)
+            if got is not False:
+                return self._symm_state.bar.fast_request(got, "bcast")
         return self._bcast(buf, root, algorithm, False)
 
     def _bcast(self, buf, root, algorithm, blocking: bool) -> Request:
@@ -102,6 +107,11 @@ class BufferCollectives:
 
     def Iallreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None
                    ) -> Request:
+        fast = self._symm_fast
+        if fast is not None and algorithm is None:
+            got = fast.allreduce(sendbuf, recvbuf, op, True)
+            if got is not False:
+                return self._symm_state.bar.fast_request(got, "allreduce")
         return self._allreduce(sendbuf, recvbuf, op, algorithm, False)
 
     def _allreduce(self, sendbuf, recvbuf, op, algorithm, blocking: bool) -> Request:
@@ -151,6 +161,11 @@ class BufferCollectives:
 
     # -- allgather, reduce-scatter -------------------------------------------------------
     def Iallgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
+        fast = self._symm_fast
+        if fast is not None and algorithm is None:
+            got = fast.allgather(sendbuf, recvbuf, True)
+            if got is not False:
+                return self._symm_state.bar.fast_request(got, "allgather")
         return self._allgather(sendbuf, recvbuf, algorithm, False)
 
     def _allgather(self, sendbuf, recvbuf, algorithm, blocking: bool) -> Request:
@@ -199,6 +214,11 @@ class BufferCollectives:
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
                               algorithm: str | None = None) -> Request:
+        fast = self._symm_fast
+        if fast is not None and algorithm is None:
+            got = fast.reduce_scatter(sendbuf, recvbuf, op, True)
+            if got is not False:
+                return self._symm_state.bar.fast_request(got, "reduce_scatter")
         return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, False)
 
     def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, blocking: bool
@@ -339,10 +359,13 @@ class BufferCollectives:
             raise self._refused("Barrier", exc)
 
     # -- blocking forms -------------------------------------------------------------------
-    # A repeated small Allreduce / Bcast on one host is ONE call into the symm path's
-    # compiled helper (``_symm_fast``, kept once the Python path ran the same call shape):
-    # it checks the arrays themselves and answers False for anything it does not keep, and
-    # then the call takes the Python path, which checks and raises as always.
+    # A repeated small Allreduce / Bcast / Allgather / Reduce_scatter_block on one host is
+    # ONE call into the symm path's compiled helper (``_symm_fast``, kept once the Python
+    # path ran the same call shape): it checks the arrays themselves and answers False for
+    # anything it does not keep, and then the call takes the Python path, which checks and
+    # raises as always. The I-variants take it too: copied in and published at once, done
+    # when the peers are there within a short spin, else the rest is queued
+    # (EpochBarrier.fast_request).
     _symm_fast = None
 
     def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
@@ -369,10 +392,24 @@ class BufferCollectives:
         self._allreduce(sendbuf, recvbuf, op, algorithm, True).Wait()
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
+        fast = self._symm_fast
+        if fast is not None and algorithm is None:
+            got = fast.allgather(sendbuf, recvbuf)
+            if got is True:
+                return
+            if got is not False:
+                return self._symm_state.bar.fast_rest(got)
         self._allgather(sendbuf, recvbuf, algorithm, True).Wait()
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
                              algorithm: str | None = None) -> None:
+        fast = self._symm_fast
+        if fast is not None and algorithm is None:
+            got = fast.reduce_scatter(sendbuf, recvbuf, op)
+            if got is True:
+                return
+            if got is not False:
+                return self._symm_state.bar.fast_rest(got)
         self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, True).Wait()
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0, **kw) -> None:

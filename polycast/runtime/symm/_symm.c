@@ -492,7 +492,7 @@ typedef struct {
 
 struct Fast {
     double spin_s, yield_s;
-    int use_futex, nent, next, pending;
+    int use_futex, nent, next, pending, pc_locked;
     PyObject *ndarray, *in_place, *env, *symm_key, *acquire, *release, *jobs;
     Entry ent[NENT];
     Call pc;                    /* the pending call: its buffers, and the run lock, held */
@@ -516,7 +516,7 @@ static void drop_pending(struct Fast *f) {
     if (!f->pending) return;
     f->pending = 0;
     release(&f->pc);
-    unlock(f);
+    if (f->pc_locked) unlock(f);
 }
 
 static void fast_free(Bar *b) {
@@ -569,10 +569,27 @@ static PyObject *Bar_add(Bar *self, PyObject *args) {
         return NULL;
     struct Fast *f = self->fast;
     int isz = 1;
-    if (!f || en.nbytes <= 0 || en.nbytes > self->half
-        || (en.kind == K_ALLREDUCE ? !PyUnicode_CheckExact(op) || !fold_for(en.t, en.opc, &isz)
-            || en.nbytes % isz : en.kind != K_BCAST || op != Py_None
-            || en.flag < 0 || en.flag >= self->size)) {
+    int P = self->size, ok = f && en.nbytes > 0;
+    switch (en.kind) {     /* (nbytes: recvbuf's; what a rank copies in must fit a slot) */
+    case K_ALLREDUCE:
+        ok = ok && en.nbytes <= self->half && PyUnicode_CheckExact(op)
+             && fold_for(en.t, en.opc, &isz) && en.nbytes % isz == 0 && (en.flag & ~1) == 0;
+        break;
+    case K_REDUCE_SCATTER:
+        ok = ok && en.nbytes * P <= self->half && PyUnicode_CheckExact(op)
+             && fold_for(en.t, en.opc, &isz) && en.nbytes % isz == 0 && en.flag == 0;
+        break;
+    case K_ALLGATHER:
+        ok = ok && en.nbytes % P == 0 && en.nbytes / P <= self->half && op == Py_None
+             && en.flag == 0;
+        break;
+    case K_BCAST:
+        ok = ok && en.nbytes <= self->half && op == Py_None && en.flag >= 0 && en.flag < P;
+        break;
+    default:
+        ok = 0;
+    }
+    if (!ok) {
         PyErr_SetString(PyExc_ValueError, "symm fast path: not armed, or not such a call");
         return NULL;
     }
@@ -617,8 +634,12 @@ no:
 
 /* The call (buffers in c) once its entry is found: True done, False not mine (nothing done),
  * -1 descriptors differ (nothing copied out: the caller raises MismatchError), n > 0 peers
- * still missing (pending: the caller waits in barrier.py's loop, then finish_pending()). */
-static PyObject *run_fast(Bar *b, Entry *en, Call *c) {
+ * still missing (pending: the caller waits in barrier.py's loop, then finish_pending()).
+ * nonblocking (an I-variant): only a short spin, and a pending call gives the run lock back
+ * (its rest is queued first in the communicator's job queue; no other fast call starts
+ * while one is pending). */
+#define NB_SPIN_S 10e-6
+static PyObject *run_fast(Bar *b, Entry *en, Call *c, int nonblocking) {
     struct Fast *f = b->fast;
     if (!gate(f, en)) {
         release(c);
@@ -633,10 +654,14 @@ static PyObject *run_fast(Bar *b, Entry *en, Call *c) {
     copy_in(b, c);
     __atomic_store_n(&b->ctrl[b->rank][S_SIG0 + (e & 1)], (uint64_t)en->sig, __ATOMIC_RELAXED);
     publish(b, S_EPOCH, e);
-    int n = wait_slot(b, -1, S_EPOCH, e, f->spin_s, f->yield_s, 0.0, f->use_futex);
+    int n = nonblocking
+        ? wait_slot(b, -1, S_EPOCH, e, f->spin_s < NB_SPIN_S ? f->spin_s : NB_SPIN_S, 0.0, 0.0, 0)
+        : wait_slot(b, -1, S_EPOCH, e, f->spin_s, f->yield_s, 0.0, f->use_futex);
     if (n > 0) {
         f->pc = *c;
         f->pending = 1;
+        f->pc_locked = !nonblocking;
+        if (nonblocking) unlock(f);
         return PyLong_FromLong(n);
     }
     int same = sigs_equal(b, e);
@@ -655,49 +680,104 @@ static int get_buf(PyObject *o, Py_buffer *v, int writable) {
     return 1;
 }
 
-/* allreduce(sendbuf, recvbuf, op) */
-static PyObject *Bar_allreduce(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
-    struct Fast *f = self->fast;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "allreduce(sendbuf, recvbuf, op)");
-        return NULL;
+/* The two arrays of an allreduce / allgather / reduce-scatter in c (send IN_PLACE: recv's
+ * memory), and their dtype; 1 if they may be a fast call (*same: one memory), else 0 with
+ * nothing held. */
+static int two_arrays(struct Fast *f, PyObject *send, PyObject *recv, Call *c, PyObject **dt,
+                      int *same) {
+    *same = send == f->in_place;
+    if (*same) send = recv;
+    else if (Py_TYPE(send) != (PyTypeObject *)f->ndarray) return 0;
+    if (Py_TYPE(recv) != (PyTypeObject *)f->ndarray) return 0;
+    PyObject *d1 = PyObject_GetAttr(recv, str_dtype), *d2;
+    if (!d1) { PyErr_Clear(); return 0; }
+    Py_DECREF(d1);          /* (only compared: the array holds it) */
+    if (!*same) {
+        if (!(d2 = PyObject_GetAttr(send, str_dtype))) { PyErr_Clear(); return 0; }
+        Py_DECREF(d2);
+        if (d2 != d1) return 0;
     }
-    PyObject *send = args[0], *recv = args[1], *op = args[2];
-    if (!f || f->pending || Py_TYPE(recv) != (PyTypeObject *)f->ndarray
-        || !PyUnicode_CheckExact(op))
-        Py_RETURN_FALSE;
-    int in_place = send == f->in_place;
-    if (in_place) send = recv;
-    else if (Py_TYPE(send) != (PyTypeObject *)f->ndarray) Py_RETURN_FALSE;
-    PyObject *dt = PyObject_GetAttr(recv, str_dtype), *dt2 = NULL;
-    if (!dt) { PyErr_Clear(); Py_RETURN_FALSE; }
-    Py_DECREF(dt);          /* (only compared: the array holds it) */
-    if (!in_place) {
-        if (!(dt2 = PyObject_GetAttr(send, str_dtype))) { PyErr_Clear(); Py_RETURN_FALSE; }
-        Py_DECREF(dt2);
-        if (dt2 != dt) Py_RETURN_FALSE;
-    }
-    Call c = {0};
-    if (!get_buf(recv, &c.dst, 1)) Py_RETURN_FALSE;
-    c.has_dst = 1;
-    if (!get_buf(send, &c.src, 0)) { release(&c); Py_RETURN_FALSE; }
-    c.has_src = 1;
-    char *s0 = c.src.buf, *d0 = c.dst.buf;
-    if (c.src.len != c.dst.len) { release(&c); Py_RETURN_FALSE; }
-    if (s0 == d0) in_place = 1;
-    else if (s0 < d0 + c.dst.len && d0 < s0 + c.src.len) { release(&c); Py_RETURN_FALSE; }
-    Entry *en = lookup(f, K_ALLREDUCE, c.dst.len, dt, op, in_place);
-    if (!en) { release(&c); Py_RETURN_FALSE; }
-    return run_fast(self, en, &c);
+    *dt = d1;
+    memset(c, 0, sizeof(*c));
+    if (!get_buf(recv, &c->dst, 1)) return 0;
+    c->has_dst = 1;
+    if (!get_buf(send, &c->src, 0)) { release(c); return 0; }
+    c->has_src = 1;
+    char *s0 = c->src.buf, *d0 = c->dst.buf;
+    if (s0 == d0 && c->src.len == c->dst.len) *same = 1;
+    else if (s0 < d0 + c->dst.len && d0 < s0 + c->src.len) { release(c); return 0; }
+    return 1;
 }
 
-/* bcast(buf, root) */
+static int nonblocking_arg(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t n,
+                           const char *usage, int *nb) {
+    if (nargs != n && nargs != n + 1) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *nb = nargs == n + 1 && PyObject_IsTrue(args[n]) == 1;
+    return 0;
+}
+
+/* allreduce(sendbuf, recvbuf, op[, nonblocking]) */
+static PyObject *Bar_allreduce(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
+    struct Fast *f = self->fast;
+    int nb, same;
+    PyObject *dt;
+    Call c;
+    if (nonblocking_arg(args, nargs, 3, "allreduce(sendbuf, recvbuf, op[, nonblocking])",
+                        &nb) < 0)
+        return NULL;
+    if (!f || f->pending || !PyUnicode_CheckExact(args[2])
+        || !two_arrays(f, args[0], args[1], &c, &dt, &same))
+        Py_RETURN_FALSE;
+    Entry *en = c.src.len != c.dst.len ? NULL
+        : lookup(f, K_ALLREDUCE, c.dst.len, dt, args[2], same);
+    if (!en) { release(&c); Py_RETURN_FALSE; }
+    return run_fast(self, en, &c, nb);
+}
+
+/* allgather(sendbuf, recvbuf[, nonblocking]): not in place (that takes the Python path) */
+static PyObject *Bar_allgather(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
+    struct Fast *f = self->fast;
+    int nb, same;
+    PyObject *dt;
+    Call c;
+    if (nonblocking_arg(args, nargs, 2, "allgather(sendbuf, recvbuf[, nonblocking])", &nb) < 0)
+        return NULL;
+    if (!f || f->pending || args[0] == Py_None
+        || !two_arrays(f, args[0], args[1], &c, &dt, &same))
+        Py_RETURN_FALSE;
+    Entry *en = same || c.src.len * self->size != c.dst.len ? NULL
+        : lookup(f, K_ALLGATHER, c.dst.len, dt, NULL, 0);
+    if (!en) { release(&c); Py_RETURN_FALSE; }
+    return run_fast(self, en, &c, nb);
+}
+
+/* reduce_scatter(sendbuf, recvbuf, op[, nonblocking]): not in place */
+static PyObject *Bar_reduce_scatter(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
+    struct Fast *f = self->fast;
+    int nb, same;
+    PyObject *dt;
+    Call c;
+    if (nonblocking_arg(args, nargs, 3, "reduce_scatter(sendbuf, recvbuf, op[, nonblocking])",
+                        &nb) < 0)
+        return NULL;
+    if (!f || f->pending || !PyUnicode_CheckExact(args[2])
+        || !two_arrays(f, args[0], args[1], &c, &dt, &same))
+        Py_RETURN_FALSE;
+    Entry *en = same || c.dst.len * self->size != c.src.len ? NULL
+        : lookup(f, K_REDUCE_SCATTER, c.dst.len, dt, args[2], 0);
+    if (!en) { release(&c); Py_RETURN_FALSE; }
+    return run_fast(self, en, &c, nb);
+}
+
+/* bcast(buf, root[, nonblocking]) */
 static PyObject *Bar_bcast(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
     struct Fast *f = self->fast;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "bcast(buf, root)");
+    int nb;
+    if (nonblocking_arg(args, nargs, 2, "bcast(buf, root[, nonblocking])", &nb) < 0)
         return NULL;
-    }
     PyObject *buf = args[0];
     if (!f || f->pending || Py_TYPE(buf) != (PyTypeObject *)f->ndarray
         || !PyLong_CheckExact(args[1]))
@@ -714,7 +794,7 @@ static PyObject *Bar_bcast(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
     if (root == self->rank) c.has_src = 1; else c.has_dst = 1;
     Entry *en = lookup(f, K_BCAST, v->len, dt, NULL, (int)root);
     if (!en) { release(&c); Py_RETURN_FALSE; }
-    return run_fast(self, en, &c);
+    return run_fast(self, en, &c, nb);
 }
 
 /* finish_pending() -> 0, or -1 (descriptors differ): a pending call, once every peer arrived. */
@@ -774,6 +854,10 @@ static PyMethodDef Bar_methods[] = {
     {"allreduce", (PyCFunction)(void (*)(void))Bar_allreduce, METH_FASTCALL,
      "a kept Allreduce: True, False (not mine), -1 (mismatch) or peers missing"},
     {"bcast", (PyCFunction)(void (*)(void))Bar_bcast, METH_FASTCALL, "a kept Bcast: as allreduce"},
+    {"allgather", (PyCFunction)(void (*)(void))Bar_allgather, METH_FASTCALL,
+     "a kept Allgather: as allreduce"},
+    {"reduce_scatter", (PyCFunction)(void (*)(void))Bar_reduce_scatter, METH_FASTCALL,
+     "a kept Reduce_scatter_block: as allreduce"},
     {"finish_pending", (PyCFunction)Bar_finish_pending, METH_NOARGS, "the rest of a pending call"},
     {"drop_pending", (PyCFunction)Bar_drop_pending, METH_NOARGS, "give a pending call up"},
     {"last", (PyCFunction)Bar_last, METH_NOARGS, "(epoch, what) of the last fast call"},

@@ -35,6 +35,7 @@ import os
 import time
 
 from .. import futex, native
+from ..driver import Request
 
 from ...errors import CollectiveTimeout, MismatchError, PeerLost, PolycastError
 from ..report import process_state
@@ -46,11 +47,12 @@ SLEEP = 4                       # slot: non-zero while this rank sleeps on a pee
 ADDR = 5                        # slot: where a single-copy call's data lies in our memory
 ADDR2 = 6                       # slot: and its second array (allreduce: recvbuf)
 BAD_SIG = (1 << 64) - 1         # a rank that cannot take part (e.g. a non-symmetric buffer)
-# Poll this long before sleeping when every rank has a core of its own (a peer on another
-# core arrives within it); with more ranks than cores the peer waited for is usually
-# waiting for our core, so only a short poll.
-SPIN_SECONDS = 50e-6
-SPIN_OVERSUBSCRIBED_SECONDS = 3e-6
+# Poll this long before yielding. A peer on another core arrives within it; with more ranks
+# than cores, or another process holding a core, the peer waited for is usually waiting for
+# ours, and a longer poll only delays it (2 ranks, 8 B Allreduce while a busy loop holds one
+# core: ~90-155 us a call with a 50 us poll, ~6-35 us with 3 us; the same ~0.7 us either
+# way with both cores free: sched_yield returns at once then).
+SPIN_SECONDS = 3e-6
 # A futex sleep re-checks the deadline and the driver's dead peers this often.
 SLEEP_CHECK_SECONDS = 2e-3
 # Then sched_yield until this long after the start: the core stays busy, so a peer's
@@ -64,6 +66,11 @@ MAX_NAP_SECONDS = 1e-3
 # The compiled helper, or None and why not (chosen once, at import).
 compiled, compiled_why_not = native.load("polycast.runtime.symm._symm",
                                          "the futex and slot layout")
+if compiled is not None and not hasattr(compiled.Barrier, "reduce_scatter"):
+    # A helper built from an older _symm.c (an in-place build not redone after an update):
+    # its layout is the same, its methods are not; the Python protocol runs instead.
+    compiled, compiled_why_not = None, ("the built helper is older than its source (rebuild: "
+                                        "python setup.py build_ext --inplace)")
 
 # The small calls the compiled helper runs whole (its K_* codes).
 K_ALLREDUCE, K_BCAST, K_ALLGATHER, K_REDUCE_SCATTER = 0, 1, 2, 3
@@ -100,8 +107,7 @@ class EpochBarrier:
         self._broken: str | None = None
         # How long a wait polls, then yields, before it sleeps (0 on a worker thread: see
         # :mod:`.queue`).
-        self.spin_seconds = (SPIN_SECONDS if self.size <= _cores()
-                             else SPIN_OVERSUBSCRIBED_SECONDS)
+        self.spin_seconds = SPIN_SECONDS
         self.yield_seconds = YIELD_SECONDS
         self.use_futex = ctrl is not None and futex.available()
         self._waitsets: dict = {}           # (rank, slot) -> futex.WaitSet on that slot
@@ -177,6 +183,25 @@ class EpochBarrier:
         if got < 0:
             slot = SIG0 // 8 + (e & 1)
             self.check_sigs([int(c[slot]) for c in self.ctrl], what)
+
+    def fast_request(self, got, coll: str):
+        """The request of a non-blocking fast call that returned ``got``: complete (True),
+        failed with MismatchError (-1), or pending (n > 0: its wait and copy out are queued
+        first in the communicator's job queue, as any symm job: ``Wait`` or the worker
+        runs it)."""
+        comm = self.comm
+        req = Request(0, comm.id, lambda: f"rank {comm.rank}: symm {coll}",
+                      comm.timeout_seconds)
+        if got is True:
+            req._finish()
+            return req
+        if got < 0:
+            try:
+                self.fast_rest(got)
+            except PolycastError as exc:
+                req._finish(exc)
+            return req
+        return comm._symm_state.queue.submit(lambda: self.fast_rest(got), req, small=True)
 
     def publish(self, slot: int, value: int) -> None:
         """Store ``value`` in our ``slot`` (after the data: TSO) and wake peers sleeping on

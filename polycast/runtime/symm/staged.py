@@ -153,13 +153,16 @@ def _small(st: SymmState, key: tuple | None, kind: int, coll: str, plan: tuple,
     return entry
 
 
-_FAST_KINDS = {K_ALLREDUCE: Collective.ALLREDUCE, K_BCAST: Collective.BROADCAST}
+_FAST_KINDS = {K_ALLREDUCE: Collective.ALLREDUCE, K_BCAST: Collective.BROADCAST,
+               K_ALLGATHER: Collective.ALLGATHER, K_REDUCE_SCATTER: Collective.REDUCE_SCATTER}
 
 
 def _keep_fast(st: SymmState, key: tuple, entry: tuple) -> None:
-    """Hand a kept Allreduce / Bcast shape to the compiled helper's one-call fast path
-    (``Comm.Allreduce``/``Bcast`` -> ``Barrier.allreduce``/``bcast``, no Python between;
-    see _symm.c): the next such call is checked there, from the arrays, and run whole.
+    """Hand a kept call shape to the compiled helper's one-call fast path
+    (``Comm.Allreduce`` -> ``Barrier.allreduce``, and Bcast, Allgather and
+    Reduce_scatter_block alike (not in place: those two keep the Python path), with their
+    I-variants; no Python between; see _symm.c): the next such call is checked there, from
+    the arrays, and run whole.
     Only while this path takes calls without conditions that can change per call: no
     symm_empty arrays (they route by buffer), no broken barrier or refused staging
     (:meth:`.barrier.EpochBarrier.fast_off` is called when either happens)."""
@@ -183,10 +186,14 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple) -> None:
                       "Bcast calls take the compiled one-call path", file=sys.stderr,
                       flush=True)
         env_key = os.fsencode(environ.algorithm_var(_FAST_KINDS[kind]))
-        if kind == K_ALLREDUCE:
-            native.add(kind, nbytes, key[2], key[3], int(key[4]), sig, *codes, what, env_key)
-        else:
+        if kind == K_BCAST:
             native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, env_key)
+        elif key[-1]:               # in place: allreduce only
+            if kind == K_ALLREDUCE:
+                native.add(kind, nbytes, key[2], key[3], 1, sig, *codes, what, env_key)
+        else:
+            native.add(kind, nbytes, key[2], None if kind == K_ALLGATHER else key[3], 0,
+                       sig, *codes, what, env_key)
     except (TypeError, ValueError):     # e.g. an op given as an object: the Python path
         return
     comm._symm_fast = native
