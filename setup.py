@@ -1,4 +1,5 @@
-"""Builds the optional compiled helpers: the shared-memory rings' (polycast/runtime/_ring.c)
+"""Builds the optional compiled helpers: the shared-memory rings' (polycast/runtime/_ring.c,
+with the compiled replay of a memoized small call, polycast/runtime/_replay.c)
 and the symm barrier's and small calls' (polycast/runtime/symm/_symm.c).
 
 Everything else is declared in pyproject.toml. ``optional=True``: where no C compiler (or no
@@ -12,7 +13,9 @@ from setuptools import Extension, setup
 
 ext_modules = []
 if sys.platform.startswith("linux"):       # futexes and the ring layout are Linux-only
-    ext_modules.append(Extension("polycast.runtime._ring", ["polycast/runtime/_ring.c"],
+    ext_modules.append(Extension("polycast.runtime._ring", ["polycast/runtime/_ring.c",
+                                                           "polycast/runtime/_replay.c"],
+                                 depends=["polycast/runtime/_ring.h"],
                                  extra_compile_args=["-O2", "-std=gnu11"], optional=True))
     ext_modules.append(Extension("polycast.runtime.symm._symm", ["polycast/runtime/symm/_symm.c"],
                                  extra_compile_args=["-O3", "-std=gnu11"], optional=True))

@@ -171,6 +171,11 @@ class Buffers:
     def array(self, req: int, buf: str) -> np.ndarray:
         return self._reqs[req].arrays[buf]
 
+    def arrays_of(self, req: int) -> dict[str, np.ndarray] | None:
+        """A request's flat arrays by buffer name ("send", "recv", "tmp"), or None."""
+        r = self._reqs.get(req)
+        return None if r is None else r.arrays
+
     # -- the driver's memory operations --------------------------------------------------
     def view(self, region) -> list[np.ndarray]:
         """Numpy views of the region's runs (no copy)."""

@@ -93,6 +93,8 @@ class EngineStats:
     aborts_out: int = 0
     completed: int = 0
     failed: int = 0
+    replayed: int = 0                       # calls run whole by the compiled replay
+    replay_adopted: int = 0                 # ... begun there, finished by the engine
     early_nbytes: int = 0                   # held now
     early_peak_nbytes: int = 0
     pacing_gbps: float | None = None        # current (adapted) pacing rate

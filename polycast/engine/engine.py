@@ -45,6 +45,7 @@ from .p2p import P2P_TOKEN, PointToPoint
 from .plan import Plan, make_plan
 from .request import DONE, PENDING, STARTED, Request
 from .rendezvous import Rendezvous
+from .replay import Replay
 from .wire import F_NO_PAYLOAD, AbortReason, Header, MsgKind, WireError, call_signature, \
     make_header, parse_datagram
 
@@ -66,7 +67,7 @@ _SEND, _RECV, _COPY, _MCAST, _MRECV = Kind.SEND, Kind.RECV, Kind.COPY, Kind.MCAS
 __all__ = ["Engine", "EngineConfig", "EngineStats", "MIB"]
 
 
-class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
+class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
     """One rank's protocol state machine. See the module docstring."""
 
     def __init__(self, rank: int, nranks: int, comm: int = 0,
@@ -124,9 +125,11 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
 
     # -- posting --------------------------------------------------------------------------
     def post(self, req: int, schedule: Schedule, itemsize: int, now: float, *,
-             dtype: str = "", op: str = "") -> list[Action]:
+             dtype: str = "", op: str = "", replayed: int = 0) -> list[Action]:
         """Start a collective. Raises InvalidArgument (before anything is sent) when the
-        schedule does not fit this engine; returns the first actions."""
+        schedule does not fit this engine; returns the first actions. ``replayed``: the
+        steps (a bit per step index, a downward-closed set) a compiled replay of this call
+        already did (engine/replay.py): they complete without their actions."""
         plan = self._get_plan(schedule)     # checked against this engine when it was made
         if not isinstance(req, int) or req in self._reqs:
             raise InvalidArgument(f"request id {req!r} is already outstanding (or not an "
@@ -151,6 +154,9 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
             self._sig_cache[key] = (schedule, sig)
         r = Request(req, seq, schedule, plan, itemsize, sig, (dtype, op))
         r.prog = plan.prog
+        if replayed:
+            r.replayed = replayed
+            self.stats.replay_adopted += 1
         self._reqs[req] = r
         self._by_seq[seq] = r
         out: list[Action] = []
@@ -498,6 +504,9 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
         r.state[idx] = STARTED
         kind = step.kind
         plan = r.plan
+        if r.replayed >> idx & 1:
+            self._replayed_step(r, idx, kind)
+            return
         if kind is _SEND:
             nbytes = plan.nelems[idx] * r.itemsize
             if nbytes > self.config.eager_max_nbytes:
@@ -534,6 +543,18 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint):
             self._start_mcast(r, idx, now, out)
         elif kind is _MRECV:
             self._start_mrecv(r, idx, now, out)
+
+    def _replayed_step(self, r: Request, idx: int, kind) -> None:
+        """A step the compiled replay did: its frame written (SEND) or consumed and
+        delivered (RECV), or its copy made; counted as the ordinary path counts it."""
+        st = self.stats
+        if kind is _SEND:
+            st.messages_out += 1
+            st.message_bytes_out += r.plan.nelems[idx] * r.itemsize
+        elif kind is _RECV:
+            st.messages_in += 1
+            st.message_bytes_in += r.plan.nelems[idx] * r.itemsize
+        self._step_done(r, idx)
 
     def _send(self, r: Request, peer: int, h: Header, region, idx: int, out: list,
               data: bytes = b"") -> None:

@@ -25,39 +25,7 @@
 #include <sys/syscall.h>
 #include <linux/futex.h>
 
-#define CTRL_NBYTES 256
-#define PREFIX_NBYTES 12
-#define ALIGN 16
-#define KIND_BASE 0xFFFFFF00u
-#define KIND_FRAG_FIRST (KIND_BASE + 3)
-#define KIND_FRAG_MORE (KIND_BASE + 4)
-#define KIND_WRAP (KIND_BASE + 10)
-#define SLOT_HEAD 0
-#define SLOT_TAIL 8
-#define SLOT_READER_SLEEPING 16
-#define SLOT_WRITER_BLOCKED 24
-#define SLOT_DATA_BELL 32
-#define SLOT_SPACE_BELL 40
-/* Copies at least this big run with the GIL released (below it the release costs more). */
-#define NOGIL_NBYTES (64 * 1024)
-#define MAX_PARTS 64
-
-#ifndef SYS_futex_waitv
-#define SYS_futex_waitv 449
-#endif
-
-typedef struct {
-    PyObject_HEAD
-    Py_buffer view;
-    int held;
-    char *ctrl;
-    char *data;
-    uint64_t cap;
-} RingMap;
-
-static inline uint64_t pad16(uint64_t n) { return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
-
-static inline uint64_t *slot(RingMap *r, Py_ssize_t off) { return (uint64_t *)(r->ctrl + off); }
+#include "_ring.h"
 
 static int check_open(RingMap *r) {
     if (!r->held) {
@@ -76,10 +44,6 @@ static int check_slot(Py_ssize_t off) {
     return 0;
 }
 
-static void put_prefix(char *at, uint32_t hdr_len, uint64_t plen) {
-    memcpy(at, &hdr_len, 4);      /* little-endian hosts only (runtime/native.py checks) */
-    memcpy(at + 4, &plen, 8);
-}
 
 static int RingMap_init(RingMap *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"buffer", "capacity", NULL};
@@ -154,15 +118,6 @@ static PyObject *RingMap_flag(RingMap *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* Bump the u32 counter at ``bell`` (one writer per counter), fence, and return the flag at
- * ``flag`` (the data-side of the handshake). */
-static uint64_t bump_and_check(RingMap *r, Py_ssize_t bell, Py_ssize_t flag) {
-    uint64_t *b = slot(r, bell);
-    uint64_t v = (__atomic_load_n(b, __ATOMIC_RELAXED) + 1) & 0xFFFFFFFFu;
-    __atomic_store_n(b, v, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    return __atomic_load_n(slot(r, flag), __ATOMIC_ACQUIRE);
-}
 
 /* ring_bell(): (writer, after frames were written) bump DATA_BELL; how the reader sleeps. */
 static PyObject *RingMap_ring_bell(RingMap *self, PyObject *unused) {
@@ -349,7 +304,7 @@ static PyMethodDef RingMap_methods[] = {
     {NULL}
 };
 
-static PyTypeObject RingMapType = {
+PyTypeObject RingMapType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "polycast.runtime._ring.RingMap",
     .tp_basicsize = sizeof(RingMap),
@@ -421,6 +376,10 @@ PyMODINIT_FUNC PyInit__ring(void) {
     Py_INCREF(&RingMapType);
     if (PyModule_AddObject(m, "RingMap", (PyObject *)&RingMapType) < 0) {
         Py_DECREF(&RingMapType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (replay_add_types(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -27,6 +27,7 @@ from .datagrams import MulticastIO
 from .execute import ActionRunner, CommState
 from .peers import PeerIO
 from .progress import Progress
+from .replay import Replayer, unavailable_reason as replay_unavailable
 from .request import Request
 from .timers import Timers
 
@@ -90,6 +91,8 @@ class Driver:
         self.runner = ActionRunner(self.buffers, self.requests, self.peers, self.mcast,
                                    self.timers, self.secret, self.mcast_requests, on_action)
         self._run = self.runner.run
+        # Small calls replayed by the compiled helper (driver/replay.py), or why not.
+        self.replay_off = replay_unavailable()
         self.progress.start()
 
     @property
@@ -282,6 +285,8 @@ class Driver:
             raise PolycastError(f"communicator id {comm_id} already exists")
         engine = Engine(members.index(self.rank), len(members), comm_id, self.config)
         cs = CommState(comm_id, engine, members)
+        if self.replay_off is None and len(members) > 1:
+            cs.replay = Replayer(self, cs)
         self._comms[comm_id] = cs
         if want_mcast and len(members) > 1:
             cs.mcast_error = self.mcast.open(comm_id, self.world.job_id,
@@ -309,6 +314,8 @@ class Driver:
         if cs is None:
             self.runner.fail_request(request.req, PolycastError(
                 f"{request.desc}: communicator {comm_id} was freed"))
+            return
+        if cs.replay is not None and cs.replay.run(request, schedule, itemsize, dtype, op):
             return
         try:
             actions = cs.engine.post(request.req, schedule, itemsize, time.monotonic(),

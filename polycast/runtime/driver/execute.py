@@ -30,12 +30,13 @@ _LAZY_OK = frozenset((MsgKind.DATA, MsgKind.P2P_DATA))
 class CommState:
     """One communicator as the driver holds it: its engine and its members' world ranks."""
 
-    __slots__ = ("id", "engine", "members", "local_of", "mcast_error")
+    __slots__ = ("id", "engine", "members", "local_of", "mcast_error", "replay")
 
     def __init__(self, comm_id: int, engine, members: list[int]) -> None:
         self.id, self.engine, self.members = comm_id, engine, members
         self.local_of = {w: i for i, w in enumerate(members)}
         self.mcast_error: str | None = None
+        self.replay = None          # its compiled replays (driver/replay.py), when in use
 
 
 class ActionRunner:
@@ -96,19 +97,24 @@ class ActionRunner:
             elif t is CancelTimer:
                 self.timers.cancel(cs.id, a.timer)
             elif t is Complete:
-                bufs.finalize(a.req)
-                bufs.unregister(a.req)
-                self.mcast_requests.discard(a.req)
-                req = self.requests.pop(a.req, None)
-                if req is not None:
-                    self.finished += 1
-                    req._finish()
+                self.complete(a.req)
             elif t is Fail:
                 self.fail_request(a.req, a.error)
             elif t is Matched:
                 self._matched(a)
             elif self.on_action is not None:
                 self.on_action(cs, a)
+
+    def complete(self, req_id: int) -> None:
+        """A request completed: its result final, its buffers let go, its caller told."""
+        bufs = self.buffers
+        bufs.finalize(req_id)
+        bufs.unregister(req_id)
+        self.mcast_requests.discard(req_id)
+        req = self.requests.pop(req_id, None)
+        if req is not None:
+            self.finished += 1
+            req._finish()
 
     def _memory_failed(self, cs: CommState, req_id: int, exc: Exception) -> None:
         """A memory operation of a request raised (a buffer that cannot take the data, an

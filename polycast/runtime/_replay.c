@@ -1,0 +1,579 @@
+/* The compiled replay of a memoized small call (optional; runtime/driver/replay.py uses it).
+ *
+ * The engine (polycast/engine) decides what a call does; for a small collective it has seen
+ * before, on a rank whose every peer is on a compiled shm ring, it hands this module the
+ * rank's program once (a Plan: steps with kind, ring, tag, one byte run per buffer, reduce
+ * flag, dependencies) and then, per call, only the call's sequence number and arrays. Run
+ * carries the steps out as the engine would, with the GIL released:
+ *   - ready SENDs and COPYs first (in the engine's order: roots, then successors as their
+ *     dependencies complete): a SEND is one DATA frame written into the peer's ring, its
+ *     header byte-identical to wire.Header.pack (a peer on the Python path cannot tell);
+ *   - then a ready RECV's frame, checked field by field (magic, version, kind DATA, flags,
+ *     comm, seq, src, tag, stream, offset, length, signature), delivered or reduced into
+ *     the destination;
+ *   - waiting: the rings are polled with sched_yield between looks (4 ranks on 2 cores:
+ *     the peer we wait for needs our core).
+ * Anything else stops the run with the frame UNCONSUMED and says why: a frame that is not
+ * the expected DATA of this call (an ABORT, another signature, a driver frame, a frame for
+ * a RECV that has not started), a full ring, a reader that sleeps on a doorbell frame, a
+ * reducing copy onto overlapping memory, no progress within the caller's bound (a dead or
+ * stopped peer, a late one). The caller hands the engine the steps done (a downward-closed
+ * set: a step starts only after its dependencies) and the engine carries on from there,
+ * so every error is still raised by the Python engine, on every rank.
+ */
+#include "_ring.h"
+
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+
+#define MAX_STEPS 64
+#define MAX_SLOTS 16
+#define HEADER_NBYTES 44
+#define SLEEP_FUTEX 2           /* shm.SLEEP_FUTEX: the reader waits on the data counter */
+#define WAKE_ALL (1 << 30)      /* driver/peers.py WAKE_ALL */
+
+enum { K_SEND = 0, K_RECV = 1, K_COPY = 2 };
+enum { R_DONE = 0, R_WAIT = 1, R_FRAME = 2, R_FULL = 3, R_DOORBELL = 4, R_OVERLAP = 5,
+       R_LIMIT = 6 };
+enum { DT_F32 = 0, DT_F64 = 1, DT_I32 = 2, DT_I64 = 3, DT_NONE = -1 };
+enum { OP_SUM = 0, OP_PROD = 1, OP_MIN = 2, OP_MAX = 3, OP_NONE = -1 };
+
+typedef struct {
+    int kind, reduce, buf, dst, slot;
+    uint32_t tag;
+    uint64_t off, nbytes, doff;         /* byte offsets into buf / dst */
+    uint32_t ndeps;
+    uint64_t succ;                      /* successors, a bit per step */
+} Step;
+
+typedef struct {
+    PyObject_HEAD
+    uint32_t comm, rank, sig;
+    int dt, op, nsteps, nslots;
+    Step steps[MAX_STEPS];
+    RingMap *in[MAX_SLOTS], *out[MAX_SLOTS];
+    uint32_t peer[MAX_SLOTS];           /* the slot's peer (local rank: the header's src) */
+    uint64_t need[3];                   /* bytes of send, recv, tmp the steps reach */
+    int writes[3];                      /* whether the steps write that buffer */
+    unsigned long long runs, full;      /* calls run, calls that ran to the end */
+} Plan;
+
+static inline void be32(unsigned char *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static inline uint32_t rd32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* wire.Header(kind=DATA, comm, seq, src, tag, offset=0, length, sig, stream=0).pack():
+ * "!HBBB3xIIIIIQII" = magic, version, kind, flags, pad, comm, seq, src, tag, stream,
+ * offset, length, sig. */
+static void pack_header(unsigned char *h, uint32_t comm, uint32_t seq, uint32_t src,
+                        uint32_t tag, uint32_t length, uint32_t sig) {
+    memset(h, 0, HEADER_NBYTES);
+    h[0] = 0x50; h[1] = 0x43; h[2] = 1; h[3] = 1;
+    be32(h + 8, comm); be32(h + 12, seq); be32(h + 16, src); be32(h + 20, tag);
+    be32(h + 36, length); be32(h + 40, sig);
+}
+
+static inline double mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* dst[i] = dst[i] op src[i], as numpy's ufunc(dst, src, out=dst) does. Integers wrap (as
+ * numpy arrays do): done in unsigned arithmetic, where C defines it. */
+#define REDUCE_LOOP(T, EXPR) do {                                                   \
+        for (uint64_t i = 0; i < n; i++) {                                          \
+            T a, b;                                                                 \
+            memcpy(&a, dst + i * sizeof(T), sizeof(T));                             \
+            memcpy(&b, src + i * sizeof(T), sizeof(T));                             \
+            T c = (EXPR);                                                           \
+            memcpy(dst + i * sizeof(T), &c, sizeof(T));                             \
+        }                                                                           \
+    } while (0)
+
+/* Sum and product wrap in the unsigned type; min and max compare signed values. */
+#define INT_REDUCE(U, S) do {                                                       \
+        uint64_t n = nbytes / sizeof(U);                                            \
+        if (op == OP_SUM) REDUCE_LOOP(U, a + b);                                    \
+        else if (op == OP_PROD) REDUCE_LOOP(U, a * b);                              \
+        else if (op == OP_MIN) REDUCE_LOOP(S, a < b ? a : b);                       \
+        else REDUCE_LOOP(S, a > b ? a : b);                                         \
+    } while (0)
+
+static void reduce_into(char *dst, const char *src, uint64_t nbytes, int dt, int op) {
+    switch (dt) {
+    case DT_F32: {
+        uint64_t n = nbytes / 4;
+        if (op == OP_SUM) REDUCE_LOOP(float, a + b);
+        else REDUCE_LOOP(float, a * b);
+        break;
+    }
+    case DT_F64: {
+        uint64_t n = nbytes / 8;
+        if (op == OP_SUM) REDUCE_LOOP(double, a + b);
+        else REDUCE_LOOP(double, a * b);
+        break;
+    }
+    case DT_I32:
+        INT_REDUCE(uint32_t, int32_t);
+        break;
+    default:
+        INT_REDUCE(uint64_t, int64_t);
+        break;
+    }
+}
+
+static void Plan_dealloc(Plan *self) {
+    for (int s = 0; s < self->nslots; s++) {
+        Py_XDECREF(self->in[s]);
+        Py_XDECREF(self->out[s]);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Plan(comm, rank, sig, dtype_code, op_code, slots, steps): slots [(RingMap in, RingMap
+ * out, peer)], steps [(kind, slot, tag, buf, off, nbytes, dst, doff, reduce, ndeps,
+ * successors)] with byte offsets; runtime/driver/replay.py makes it from the engine's
+ * plan (engine/replay.py) and checks what C cannot (eligibility). */
+static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
+    unsigned long comm, rank, sig;
+    int dt, op;
+    PyObject *slots, *steps;
+    if (!PyArg_ParseTuple(args, "kkkiiO!O!", &comm, &rank, &sig, &dt, &op, &PyList_Type,
+                          &slots, &PyList_Type, &steps))
+        return -1;
+    if (self->nslots) {
+        PyErr_SetString(PyExc_ValueError, "a replay Plan is made once");
+        return -1;
+    }
+    Py_ssize_t ns = PyList_GET_SIZE(slots), nt = PyList_GET_SIZE(steps);
+    if (ns > MAX_SLOTS || nt > MAX_STEPS || nt < 1) {
+        PyErr_Format(PyExc_ValueError, "a replay plan has 1..%d steps and at most %d peers",
+                     MAX_STEPS, MAX_SLOTS);
+        return -1;
+    }
+    if (dt < DT_NONE || dt > DT_I64 || op < OP_NONE || op > OP_MAX) {
+        PyErr_SetString(PyExc_ValueError, "unknown dtype or op code");
+        return -1;
+    }
+    self->comm = comm; self->rank = rank; self->sig = sig; self->dt = dt; self->op = op;
+    for (Py_ssize_t s = 0; s < ns; s++) {
+        PyObject *in, *out;
+        unsigned long peer;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(slots, s), "O!O!k", &RingMapType, &in,
+                              &RingMapType, &out, &peer))
+            return -1;
+        Py_INCREF(in); Py_INCREF(out);
+        self->in[s] = (RingMap *)in; self->out[s] = (RingMap *)out;
+        self->peer[s] = peer;
+        self->nslots = s + 1;
+    }
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        Step *st = &self->steps[i];
+        unsigned long tag;
+        unsigned long long off, nbytes, doff, succ;
+        unsigned int ndeps;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(steps, i), "iikiKKiKpIK", &st->kind, &st->slot,
+                              &tag, &st->buf, &off, &nbytes, &st->dst, &doff, &st->reduce,
+                              &ndeps, &succ))
+            return -1;
+        st->tag = tag; st->off = off; st->nbytes = nbytes; st->doff = doff;
+        st->ndeps = ndeps; st->succ = succ;
+        if (st->kind < K_SEND || st->kind > K_COPY || st->buf < 0 || st->buf > 2
+                || (st->kind == K_COPY && (st->dst < 0 || st->dst > 2))
+                || (st->kind != K_COPY && (st->slot < 0 || st->slot >= ns))
+                || (st->reduce && (dt == DT_NONE || op == OP_NONE))
+                || (nt < 64 && (succ >> nt))) {
+            PyErr_Format(PyExc_ValueError, "replay step %zd is malformed", i);
+            return -1;
+        }
+        if (st->nbytes) {
+            if (self->need[st->buf] < off + nbytes)
+                self->need[st->buf] = off + nbytes;
+            if (st->kind == K_RECV)
+                self->writes[st->buf] = 1;
+            if (st->kind == K_COPY) {
+                if (self->need[st->dst] < doff + nbytes)
+                    self->need[st->dst] = doff + nbytes;
+                self->writes[st->dst] = 1;
+            }
+        }
+    }
+    self->nsteps = (int)nt;
+    return 0;
+}
+
+/* Write step ``st``'s DATA frame into ``r``: 0 written, -1 the ring lacks the space. */
+static int write_frame(RingMap *r, const unsigned char *hdr, const char *payload,
+                       uint64_t nbytes) {
+    uint64_t cap = r->cap;
+    uint64_t total = pad16(PREFIX_NBYTES + HEADER_NBYTES + nbytes);
+    uint64_t head = __atomic_load_n(slot(r, SLOT_HEAD), __ATOMIC_RELAXED);     /* ours */
+    uint64_t tail = __atomic_load_n(slot(r, SLOT_TAIL), __ATOMIC_ACQUIRE);
+    uint64_t pos = head & (cap - 1);
+    uint64_t skip = pos + total > cap ? cap - pos : 0;
+    if (cap - (head - tail) < skip + total)
+        return -1;
+    if (skip) {
+        put_prefix(r->data + pos, KIND_WRAP, 0);
+        head += skip;
+        pos = 0;
+    }
+    char *p = r->data + pos;
+    put_prefix(p, HEADER_NBYTES, nbytes);
+    memcpy(p + PREFIX_NBYTES, hdr, HEADER_NBYTES);
+    if (nbytes)
+        memcpy(p + PREFIX_NBYTES + HEADER_NBYTES, payload, nbytes);
+    __atomic_store_n(slot(r, SLOT_HEAD), head + total, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* (reader) give the ring back up to ``pos``; whether its writer was blocked on space. */
+static int give_back(RingMap *r, uint64_t pos) {
+    __atomic_store_n(slot(r, SLOT_TAIL), pos, __ATOMIC_RELEASE);
+    if (bump_and_check(r, SLOT_SPACE_BELL, SLOT_WRITER_BLOCKED)) {
+        __atomic_store_n(slot(r, SLOT_WRITER_BLOCKED), 0, __ATOMIC_RELAXED);
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct {
+    uint64_t done, doorbell, blocked;
+    int reason, nsent, nrecv;
+    uint64_t sent_nbytes, recv_nbytes;
+} Outcome;
+
+/* Step i is done: its successors whose last dependency it was become ready (queued in
+ * order, as the engine's ready deque). */
+static inline void step_done(Outcome *o, const Step *st, int i, uint32_t *ndeps, int *queue,
+                             int *qt, int *ndone) {
+    o->done |= (uint64_t)1 << i;
+    (*ndone)++;
+    for (uint64_t m = st->succ; m; m &= m - 1) {
+        int j = __builtin_ctzll(m);
+        if (--ndeps[j] == 0)
+            queue[(*qt)++] = j;
+    }
+}
+
+/* ``limit``: stop once that many steps are done (< 0: no limit); the tests interrupt a
+ * replay at every step this way (POLYCAST_REPLAY_STEP_LIMIT). */
+static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double wait_s,
+                      int can_futex, int limit, const char **held, Outcome *o) {
+    int ndone = 0;
+    int n = pl->nsteps;
+    uint32_t ndeps[MAX_STEPS];
+    int queue[MAX_STEPS], qh = 0, qt = 0;
+    uint64_t all = n == 64 ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1);
+    uint64_t waiting = 0;               /* RECVs started, not done */
+    unsigned char hdr[HEADER_NBYTES], expect[MAX_SLOTS][24];
+    for (int i = 0; i < n; i++) {
+        ndeps[i] = pl->steps[i].ndeps;
+        if (!ndeps[i])
+            queue[qt++] = i;
+    }
+    for (int s = 0; s < pl->nslots; s++) {
+        /* what a frame from the slot's peer must start with, up to its tag */
+        pack_header(hdr, pl->comm, seq, pl->peer[s], 0, 0, pl->sig);
+        memcpy(expect[s], hdr, 20);
+    }
+    double last = mono();
+    for (;;) {
+        while (qh < qt) {
+            int i = queue[qh];
+            Step *st = &pl->steps[i];
+            if (st->kind != K_RECV && limit >= 0 && ndone >= limit) {
+                o->reason = R_LIMIT;
+                return;
+            }
+            qh++;
+            if (st->kind == K_SEND) {
+                RingMap *r = pl->out[st->slot];
+                pack_header(hdr, pl->comm, seq, pl->rank, st->tag, (uint32_t)st->nbytes,
+                            pl->sig);
+                if (write_frame(r, hdr, base[st->buf] + st->off, st->nbytes) < 0) {
+                    o->reason = R_FULL;
+                    return;
+                }
+                o->nsent++;
+                o->sent_nbytes += st->nbytes;
+                uint64_t sleeping = bump_and_check(r, SLOT_DATA_BELL, SLOT_READER_SLEEPING);
+                if (sleeping) {
+                    if (sleeping == SLEEP_FUTEX && can_futex) {
+                        syscall(SYS_futex, (void *)slot(r, SLOT_DATA_BELL), FUTEX_WAKE,
+                                WAKE_ALL, NULL, NULL, 0);
+                    } else {
+                        o->doorbell |= (uint64_t)1 << st->slot;
+                        o->reason = R_DOORBELL;
+                    }
+                }
+            } else if (st->kind == K_COPY) {
+                if (st->nbytes) {
+                    char *src = base[st->buf] + st->off, *dst = base[st->dst] + st->doff;
+                    if (st->reduce) {
+                        if (src < dst + st->nbytes && dst < src + st->nbytes) {
+                            o->reason = R_OVERLAP;      /* Python raises it, as always */
+                            return;
+                        }
+                        reduce_into(dst, src, st->nbytes, pl->dt, pl->op);
+                    } else if (src != dst) {
+                        memmove(dst, src, st->nbytes);
+                    }
+                }
+            } else if (held[i] != NULL) {
+                /* its frame came before the call (the engine's early buffer): as the
+                 * engine's _start does with a held message */
+                if (st->nbytes) {
+                    if (st->reduce)
+                        reduce_into(base[st->buf] + st->off, held[i], st->nbytes, pl->dt,
+                                    pl->op);
+                    else
+                        memcpy(base[st->buf] + st->off, held[i], st->nbytes);
+                }
+            } else {
+                waiting |= (uint64_t)1 << i;
+                continue;
+            }
+            step_done(o, st, i, ndeps, queue, &qt, &ndone);
+            if (o->reason == R_DOORBELL)
+                return;         /* the peer sleeps until the caller sends it a doorbell */
+        }
+        if (o->done == all) {
+            o->reason = R_DONE;
+            return;
+        }
+        if (limit >= 0 && ndone >= limit) {
+            o->reason = R_LIMIT;
+            return;
+        }
+        int progressed = 0;
+        for (int s = 0; s < pl->nslots; s++) {
+            uint64_t mine = 0;
+            for (uint64_t m = waiting; m; m &= m - 1) {
+                int j = __builtin_ctzll(m);
+                if (pl->steps[j].slot == s)
+                    mine |= (uint64_t)1 << j;
+            }
+            if (!mine)
+                continue;
+            RingMap *r = pl->in[s];
+            uint64_t cap = r->cap;
+            uint64_t head = __atomic_load_n(slot(r, SLOT_HEAD), __ATOMIC_ACQUIRE);
+            while (pos[s] < head) {
+                uint64_t at = pos[s] & (cap - 1);
+                const unsigned char *p = (const unsigned char *)r->data + at;
+                uint32_t hdr_len;
+                uint64_t plen;
+                memcpy(&hdr_len, p, 4);
+                memcpy(&plen, p + 4, 8);
+                if (hdr_len == KIND_WRAP) {
+                    pos[s] += cap - at;
+                    if (give_back(r, pos[s]))
+                        o->blocked |= (uint64_t)1 << s;
+                    continue;
+                }
+                const unsigned char *h = p + PREFIX_NBYTES;
+                static const unsigned char zeros[12];
+                if (hdr_len != HEADER_NBYTES || plen > cap / 4
+                        || at + pad16(PREFIX_NBYTES + HEADER_NBYTES + plen) > cap
+                        || memcmp(h, expect[s], 20) || memcmp(h + 24, zeros, 12)
+                        || rd32(h + 40) != pl->sig) {
+                    o->reason = R_FRAME;
+                    return;
+                }
+                uint32_t tag = rd32(h + 20), length = rd32(h + 36);
+                int i = -1;
+                for (uint64_t m = mine; m; m &= m - 1) {
+                    int j = __builtin_ctzll(m);
+                    if (pl->steps[j].tag == tag) {
+                        i = j;
+                        break;
+                    }
+                }
+                Step *st = i >= 0 ? &pl->steps[i] : NULL;
+                if (st == NULL || length != st->nbytes || plen != length) {
+                    o->reason = R_FRAME;        /* not started yet, or wrong: Python's */
+                    return;
+                }
+                if (length) {
+                    char *dst = base[st->buf] + st->off;
+                    const char *src = (const char *)h + HEADER_NBYTES;
+                    if (st->reduce)
+                        reduce_into(dst, src, length, pl->dt, pl->op);
+                    else
+                        memcpy(dst, src, length);
+                }
+                pos[s] += pad16(PREFIX_NBYTES + HEADER_NBYTES + plen);
+                if (give_back(r, pos[s]))
+                    o->blocked |= (uint64_t)1 << s;
+                o->nrecv++;
+                o->recv_nbytes += length;
+                waiting &= ~((uint64_t)1 << i);
+                step_done(o, st, i, ndeps, queue, &qt, &ndone);
+                progressed = 1;
+                break;          /* its successors first, as the engine's pump does */
+            }
+        }
+        double now = mono();
+        if (progressed) {
+            last = now;
+            continue;
+        }
+        if (now - last > wait_s) {
+            o->reason = R_WAIT;
+            return;
+        }
+        sched_yield();
+    }
+}
+
+/* run(seq, send, recv, tmp, positions, wait_seconds, can_futex, step_limit, held) ->
+ * (done_mask, reason, doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv,
+ * recv_nbytes). ``positions`` (the in-rings' read positions, a list per slot) is updated in
+ * place. ``held``: [(step, payload)] of RECVs whose frame the engine already holds (taken
+ * when the step starts; not counted in nrecv). */
+static PyObject *Plan_run(Plan *self, PyObject *args) {
+    unsigned long seq;
+    PyObject *objs[3], *positions;
+    double wait_s;
+    int can_futex, limit = -1;
+    PyObject *held_list = Py_None;
+    if (!PyArg_ParseTuple(args, "kOOOO!dp|iO", &seq, &objs[0], &objs[1], &objs[2],
+                          &PyList_Type, &positions, &wait_s, &can_futex, &limit, &held_list))
+        return NULL;
+    if (held_list != Py_None && !PyList_Check(held_list)) {
+        PyErr_SetString(PyExc_TypeError, "held must be a list of (step, payload) or None");
+        return NULL;
+    }
+    if (!self->nslots || PyList_GET_SIZE(positions) != self->nslots) {
+        PyErr_SetString(PyExc_ValueError, "one read position per peer ring");
+        return NULL;
+    }
+    uint64_t pos[MAX_SLOTS];
+    for (int s = 0; s < self->nslots; s++) {
+        pos[s] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, s));
+        if (PyErr_Occurred())
+            return NULL;
+        if (!self->in[s]->held || !self->out[s]->held) {
+            PyErr_SetString(PyExc_ValueError, "ring mapping released");
+            return NULL;
+        }
+    }
+    Py_buffer views[3], hviews[MAX_STEPS];
+    char *base[3] = {NULL, NULL, NULL};
+    const char *held[MAX_STEPS] = {NULL};
+    int got[3] = {0, 0, 0}, nheld = 0;
+    PyObject *result = NULL;
+    Py_ssize_t nh = held_list == Py_None ? 0 : PyList_GET_SIZE(held_list);
+    if (nh > MAX_STEPS) {
+        PyErr_SetString(PyExc_ValueError, "more held frames than steps");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < nh; k++) {
+        int i;
+        PyObject *obj;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(held_list, k), "iO", &i, &obj))
+            goto out;
+        if (i < 0 || i >= self->nsteps || self->steps[i].kind != K_RECV || held[i] != NULL) {
+            PyErr_Format(PyExc_ValueError, "held frame for step %d, not a RECV of the plan", i);
+            goto out;
+        }
+        if (PyObject_GetBuffer(obj, &hviews[nheld], PyBUF_SIMPLE) < 0)
+            goto out;
+        nheld++;
+        if ((uint64_t)hviews[nheld - 1].len != self->steps[i].nbytes) {
+            PyErr_Format(PyExc_ValueError, "held frame of %zd bytes for step %d of %llu",
+                         hviews[nheld - 1].len, i, (unsigned long long)self->steps[i].nbytes);
+            goto out;
+        }
+        held[i] = hviews[nheld - 1].buf ? (const char *)hviews[nheld - 1].buf : "";
+    }
+    for (int b = 0; b < 3; b++) {
+        if (!self->need[b])
+            continue;
+        if (objs[b] == Py_None) {
+            PyErr_Format(PyExc_ValueError, "replay buffer %d is missing", b);
+            goto out;
+        }
+        if (PyObject_GetBuffer(objs[b], &views[b],
+                               self->writes[b] ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+            goto out;
+        got[b] = 1;
+        if ((uint64_t)views[b].len < self->need[b]) {
+            PyErr_Format(PyExc_ValueError, "replay buffer %d holds %zd bytes, the plan "
+                         "reaches %llu", b, views[b].len, (unsigned long long)self->need[b]);
+            goto out;
+        }
+        base[b] = (char *)views[b].buf;
+    }
+    Outcome o = {0, 0, 0, R_WAIT, 0, 0, 0, 0};
+    Py_BEGIN_ALLOW_THREADS
+    run_steps(self, (uint32_t)seq, base, pos, wait_s, can_futex, limit, held, &o);
+    Py_END_ALLOW_THREADS
+    self->runs++;
+    if (o.reason == R_DONE)
+        self->full++;
+    for (int s = 0; s < self->nslots; s++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(pos[s]);
+        if (v == NULL || PyList_SetItem(positions, s, v) < 0)
+            goto out;
+    }
+    result = Py_BuildValue("(KiKKiKiK)", (unsigned long long)o.done, o.reason,
+                           (unsigned long long)o.doorbell, (unsigned long long)o.blocked,
+                           o.nsent, (unsigned long long)o.sent_nbytes, o.nrecv,
+                           (unsigned long long)o.recv_nbytes);
+out:
+    for (int b = 0; b < 3; b++)
+        if (got[b])
+            PyBuffer_Release(&views[b]);
+    for (int k = 0; k < nheld; k++)
+        PyBuffer_Release(&hviews[k]);
+    return result;
+}
+
+static PyObject *Plan_counts(Plan *self, PyObject *unused) {
+    return Py_BuildValue("(KK)", self->runs, self->full);
+}
+
+static PyMethodDef Plan_methods[] = {
+    {"run", (PyCFunction)Plan_run, METH_VARARGS,
+     "run(seq, send, recv, tmp, positions, wait_seconds, can_futex, step_limit=-1, "
+     "held=None) -> "
+     "(done_mask, reason, "
+     "doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv, recv_nbytes)"},
+    {"counts", (PyCFunction)Plan_counts, METH_NOARGS, "(calls run, calls run to the end)"},
+    {NULL}
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polycast.runtime._ring.ReplayPlan",
+    .tp_basicsize = sizeof(Plan),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One rank's program of a memoized small call, replayed over compiled rings.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Plan_init,
+    .tp_dealloc = (destructor)Plan_dealloc,
+    .tp_methods = Plan_methods,
+};
+
+int replay_add_types(PyObject *m) {
+    if (PyType_Ready(&PlanType) < 0)
+        return -1;
+    Py_INCREF(&PlanType);
+    if (PyModule_AddObject(m, "ReplayPlan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(&PlanType);
+        return -1;
+    }
+    return 0;
+}

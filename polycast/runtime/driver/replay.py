@@ -1,0 +1,211 @@
+"""Replaying a memoized small call in the compiled helper (runtime/_replay.c).
+
+On the engine path a small collective costs one engine event per message, in Python, on
+every rank (bench/floor.py: ~16.5 us per rank per 4-rank 8-byte allreduce, the whole CPU
+budget 3x MPICH leaves on 2 cores). When the engine has exported this rank's program of the
+call (engine/replay.py) and every peer of it is on a compiled shm ring, :meth:`Replayer.run`
+hands the helper the call's sequence number and arrays: it writes the SENDs' frames, waits
+for and delivers (or reduces) the RECVs' frames, makes the COPYs, with the GIL released and
+the progress lock held (so the progress thread cannot poll the same rings). Whatever it did
+not expect it leaves unconsumed and stops; the engine then adopts the call in exactly the
+state the helper left it (``Engine.post(..., replayed=mask)``) and the ordinary path goes
+on: errors, mismatches, timeouts and lost peers are the engine's, on every rank.
+
+Blocking and non-blocking calls alike run here, inside ``Driver.post`` (the inline post
+of a small call): a call whose peers are there completes before post returns (Wait finds it
+done); one whose peers are not stops after ``POLYCAST_REPLAY_WAIT_US`` without input and is
+adopted. Off with ``POLYCAST_REPLAY=0`` (or ``POLYCAST_NATIVE=0``, or no compiler).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ...errors import PolycastError
+from ...schedule.ir import Kind
+from .. import native
+from ..shm import SLEEP_SELECT
+
+# Why a replay stopped (runtime/_replay.c's reasons, in order).
+REASONS = ("done", "wait", "frame", "full", "doorbell", "overlap", "limit")
+_DONE = 0
+
+_BUF = {"send": 0, "recv": 1, "tmp": 2}
+_KIND = {Kind.SEND: 0, Kind.RECV: 1, Kind.COPY: 2}
+# What the helper folds exactly as numpy does (dtype -> op -> code). Float min/max are left
+# to numpy (its NaN rules); avg divides at the end (Buffers.finalize).
+_DTYPES = {"float32": 0, "float64": 1, "int32": 2, "int64": 3}
+_FLOAT_OPS = {"sum": 0, "prod": 1}
+_INT_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
+
+
+def _env_wait_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get("POLYCAST_REPLAY_WAIT_US", "2000"))) * 1e-6
+    except ValueError:
+        return 0.002
+
+
+def _env_step_limit() -> int:
+    """POLYCAST_REPLAY_STEP_LIMIT=k (tests): every replay stops after k steps and the
+    engine adopts the call there."""
+    try:
+        return int(os.environ.get("POLYCAST_REPLAY_STEP_LIMIT", "-1"))
+    except ValueError:
+        return -1
+
+
+def unavailable_reason() -> str | None:
+    """Why calls are not replayed in this process, or None."""
+    if os.environ.get("POLYCAST_REPLAY", "1").strip().lower() in ("0", "false", "no", "off"):
+        return "POLYCAST_REPLAY=0"
+    if native.ring is None:
+        return f"the compiled ring helper is not in use ({native.why_not})"
+    if not hasattr(native.ring, "ReplayPlan"):
+        return "the compiled ring helper predates the replay: rebuild it"
+    return None
+
+
+class _Entry:
+    """One memoized call's replay: the helper's plan and the rings it reads and writes."""
+
+    __slots__ = ("plan", "prog", "ins", "outs", "world")
+
+    def __init__(self, plan, prog, ins, outs, world) -> None:
+        self.plan, self.prog, self.ins, self.outs, self.world = plan, prog, ins, outs, world
+
+
+class Replayer:
+    """The replays of one communicator (a driver's CommState)."""
+
+    def __init__(self, driver, cs) -> None:
+        self.d, self.cs = driver, cs
+        self.wait_seconds = _env_wait_seconds()
+        self.step_limit = _env_step_limit()
+        self._entries: dict[tuple, tuple] = {}     # key -> (schedule, _Entry or None)
+        self.stopped = dict.fromkeys(REASONS, 0)    # runs by how they ended
+
+    def run(self, request, schedule, itemsize: int, dtype: str, op: str) -> bool:
+        """Replay this call if it can be (call with the progress lock held); False when
+        it was not touched (post it as usual)."""
+        key = (id(schedule), itemsize, dtype, op)
+        hit = self._entries.get(key)
+        if hit is None or hit[0] is not schedule:      # ids are reused after GC: check
+            hit = self._remember(key, schedule, self._make(schedule, itemsize, dtype, op))
+        ent = hit[1]
+        if ent is None:
+            return False
+        cs, d = self.cs, self.d
+        eng = cs.engine
+        peers = d.peers
+        if peers.lost or peers.gone or peers.want_flush:
+            return False
+        for ring in ent.ins:
+            if ring._handed or ring._frag is not None:
+                return False
+        for ring in ent.outs:
+            if ring._out:
+                return False
+        arrays = d.buffers.arrays_of(request.req)
+        if arrays is None:
+            return False
+        held = eng.replay_begin(schedule, ent.prog)
+        if held is None:
+            return False
+        pos = [ring._read_pos for ring in ent.ins]
+        try:
+            done, reason, doorbell, blocked, _, sent_nb, nrecv, recv_nb = ent.plan.run(
+                eng.next_seq & 0xFFFFFFFF, arrays.get("send"), arrays.get("recv"),
+                arrays.get("tmp"), pos, self.wait_seconds, peers.futex, self.step_limit,
+                [(h[0], h[3]) for h in held] if held else None)
+        except (ValueError, TypeError, BufferError):
+            eng.replay_give_back(held)
+            return False            # arrays it cannot use: nothing was done, post as usual
+        for ring, p in zip(ent.ins, pos):
+            ring._read_pos = p
+        world = ent.world
+        while blocked:              # we freed ring space a writer waits for
+            s = (blocked & -blocked).bit_length() - 1
+            blocked &= blocked - 1
+            peers._want_bell.add(world[s])
+        while doorbell:             # a reader that sleeps in select needs a doorbell frame
+            s = (doorbell & -doorbell).bit_length() - 1
+            doorbell &= doorbell - 1
+            peers._wake_reader(world[s], d.world.peers[world[s]], SLEEP_SELECT)
+        self.stopped[REASONS[reason]] += 1
+        if reason == _DONE:
+            eng.replayed(schedule, ent.prog, itemsize, dtype, op, request.req, sent_nb,
+                         nrecv, recv_nb)
+            d.runner.complete(request.req)
+            return True
+        if held:
+            used = [h for h in held if done >> h[0] & 1]
+            eng.replay_give_back([h for h in held if not done >> h[0] & 1])
+            # counted as they came: the adopting post counts its replayed RECVs again
+            eng.stats.messages_in -= len(used)
+            eng.stats.message_bytes_in -= sum(h[2].length for h in used)
+        if not done:
+            return False            # nothing done (a frame or a wait at once): post as usual
+        try:
+            actions = eng.post(request.req, schedule, itemsize, time.monotonic(),
+                               dtype=dtype, op=op, replayed=done)
+        except PolycastError as exc:
+            d.runner.fail_request(request.req, exc)
+            return True
+        d._run(cs, actions)
+        return True
+
+    def _remember(self, key, schedule, entry) -> tuple:
+        if len(self._entries) >= 64:
+            self._entries.pop(next(iter(self._entries)))
+        hit = self._entries[key] = (schedule, entry)
+        return hit
+
+    def _make(self, schedule, itemsize: int, dtype: str, op: str):
+        """The helper's plan of this call on this rank, or None when it cannot be one."""
+        has_reduce = False
+        ring = native.ring
+        eng = self.cs.engine
+        wpeers = self.d.world.peers
+        # The smallest max piece of the rings involved bounds a message (frames above it
+        # go in pieces, which only the Python reader reassembles).
+        prog = eng.replay_program(schedule, itemsize, dtype, op, 1 << 62)
+        if prog is None:
+            return None
+        ins, outs, world, slots = [], [], [], []
+        slot_of = {}
+        limit = 1 << 62
+        for p in prog.peers:
+            w = self.cs.members[p]
+            peer = wpeers.get(w)
+            if peer is None or peer.ring_in is None or peer.ring_out is None \
+                    or peer.ring_in._nat is None or peer.ring_out._nat is None:
+                return None
+            slot_of[p] = len(slots)
+            slots.append((peer.ring_in._nat, peer.ring_out._nat, p))
+            ins.append(peer.ring_in)
+            outs.append(peer.ring_out)
+            world.append(w)
+            limit = min(limit, peer.ring_in.max_piece, peer.ring_out.max_piece)
+        steps = []
+        for st in prog.steps:
+            # a whole frame (prefix, header, payload, padding) within one ring piece
+            if st.nbytes + 12 + 44 + 16 > limit:
+                return None
+            has_reduce |= st.reduce
+            steps.append((_KIND[st.kind], slot_of.get(st.peer, 0), st.tag, _BUF.get(st.buf, 0),
+                          st.offset, st.nbytes, _BUF.get(st.dst, 0), st.dst_offset,
+                          st.reduce, st.ndeps, sum(1 << s for s in st.successors)))
+        dt = op_code = -1
+        if has_reduce:
+            dt = _DTYPES.get(dtype, -1)
+            op_code = (_FLOAT_OPS if dt in (0, 1) else _INT_OPS).get(op, -1)
+            if dt < 0 or op_code < 0:
+                return None
+        plan = ring.ReplayPlan(self.cs.id, eng.rank, prog.sig, dt, op_code, slots, steps)
+        return _Entry(plan, prog, ins, outs, world)
+
+    def counts(self) -> dict[str, int]:
+        """Calls that went to the helper, by how they ended (tests and benchmarks)."""
+        return dict(self.stopped)

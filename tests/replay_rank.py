@@ -1,0 +1,178 @@
+"""One rank of tests/test_replay.py (started by spawn_ranks; POLYCAST_SYMM=0: the engine path).
+
+``python tests/replay_rank.py MODE``; prints ``RESULT <json>`` on success:
+* ``calls``: small calls of several collectives, dtypes and ops, blocking and non-blocking;
+  every result's bytes (sha256) and this rank's replay counts;
+* ``mismatch``: warm calls, then rank 1 calls with another count: every rank raises
+  MismatchError, then every rank's next call works;
+* ``death``: warm calls, then the last rank exits mid-loop: every other rank raises PeerLost;
+* ``timeout``: warm calls, then the last rank sleeps instead of calling: the others raise
+  the engine's timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import polycast
+from polycast.errors import MismatchError, PeerLost, PolycastError
+
+
+def _counts(comm) -> dict:
+    d = comm._driver
+    st = d.stats(comm.id)
+    cs = d._comms[comm.id]
+    return {"replayed": st.replayed, "adopted": st.replay_adopted,
+            "stops": cs.replay.counts() if cs.replay is not None else None,
+            "off": d.replay_off}
+
+
+def _cases(P: int, r: int):
+    """(name, fn returning the result array) per case."""
+    def allreduce(n, dtype, op, algo, nonblocking=False):
+        x = (np.arange(n) % 7 + r + 1).astype(dtype)
+
+        def f():
+            y = np.empty_like(x)
+            if nonblocking:
+                comm.Iallreduce(x, y, op=op, algorithm=algo).Wait()
+            else:
+                comm.Allreduce(x, y, op=op, algorithm=algo)
+            return y
+        return f
+
+    def bcast(n, algo):
+        def f():
+            y = np.arange(n, dtype=np.float32) if r == 1 else np.zeros(n, np.float32)
+            comm.Bcast(y, root=1, algorithm=algo)
+            return y
+        return f
+
+    def allgather(n, algo, nonblocking=False):
+        x = np.full(n, r + 0.5, np.float64)
+
+        def f():
+            y = np.empty(n * P, np.float64)
+            if nonblocking:
+                comm.Iallgather(x, y, algorithm=algo).Wait()
+            else:
+                comm.Allgather(x, y, algorithm=algo)
+            return y
+        return f
+
+    def barrier():
+        comm.Barrier()
+        return np.zeros(1)
+
+    return [
+        ("allreduce-f32-sum-8B", allreduce(2, np.float32, "sum", "recdoubling")),
+        ("allreduce-f64-prod", allreduce(5, np.float64, "prod", "recdoubling")),
+        ("allreduce-i32-min", allreduce(9, np.int32, "min", "recdoubling")),
+        ("allreduce-i64-max", allreduce(3, np.int64, "max", "recdoubling")),
+        ("allreduce-i32-sum-wrap", lambda: _wrap(P, r)),
+        ("allreduce-f32-max-numpy", allreduce(4, np.float32, "max", "recdoubling")),
+        ("iallreduce-f32-sum", allreduce(2, np.float32, "sum", "recdoubling", True)),
+        ("allreduce-ring-f32", allreduce(8 * P, np.float32, "sum", "ring")),
+        ("allreduce-64KiB", allreduce(16384, np.float32, "sum", "recdoubling")),
+        ("bcast-binomial", bcast(6, "binomial")),
+        ("bcast-64KiB", bcast(16384, "binomial")),
+        ("allgather-recdoubling", allgather(3, "recdoubling")),
+        ("allgather-ring", allgather(2, "ring")),
+        ("iallgather-ring", allgather(2, "ring", True)),
+        ("barrier", barrier),
+    ]
+
+
+def _wrap(P, r):
+    x = np.full(3, 2**31 - 1 - r, np.int32)
+    y = np.empty_like(x)
+    comm.Allreduce(x, y, algorithm="recdoubling")
+    return y
+
+
+def calls() -> dict:
+    """Each case ``REPLAY_REPS`` times; with ``REPLAY_STEP_LIMITS=k,...`` as many times per
+    limit, every replay stopped after k steps (then adopted by the engine)."""
+    reps = int(os.environ.get("REPLAY_REPS", "20"))
+    limits = [int(k) for k in os.environ.get("REPLAY_STEP_LIMITS", "-1").split(",")]
+    rp = comm._driver._comms[comm.id].replay
+    out: dict = {}
+    for limit in limits:
+        if rp is not None:
+            rp.step_limit = limit
+        for name, f in _cases(comm.size, comm.rank):
+            h = set(out.get(name, ()))
+            for _ in range(reps):
+                h.add(hashlib.sha256(np.ascontiguousarray(f()).tobytes()).hexdigest())
+            out[name] = sorted(h)
+    return out
+
+
+def _warm(n=30):
+    x = np.ones(2, np.float32)
+    y = np.empty_like(x)
+    for _ in range(n):
+        comm.Allreduce(x, y, algorithm="recdoubling")
+    assert y[0] == comm.size
+
+
+def mismatch() -> dict:
+    _warm()
+    before = _counts(comm)["replayed"]
+    n = 3 if comm.rank == 1 else 2
+    x = np.ones(n, np.float32)
+    try:
+        comm.Allreduce(x, np.empty_like(x), algorithm="recdoubling")
+        raised = "nothing"
+    except MismatchError as exc:
+        raised = "MismatchError: " + str(exc)[:200]
+    _warm(5)
+    return {"raised": raised, "warm_replayed": before}
+
+
+def death() -> dict:
+    _warm()
+    before = _counts(comm)["replayed"]
+    if comm.rank == comm.size - 1:
+        os._exit(17)
+    t0 = time.monotonic()
+    try:
+        for _ in range(100000):
+            _warm(1)
+        raised = "nothing"
+    except PeerLost as exc:
+        raised = "PeerLost: " + str(exc)[:200]
+    return {"raised": raised, "warm_replayed": before, "seconds": time.monotonic() - t0}
+
+
+def timeout() -> dict:
+    _warm()
+    before = _counts(comm)["replayed"]
+    if comm.rank == comm.size - 1:
+        time.sleep(float(os.environ["POLYCAST_TIMEOUT"]) + 3)
+        return {"raised": "slept", "warm_replayed": before}
+    try:
+        _warm(1)
+        raised = "nothing"
+    except PeerLost as exc:
+        raised = "PeerLost: " + str(exc)[:200]
+    except PolycastError as exc:
+        raised = f"{type(exc).__name__}: " + str(exc)[:200]
+    return {"raised": raised, "warm_replayed": before}
+
+
+if __name__ == "__main__":
+    comm = polycast.init()
+    mode = sys.argv[1]
+    res = {"calls": calls, "mismatch": mismatch, "death": death, "timeout": timeout}[mode]()
+    res["counts"] = _counts(comm)
+    print("RESULT " + json.dumps(res), flush=True)
+    if mode in ("death", "timeout"):
+        os._exit(0)         # a peer is gone: skip the orderly goodbye
+    polycast.finalize()

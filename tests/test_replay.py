@@ -1,0 +1,291 @@
+"""The compiled replay of a memoized small call (runtime/_replay.c, runtime/driver/replay.py,
+engine/replay.py): its frames are the engine's, it stops on anything unexpected leaving it
+unconsumed, and real ranks get the engine's results and errors with it — whole, adopted at
+every step, mixed with ranks on the Python path, and with it off."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from polycast.engine.wire import MsgKind, make_header
+from polycast.runtime import native
+from polycast.runtime.driver import replay
+from polycast.runtime.shm import Ring
+
+from test_runtime_helpers import spawn_ranks
+
+needs_replay = pytest.mark.skipif(replay.unavailable_reason() is not None,
+                                  reason=f"no compiled replay: {replay.unavailable_reason()}")
+WORKER = os.path.join(os.path.dirname(__file__), "replay_rank.py")
+COMM, SIG, SEQ = 5, 0xA1B2C3D4, 77
+SEND, RECV, COPY = 0, 1, 2
+
+
+def _rings(tmp_path):
+    """We are rank 0 and talk to rank 1: our in-ring (we read; the test writes as rank 1)
+    and our out-ring (we write; the test reads as rank 1)."""
+    cap = 1 << 16
+    in_r = Ring.create(str(tmp_path / "in"), cap, native=True)
+    in_w = Ring.attach(str(tmp_path / "in"), cap, native=True)
+    out_r = Ring.create(str(tmp_path / "out"), cap, native=True)
+    out_w = Ring.attach(str(tmp_path / "out"), cap, native=True)
+    return in_r, in_w, out_r, out_w
+
+
+def _plan(in_r, out_w, steps, dt=0, op=0):
+    return native.ring.ReplayPlan(COMM, 0, SIG, dt, op, [(in_r._nat, out_w._nat, 1)], steps)
+
+
+# A recursive-doubling allreduce of 2 float32 on 2 ranks, as rank 0: copy send -> recv,
+# send recv to rank 1, receive rank 1's and add it into recv.
+ALLREDUCE = [(COPY, 0, 0, 0, 0, 8, 1, 0, False, 0, 0b110),
+             (SEND, 0, 0, 1, 0, 8, 0, 0, False, 1, 0),
+             (RECV, 0, 0, 1, 0, 8, 0, 0, True, 1, 0)]
+
+
+def _peer_frame(in_w, payload: bytes, *, kind=MsgKind.DATA, sig=SIG, seq=SEQ, tag=0):
+    h = make_header(kind, COMM, seq, 1, tag, 0, len(payload), sig).pack()
+    assert in_w.write_now(len(h), h, [payload], len(payload)) is not None
+
+
+def _run(plan, in_r, send, recv, wait_s=0.05, limit=-1):
+    pos = [in_r._read_pos]
+    out = plan.run(SEQ, send, recv, None, pos, wait_s, True, limit)
+    return out, pos[0]
+
+
+@needs_replay
+def test_a_whole_call_writes_the_engines_frame_and_reduces_the_peers(tmp_path):
+    in_r, in_w, out_r, out_w = _rings(tmp_path)
+    send = np.array([1.5, -2.0], np.float32)
+    recv = np.zeros(2, np.float32)
+    _peer_frame(in_w, np.array([0.25, 4.0], np.float32).tobytes())
+    plan = _plan(in_r, out_w, ALLREDUCE)
+    (done, reason, doorbell, blocked, nsent, sent_nb, nrecv, recv_nb), pos = \
+        _run(plan, in_r, send, recv)
+    assert replay.REASONS[reason] == "done" and done == 0b111
+    assert (nsent, sent_nb, nrecv, recv_nb, doorbell, blocked) == (1, 8, 1, 8, 0, 0)
+    assert recv.tolist() == (send + np.array([0.25, 4.0], np.float32)).tolist()
+    in_r._read_pos = pos
+    assert pos > 0 and not in_r.pending_input()           # the peer's frame consumed
+    frames: list = []
+    out_r.poll(frames)
+    assert len(frames) == 1
+    hdr_len, header, payload, _ = frames[0]
+    # byte-identical to what the engine's Send would have put on the wire
+    assert header == make_header(MsgKind.DATA, COMM, SEQ, 0, 0, 0, 8, SIG).pack()
+    assert hdr_len == len(header) and bytes(payload) == send.tobytes()
+    assert plan.counts() == (1, 1)
+
+
+@needs_replay
+@pytest.mark.parametrize("bad", ["sig", "seq", "abort", "tag", "length"])
+def test_an_unexpected_frame_is_left_unconsumed(tmp_path, bad):
+    in_r, in_w, out_r, out_w = _rings(tmp_path)
+    payload = np.array([0.25, 4.0], np.float32).tobytes()
+    if bad == "sig":
+        _peer_frame(in_w, payload, sig=SIG ^ 1)
+    elif bad == "seq":
+        _peer_frame(in_w, payload, seq=SEQ + 1)
+    elif bad == "abort":
+        _peer_frame(in_w, b"no", kind=MsgKind.ABORT)
+    elif bad == "tag":
+        _peer_frame(in_w, payload, tag=3)
+    else:
+        _peer_frame(in_w, payload[:4])
+    pos0 = in_r._read_pos
+    recv = np.zeros(2, np.float32)
+    (done, reason, *_), pos = _run(_plan(in_r, out_w, ALLREDUCE),
+                                   in_r, np.ones(2, np.float32), recv)
+    assert replay.REASONS[reason] == "frame"
+    assert done == 0b011                  # the copy and the send; not the receive
+    assert pos == pos0 and recv.tolist() == [1.0, 1.0]
+    frames: list = []
+    in_r.poll(frames)                     # still there for the engine
+    assert len(frames) == 1
+
+
+@needs_replay
+def test_no_frame_stops_within_the_bound_and_a_step_limit_stops_early(tmp_path):
+    in_r, in_w, out_r, out_w = _rings(tmp_path)
+    plan = _plan(in_r, out_w, ALLREDUCE)
+    t0 = time.monotonic()
+    (done, reason, *_), _ = _run(plan, in_r, np.ones(2, np.float32), np.zeros(2, np.float32),
+                                 wait_s=0.01)
+    assert replay.REASONS[reason] == "wait" and done == 0b011
+    assert time.monotonic() - t0 < 5
+    for limit, mask in ((0, 0), (1, 0b001), (2, 0b011)):
+        (done, reason, *_), _ = _run(plan, in_r, np.ones(2, np.float32),
+                                     np.zeros(2, np.float32), limit=limit)
+        assert replay.REASONS[reason] == "limit" and done == mask
+
+
+@needs_replay
+def test_a_full_ring_stops_before_the_send(tmp_path):
+    in_r, in_w, out_r, out_w = _rings(tmp_path)
+    for filler in (bytes(4000), b""):          # big frames, then 16-byte ones
+        while out_w.write_now(0, b"", [filler], len(filler)) is not None:
+            pass
+    (done, reason, *_), _ = _run(_plan(in_r, out_w, ALLREDUCE), in_r,
+                                 np.ones(2, np.float32), np.zeros(2, np.float32))
+    assert replay.REASONS[reason] == "full" and done == 0b001
+
+
+@needs_replay
+def test_ints_wrap_and_fold_as_numpy_does(tmp_path):
+    for dt, op, dtype, ufunc in ((2, 0, np.int32, np.add), (3, 1, np.int64, np.multiply),
+                                 (2, 2, np.int32, np.minimum), (3, 3, np.int64, np.maximum),
+                                 (1, 1, np.float64, np.multiply)):
+        (tmp_path / f"{dt}{op}").mkdir()
+        in_r, in_w, out_r, out_w = _rings(tmp_path / f"{dt}{op}")
+        n = 4
+        isz = np.dtype(dtype).itemsize
+        a = np.array([2**31 - 1, -5, 7, 3], dtype) * (3 if isz == 8 else 1)
+        b = np.array([1, -9, 2**20, -3], dtype)
+        steps = [(COPY, 0, 0, 0, 0, n * isz, 1, 0, False, 0, 0b100),
+                 (SEND, 0, 0, 0, 0, n * isz, 0, 0, False, 0, 0),
+                 (RECV, 0, 0, 1, 0, n * isz, 0, 0, True, 1, 0)]
+        _peer_frame(in_w, b.tobytes())
+        recv = np.zeros(n, dtype)
+        with np.errstate(over="ignore"):
+            want = ufunc(a, b)
+        (done, reason, *_), _ = _run(native.ring.ReplayPlan(
+            COMM, 0, SIG, dt, op, [(in_r._nat, out_w._nat, 1)], steps), in_r, a, recv)
+        assert replay.REASONS[reason] == "done"
+        assert recv.tobytes() == want.tobytes(), (dtype, op)
+
+
+def test_the_dtype_and_op_table_leaves_float_min_max_to_numpy():
+    assert "min" not in replay._FLOAT_OPS and "max" not in replay._FLOAT_OPS
+    assert "avg" not in replay._INT_OPS and "avg" not in replay._FLOAT_OPS
+
+
+# -- real ranks -----------------------------------------------------------------------------
+def _ranks(nranks, mode, env=None, per_rank=None, timeout=120, victim=None):
+    e = {"POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": "shm", "POLYCAST_TIMEOUT": "20"}
+    e.update(env or {})
+    results = spawn_ranks(nranks, [WORKER, mode], env=e, per_rank=per_rank, timeout=timeout)
+    out = []
+    for r in results:
+        if r.rank == victim:
+            assert r.returncode == 17, (r.out[-2000:], r.err[-2000:])
+            continue
+        line = [ln for ln in r.out.splitlines() if ln.startswith("RESULT ")]
+        assert line, f"rank {r.rank} (exit {r.returncode})\n{r.out[-2000:]}\n{r.err[-3000:]}"
+        out.append(json.loads(line[-1][len("RESULT "):]))
+    return out
+
+
+def _hashes(res):
+    return {k: v for k, v in res.items() if k != "counts"}
+
+
+@pytest.fixture(scope="module")
+def engine_results():
+    """The engine path's results without the replay: 4 ranks."""
+    return _ranks(4, "calls", env={"POLYCAST_REPLAY": "0"})
+
+
+def test_without_the_replay_nothing_is_replayed(engine_results):
+    for res in engine_results:
+        assert res["counts"]["replayed"] == 0 and res["counts"]["stops"] is None
+        assert res["counts"]["off"] == "POLYCAST_REPLAY=0"
+        assert all(len(v) == 1 for v in _hashes(res).values())      # the same every call
+
+
+@needs_replay
+def test_replayed_calls_reach_the_engines_results(engine_results):
+    got = _ranks(4, "calls")
+    for rank, (res, want) in enumerate(zip(got, engine_results)):
+        assert _hashes(res) == _hashes(want), f"rank {rank}"
+        c = res["counts"]
+        # 15 cases x 20 calls, a few adopted (a peer late by more than the wait bound)
+        assert c["replayed"] >= 150, c
+        assert c["stops"]["done"] == c["replayed"]
+
+
+@needs_replay
+def test_a_replay_adopted_at_every_step_reaches_the_same_results(engine_results):
+    got = _ranks(4, "calls", env={"REPLAY_REPS": "2", "REPLAY_STEP_LIMITS": "0,1,2,3,4,5,6,7"})
+    for rank, (res, want) in enumerate(zip(got, engine_results)):
+        assert _hashes(res) == _hashes(want), f"rank {rank}"
+        c = res["counts"]
+        # limits 1..(steps - 1) stop a replay part-way and the engine adopts the call
+        assert c["adopted"] >= 20 and c["stops"]["limit"] >= c["adopted"], c
+
+
+@needs_replay
+def test_a_mixed_job_one_rank_without_the_compiled_helper():
+    want = _ranks(2, "calls", env={"POLYCAST_REPLAY": "0", "REPLAY_REPS": "3"})
+    got = _ranks(2, "calls", env={"REPLAY_REPS": "3"}, per_rank={1: {"POLYCAST_NATIVE": "0"}})
+    assert [_hashes(r) for r in got] == [_hashes(r) for r in want]
+    assert got[0]["counts"]["replayed"] > 0
+    assert got[1]["counts"]["replayed"] == 0 and "POLYCAST_NATIVE=0" in got[1]["counts"]["off"]
+
+
+@needs_replay
+def test_a_mismatch_after_replayed_calls_raises_on_every_rank():
+    got = _ranks(3, "mismatch")
+    for rank, res in enumerate(got):
+        assert res["warm_replayed"] > 0, res
+        assert res["raised"].startswith("MismatchError"), (rank, res)
+
+
+@needs_replay
+def test_a_dead_peer_during_replayed_calls_raises_peer_lost():
+    got = _ranks(3, "death", env={"POLYCAST_TIMEOUT": "10"}, victim=2)
+    assert len(got) == 2
+    for rank, res in enumerate(got):
+        assert res["warm_replayed"] > 0, res
+        assert res["raised"].startswith("PeerLost") and "rank 2" in res["raised"], (rank, res)
+        assert res["seconds"] < 10
+
+
+@needs_replay
+def test_a_stopped_peer_ends_in_the_engines_timeout():
+    got = _ranks(3, "timeout", env={"POLYCAST_TIMEOUT": "3"})
+    for res in got[:2]:
+        assert res["warm_replayed"] > 0, res
+        assert res["raised"].startswith("CollectiveTimeout"), res
+
+
+@needs_replay
+def test_a_frame_the_engine_held_early_is_delivered_when_its_step_starts(tmp_path):
+    in_r, in_w, out_r, out_w = _rings(tmp_path)
+    send, recv = np.ones(2, np.float32), np.zeros(2, np.float32)
+    early = np.array([3.0, 5.0], np.float32).tobytes()
+    pos = [in_r._read_pos]
+    done, reason, _, _, nsent, _, nrecv, _ = _plan(in_r, out_w, ALLREDUCE).run(
+        SEQ, send, recv, None, pos, 0.05, True, -1, [(2, early)])
+    assert replay.REASONS[reason] == "done" and done == 0b111
+    assert (nsent, nrecv) == (1, 0) and recv.tolist() == [4.0, 6.0]
+    with pytest.raises(ValueError):     # a held frame must be a RECV's, of its length
+        _plan(in_r, out_w, ALLREDUCE).run(SEQ, send, recv, None, pos, 0.05, True, -1,
+                                          [(1, early)])
+
+
+def test_the_engine_hands_over_what_it_held_early_for_the_next_call_only():
+    from polycast.algorithms import build
+    from polycast.engine.engine import Engine
+    sched = build("allreduce", "recdoubling", 2, 2)
+    eng = Engine(0, 2)
+    prog = eng.replay_program(sched, 4, "float32", "sum", 1 << 20)
+    assert prog is not None and prog.nsend == prog.nrecv == 1
+    assert eng.replay_begin(sched, prog) == []              # idle, nothing held
+    h = make_header(MsgKind.DATA, 0, 0, 1, 0, 0, 8, prog.sig)
+    eng.on_message(1, h, memoryview(bytes(8)), 0.0)        # before the call: held early
+    held = eng.replay_begin(sched, prog)
+    assert [(src, hh) for _, src, hh, _ in held] == [(1, h)]
+    assert prog.steps[held[0][0]].kind.name == "RECV"
+    assert eng.stats.early_nbytes == 0
+    eng.replay_give_back(held)                              # not used: held again
+    assert eng.stats.early_nbytes > 0
+    bad = make_header(MsgKind.DATA, 0, 0, 1, 0, 0, 8, prog.sig ^ 1)
+    eng2 = Engine(0, 2)
+    eng2.on_message(1, bad, memoryview(bytes(8)), 0.0)      # another call's: engine's path
+    assert eng2.replay_begin(sched, prog) is None
