@@ -11,14 +11,17 @@ Three parts, each the minimum over repeats (a shared machine inflates time, not 
            driver's post replaced by one that only finishes the request: the Python API alone.
 * ranks  - P local ranks (shared memory or TCP, POLYCAST_SYMM=0): wall and caller-thread CPU
            per call, then the same run with the driver's pieces wrapped (inclusive times,
-           wall and thread CPU; each wrapper adds ~0.5-1 us).
+           wall and thread CPU; each wrapper adds ~0.5-1 us). ``--replay on`` (default, what
+           ships): repeated small calls run in the compiled replay (replay.run: the helper
+           and its Python glue; runtime/driver/replay.py), with its rings' yields per call;
+           ``--replay off``: one engine event per message (POLYCAST_REPLAY=0).
 
 The budget column: within 3x of MPICH at P ranks on C cores is 3 x mpich_us a call, i.e.
 3 x mpich_us x min(C, P) / P of CPU per rank (``--mpich-us``: MPICH's time for the call in
 the same hour, from bench/peers.py).
 
     python bench/floor.py [--ranks 2,4] [--collective allreduce] [--algo recdoubling]
-                          [--realtime] [--mpich-us 11.4] [--json FILE]
+                          [--realtime] [--mpich-us 11.4] [--replay on|off] [--json FILE]
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ def engine_floor(collective: str, algo: str, nranks: int, count: int, calls: int
 WRAPPED = (("engine", "post"), ("engine", "on_message"), ("engine", "on_send_done"),
            ("driver", "post"), ("peers", "poll_rings"), ("peers", "flush_all"),
            ("progress", "round"), ("progress", "_quick_round"), ("progress", "_spin"),
-           ("progress", "drive"))
+           ("progress", "drive"), ("replay", "run"))
 
 
 def rank_job(argv: list[str]) -> None:
@@ -172,8 +175,13 @@ def rank_job(argv: list[str]) -> None:
         w, c = timed()
         out["wall_us"], out["cpu_us"] = w * 1e6, c * 1e6
         acc: dict[str, list] = {}
+        replay = d._comms[0].replay
         objs = {"engine": d._comms[0].engine, "driver": d, "peers": d.peers,
-                "progress": d.progress}
+                "progress": d.progress, "replay": replay}
+        looks = 0
+        if replay is not None:      # the helper's looks at empty rings (each a yield)
+            ents = [h[1] for h in replay._entries.values() if h[1] is not None]
+            looks = -sum(e.plan.counts()[2] for e in ents)
 
         def wrap(obj, name, label):
             fn = getattr(obj, name)
@@ -189,7 +197,8 @@ def rank_job(argv: list[str]) -> None:
                     slot[2] += 1
             setattr(obj, name, w)
         for o, n in WRAPPED:
-            wrap(objs[o], n, f"{o}.{n}")
+            if objs[o] is not None:
+                wrap(objs[o], n, f"{o}.{n}")
         comm.Barrier()
         for s in acc.values():
             s[:] = [0.0, 0.0, 0]
@@ -197,6 +206,11 @@ def rank_job(argv: list[str]) -> None:
             call()
         out["pieces"] = {k: {"wall_us": v[0] / calls * 1e6, "cpu_us": v[1] / calls * 1e6,
                              "per_call": v[2] / calls} for k, v in acc.items()}
+        if replay is not None:
+            looks += sum(e.plan.counts()[2] for e in ents)
+            out["replay"] = {"yields_per_call": looks / calls,
+                             "whole_per_call": replay.stopped["done"] / max(1, sum(
+                                 replay.stopped.values()))}
     if comm.rank == 0:
         print(MARKER + " " + json.dumps(out), flush=True)
     polycast.finalize()
@@ -208,7 +222,8 @@ def run_part(part: str, nranks: int, args) -> dict | None:
            str(args.repeats), args.algo]
     if args.realtime:
         cmd = ["chrt", "-r", "1"] + cmd
-    env = {"POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": args.transport}
+    env = {"POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": args.transport,
+           "POLYCAST_REPLAY": "1" if args.replay == "on" else "0"}
     return run_ranks(cmd, nranks, f"floor{os.getpid()}{part}{nranks}", MARKER, args.timeout,
                      REPO, env)
 
@@ -234,6 +249,9 @@ def main(argv=None) -> int:
                     help="ranks at chrt -r 1 (root): a loaded machine measures like a quiet one")
     ap.add_argument("--mpich-us", type=float, default=None,
                     help="MPICH's time for the call (us), for the 3x budget column")
+    ap.add_argument("--replay", default="on", choices=("on", "off"),
+                    help="ranks part: small calls in the compiled replay (on, what ships) "
+                         "or one engine event per message (off: POLYCAST_REPLAY=0)")
     ap.add_argument("--timeout", type=float, default=180.0)
     ap.add_argument("--json", default=os.path.join(HERE, "results", "floor.json"))
     args = ap.parse_args(argv)
@@ -241,7 +259,8 @@ def main(argv=None) -> int:
     cores = os.cpu_count() or 1
     result = {"bench": "floor", "collective": args.collective, "algorithm": args.algo,
               "transport": args.transport, "cores": cores, "realtime": args.realtime,
-              "mpich_us": args.mpich_us, "engine": [], "entry": None, "ranks": []}
+              "mpich_us": args.mpich_us, "replay": args.replay, "engine": [], "entry": None,
+              "ranks": []}
     print(f"engine in-process, 8 B {args.collective} {args.algo} (us per rank per call):")
     for n in ranks:
         if args.realtime:       # in a process of its own at chrt -r 1, like the ranks
@@ -279,6 +298,9 @@ def main(argv=None) -> int:
         if budget is not None:
             line += f"; 3x MPICH leaves {budget:.1f} us of CPU per rank"
         print(line)
+        if got.get("replay"):
+            print(f"    replay: {got['replay']['whole_per_call']:.2f} of calls whole, "
+                  f"{got['replay']['yields_per_call']:.2f} yields a call")
         for k, v in sorted(got["pieces"].items(), key=lambda kv: -kv[1]["cpu_us"]):
             print(f"    {k:24s} cpu {v['cpu_us']:7.2f}  wall {v['wall_us']:7.2f} us  "
                   f"({v['per_call']:.2f} a call)")

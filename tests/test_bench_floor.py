@@ -12,11 +12,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_floor_bench_splits_a_small_call(tmp_path):
+    """The engine's events per message (the compiled replay off)."""
     out = tmp_path / "floor.json"
     env = dict(os.environ, PYTHONPATH=REPO)
     res = subprocess.run([sys.executable, os.path.join(REPO, "bench", "floor.py"),
                           "--ranks", "2", "--iters", "60", "--repeats", "2",
-                          "--mpich-us", "10", "--json", str(out)],
+                          "--mpich-us", "10", "--replay", "off", "--json", str(out)],
                          capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     got = json.loads(out.read_text())
@@ -39,3 +40,24 @@ def test_floor_bench_splits_a_small_call(tmp_path):
     assert 0.95 <= pieces["engine.on_message"]["per_call"] <= 1.05, pieces
     assert pieces["driver.post"]["cpu_us"] >= pieces["engine.post"]["cpu_us"] * 0.5
     assert "2 ranks: wall" in res.stdout
+
+
+def test_floor_bench_times_the_replayed_call(tmp_path):
+    from polycast.runtime.driver.replay import unavailable_reason
+    if unavailable_reason() is not None:
+        import pytest
+        pytest.skip(f"no compiled replay: {unavailable_reason()}")
+    out = tmp_path / "floor.json"
+    env = dict(os.environ, PYTHONPATH=REPO)
+    res = subprocess.run([sys.executable, os.path.join(REPO, "bench", "floor.py"),
+                          "--ranks", "2", "--iters", "60", "--repeats", "1",
+                          "--json", str(out)],
+                         capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    (ranks,) = got["ranks"]
+    pieces = ranks["pieces"]
+    # every call goes to the replay; (almost) none reaches the engine's post
+    assert pieces["replay.run"]["per_call"] == 1.0, pieces
+    assert pieces.get("engine.post", {"per_call": 0})["per_call"] <= 0.1, pieces
+    assert ranks["replay"]["whole_per_call"] > 0.8 and ranks["replay"]["yields_per_call"] >= 0

@@ -61,6 +61,7 @@ typedef struct {
     uint64_t need[3];                   /* bytes of send, recv, tmp the steps reach */
     int writes[3];                      /* whether the steps write that buffer */
     unsigned long long runs, full;      /* calls run, calls that ran to the end */
+    unsigned long long looks, yields;   /* looks at the rings that found nothing; yields */
 } Plan;
 
 static inline void be32(unsigned char *p, uint32_t v) {
@@ -251,6 +252,7 @@ typedef struct {
     uint64_t done, doorbell, blocked;
     int reason, nsent, nrecv;
     uint64_t sent_nbytes, recv_nbytes;
+    uint64_t looks, yields;
 } Outcome;
 
 /* Step i is done: its successors whose last dependency it was become ready (queued in
@@ -433,6 +435,8 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
             o->reason = R_WAIT;
             return;
         }
+        o->looks++;
+        o->yields++;
         sched_yield();
     }
 }
@@ -516,11 +520,13 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
         }
         base[b] = (char *)views[b].buf;
     }
-    Outcome o = {0, 0, 0, R_WAIT, 0, 0, 0, 0};
+    Outcome o = {0, 0, 0, R_WAIT, 0, 0, 0, 0, 0, 0};
     Py_BEGIN_ALLOW_THREADS
     run_steps(self, (uint32_t)seq, base, pos, wait_s, can_futex, limit, held, &o);
     Py_END_ALLOW_THREADS
     self->runs++;
+    self->looks += o.looks;
+    self->yields += o.yields;
     if (o.reason == R_DONE)
         self->full++;
     for (int s = 0; s < self->nslots; s++) {
@@ -542,7 +548,7 @@ out:
 }
 
 static PyObject *Plan_counts(Plan *self, PyObject *unused) {
-    return Py_BuildValue("(KK)", self->runs, self->full);
+    return Py_BuildValue("(KKKK)", self->runs, self->full, self->looks, self->yields);
 }
 
 static PyMethodDef Plan_methods[] = {
@@ -551,7 +557,8 @@ static PyMethodDef Plan_methods[] = {
      "held=None) -> "
      "(done_mask, reason, "
      "doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv, recv_nbytes)"},
-    {"counts", (PyCFunction)Plan_counts, METH_NOARGS, "(calls run, calls run to the end)"},
+    {"counts", (PyCFunction)Plan_counts, METH_NOARGS,
+     "(calls run, calls run to the end, looks at the rings that found nothing, yields)"},
     {NULL}
 };
 
