@@ -208,9 +208,9 @@ def rank_job(argv: list[str]) -> None:
                              "per_call": v[2] / calls} for k, v in acc.items()}
         if replay is not None:
             looks += sum(e.plan.counts()[2] for e in ents)
+            stops = replay.counts()
             out["replay"] = {"yields_per_call": looks / calls,
-                             "whole_per_call": replay.stopped["done"] / max(1, sum(
-                                 replay.stopped.values()))}
+                             "whole_per_call": stops["done"] / max(1, sum(stops.values()))}
     if comm.rank == 0:
         print(MARKER + " " + json.dumps(out), flush=True)
     polycast.finalize()

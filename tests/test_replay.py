@@ -55,7 +55,7 @@ def _peer_frame(in_w, payload: bytes, *, kind=MsgKind.DATA, sig=SIG, seq=SEQ, ta
 
 def _run(plan, in_r, send, recv, wait_s=0.05, limit=-1):
     pos = [in_r._read_pos]
-    out = plan.run(SEQ, send, recv, None, pos, wait_s, True, limit)
+    out = plan.run(SEQ, send, recv, None, pos, wait_s, 30e-6, True, limit)
     return out, pos[0]
 
 
@@ -261,12 +261,12 @@ def test_a_frame_the_engine_held_early_is_delivered_when_its_step_starts(tmp_pat
     early = np.array([3.0, 5.0], np.float32).tobytes()
     pos = [in_r._read_pos]
     done, reason, _, _, nsent, _, nrecv, _ = _plan(in_r, out_w, ALLREDUCE).run(
-        SEQ, send, recv, None, pos, 0.05, True, -1, [(2, early)])
+        SEQ, send, recv, None, pos, 0.05, 30e-6, True, -1, [(2, early)])
     assert replay.REASONS[reason] == "done" and done == 0b111
     assert (nsent, nrecv) == (1, 0) and recv.tolist() == [4.0, 6.0]
     with pytest.raises(ValueError):     # a held frame must be a RECV's, of its length
-        _plan(in_r, out_w, ALLREDUCE).run(SEQ, send, recv, None, pos, 0.05, True, -1,
-                                          [(1, early)])
+        _plan(in_r, out_w, ALLREDUCE).run(SEQ, send, recv, None, pos, 0.05, 30e-6, True,
+                                          -1, [(1, early)])
 
 
 def test_the_engine_hands_over_what_it_held_early_for_the_next_call_only():
@@ -289,3 +289,37 @@ def test_the_engine_hands_over_what_it_held_early_for_the_next_call_only():
     eng2 = Engine(0, 2)
     eng2.on_message(1, bad, memoryview(bytes(8)), 0.0)      # another call's: engine's path
     assert eng2.replay_begin(sched, prog) is None
+
+
+@needs_replay
+def test_a_waiting_replay_sleeps_on_the_ring_and_the_peers_frame_wakes_it(tmp_path):
+    import threading
+    from polycast.runtime import futex
+    from polycast.runtime.shm import SLEEP_FUTEX
+    if not futex.available():
+        pytest.skip(f"no futexes: {futex.unavailable_reason()}")
+    in_r, in_w, out_r, out_w = _rings(tmp_path)
+    plan = _plan(in_r, out_w, ALLREDUCE)
+    bells = []
+
+    def peer():
+        end = time.monotonic() + 10
+        while in_r._get(16) != SLEEP_FUTEX and time.monotonic() < end:
+            time.sleep(0.001)                   # until the replay sleeps on the ring
+        h = make_header(MsgKind.DATA, COMM, SEQ, 1, 0, 0, 8, SIG).pack()
+        bell = in_w.write_now(len(h), h, [np.ones(2, np.float32).tobytes()], 8)
+        bells.append(bell)
+        if bell == SLEEP_FUTEX:                  # what the peer's driver does
+            futex.wake(in_w.data_bell_addr, 1 << 30)
+    t = threading.Thread(target=peer)
+    t.start()
+    t0 = time.monotonic()
+    pos = [in_r._read_pos]
+    done, reason, *_ = plan.run(SEQ, np.ones(2, np.float32), np.zeros(2, np.float32), None,
+                                pos, 20.0, 30e-6, True)
+    took = time.monotonic() - t0
+    t.join()
+    assert replay.REASONS[reason] == "done" and done == 0b111
+    assert bells == [SLEEP_FUTEX]               # it slept, flagged as a futex sleeper
+    assert plan.counts()[4] >= 1 and took < 10  # and the frame's wake-up ended the sleep
+    assert in_r._get(16) == 0                   # its sleeping flag is cleared again

@@ -21,20 +21,28 @@
  * set: a step starts only after its dependencies) and the engine carries on from there,
  * so every error is still raised by the Python engine, on every rank.
  */
-#include "_ring.h"
-
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 #include <errno.h>
-#include <math.h>
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
 
+#include "_ring.h"
+
 #define MAX_STEPS 64
 #define MAX_SLOTS 16
 #define HEADER_NBYTES 44
 #define SLEEP_FUTEX 2           /* shm.SLEEP_FUTEX: the reader waits on the data counter */
+#define YIELD_RAN_OTHERS 10e-6  /* a yield longer than this ran another task (progress.py) */
+#define FUTEX2_SIZE_U32 0x02
+
+struct waitv {                  /* the kernel's struct futex_waitv */
+    uint64_t val, uaddr;
+    uint32_t flags, reserved;
+};
 #define WAKE_ALL (1 << 30)      /* driver/peers.py WAKE_ALL */
 
 enum { K_SEND = 0, K_RECV = 1, K_COPY = 2 };
@@ -62,6 +70,7 @@ typedef struct {
     int writes[3];                      /* whether the steps write that buffer */
     unsigned long long runs, full;      /* calls run, calls that ran to the end */
     unsigned long long looks, yields;   /* looks at the rings that found nothing; yields */
+    unsigned long long sleeps;          /* futex sleeps on the rings' data counters */
 } Plan;
 
 static inline void be32(unsigned char *p, uint32_t v) {
@@ -252,7 +261,7 @@ typedef struct {
     uint64_t done, doorbell, blocked;
     int reason, nsent, nrecv;
     uint64_t sent_nbytes, recv_nbytes;
-    uint64_t looks, yields;
+    uint64_t looks, yields, sleeps;
 } Outcome;
 
 /* Step i is done: its successors whose last dependency it was become ready (queued in
@@ -268,11 +277,60 @@ static inline void step_done(Outcome *o, const Step *st, int i, uint32_t *ndeps,
     }
 }
 
+/* Sleep until a frame may have come into one of the rings of ``slots`` (a bit per slot), at
+ * most ``timeout_s``: the futex handshake of shm.py's readers (the writer bumps the data
+ * counter, then wakes a reader whose sleeping flag says SLEEP_FUTEX). The flag is shared
+ * with this process's other sleepers: set only where it is clear, cleared only where set
+ * here; a ring whose reader sleeps on a doorbell frame (SLEEP_SELECT) keeps us awake.
+ * Returns whether it slept. */
+static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double timeout_s) {
+    struct waitv w[MAX_SLOTS];
+    uint64_t mine = 0;
+    int n = 0, ready = 0;
+    for (uint64_t m = slots; m; m &= m - 1) {
+        int s = __builtin_ctzll(m);
+        RingMap *r = pl->in[s];
+        w[n].val = (uint32_t)__atomic_load_n(slot(r, SLOT_DATA_BELL), __ATOMIC_ACQUIRE);
+        w[n].uaddr = (uint64_t)(uintptr_t)slot(r, SLOT_DATA_BELL);
+        w[n].flags = FUTEX2_SIZE_U32;
+        w[n].reserved = 0;
+        n++;
+        uint64_t expected = 0;
+        if (__atomic_compare_exchange_n(slot(r, SLOT_READER_SLEEPING), &expected, SLEEP_FUTEX,
+                                        0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            mine |= (uint64_t)1 << s;
+        else if (expected != SLEEP_FUTEX)
+            ready = 1;          /* a select sleeper's flag: not ours to change; stay awake */
+    }
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    for (uint64_t m = slots; m && !ready; m &= m - 1) {
+        int s = __builtin_ctzll(m);
+        if (__atomic_load_n(slot(pl->in[s], SLOT_HEAD), __ATOMIC_ACQUIRE) > pos[s])
+            ready = 1;
+    }
+    if (!ready && timeout_s > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        long long ns = (long long)(timeout_s * 1e9) + ts.tv_nsec;
+        ts.tv_sec += ns / 1000000000LL;
+        ts.tv_nsec = ns % 1000000000LL;
+        syscall(SYS_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC);
+    }
+    for (uint64_t m = mine; m; m &= m - 1) {
+        uint64_t expected = SLEEP_FUTEX;
+        __atomic_compare_exchange_n(slot(pl->in[__builtin_ctzll(m)], SLOT_READER_SLEEPING),
+                                    &expected, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+    return !ready && timeout_s > 0;
+}
+
 /* ``limit``: stop once that many steps are done (< 0: no limit); the tests interrupt a
  * replay at every step this way (POLYCAST_REPLAY_STEP_LIMIT). */
 static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double wait_s,
-                      int can_futex, int limit, const char **held, Outcome *o) {
+                      double spin_s, int can_futex, int limit, const char **held,
+                      Outcome *o) {
     int ndone = 0;
+    double own = 0;             /* spinning on a core nobody else wanted (see below) */
     int n = pl->nsteps;
     uint32_t ndeps[MAX_STEPS];
     int queue[MAX_STEPS], qh = 0, qt = 0;
@@ -359,6 +417,7 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
             return;
         }
         int progressed = 0;
+        uint64_t wanted = 0;            /* slots with a started RECV */
         for (int s = 0; s < pl->nslots; s++) {
             uint64_t mine = 0;
             for (uint64_t m = waiting; m; m &= m - 1) {
@@ -368,6 +427,7 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
             }
             if (!mine)
                 continue;
+            wanted |= (uint64_t)1 << s;
             RingMap *r = pl->in[s];
             uint64_t cap = r->cap;
             uint64_t head = __atomic_load_n(slot(r, SLOT_HEAD), __ATOMIC_ACQUIRE);
@@ -429,6 +489,7 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
         double now = mono();
         if (progressed) {
             last = now;
+            own = 0;
             continue;
         }
         if (now - last > wait_s) {
@@ -436,12 +497,25 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
             return;
         }
         o->looks++;
+        if (own >= spin_s && can_futex) {
+            /* Spun long enough with the core to ourselves: the peer we wait for runs
+             * elsewhere, or is not running. Sleep, so an idle core can take a waiting
+             * rank (4 ranks on 2 cores), and be woken by the peer's frame. */
+            if (sleep_on_rings(pl, wanted, pos, wait_s - (now - last)))
+                o->sleeps++;
+            own = 0;
+            continue;
+        }
         o->yields++;
         sched_yield();
+        double after = mono();
+        if (after - now < YIELD_RAN_OTHERS)     /* a yield that ran a peer is not our spin */
+            own += after - now;
     }
 }
 
-/* run(seq, send, recv, tmp, positions, wait_seconds, can_futex, step_limit, held) ->
+/* run(seq, send, recv, tmp, positions, wait_seconds, spin_seconds, can_futex, step_limit,
+ *     held) ->
  * (done_mask, reason, doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv,
  * recv_nbytes). ``positions`` (the in-rings' read positions, a list per slot) is updated in
  * place. ``held``: [(step, payload)] of RECVs whose frame the engine already holds (taken
@@ -449,11 +523,12 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
 static PyObject *Plan_run(Plan *self, PyObject *args) {
     unsigned long seq;
     PyObject *objs[3], *positions;
-    double wait_s;
+    double wait_s, spin_s;
     int can_futex, limit = -1;
     PyObject *held_list = Py_None;
-    if (!PyArg_ParseTuple(args, "kOOOO!dp|iO", &seq, &objs[0], &objs[1], &objs[2],
-                          &PyList_Type, &positions, &wait_s, &can_futex, &limit, &held_list))
+    if (!PyArg_ParseTuple(args, "kOOOO!ddp|iO", &seq, &objs[0], &objs[1], &objs[2],
+                          &PyList_Type, &positions, &wait_s, &spin_s, &can_futex, &limit,
+                          &held_list))
         return NULL;
     if (held_list != Py_None && !PyList_Check(held_list)) {
         PyErr_SetString(PyExc_TypeError, "held must be a list of (step, payload) or None");
@@ -520,13 +595,14 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
         }
         base[b] = (char *)views[b].buf;
     }
-    Outcome o = {0, 0, 0, R_WAIT, 0, 0, 0, 0, 0, 0};
+    Outcome o = {0, 0, 0, R_WAIT, 0, 0, 0, 0, 0, 0, 0};
     Py_BEGIN_ALLOW_THREADS
-    run_steps(self, (uint32_t)seq, base, pos, wait_s, can_futex, limit, held, &o);
+    run_steps(self, (uint32_t)seq, base, pos, wait_s, spin_s, can_futex, limit, held, &o);
     Py_END_ALLOW_THREADS
     self->runs++;
     self->looks += o.looks;
     self->yields += o.yields;
+    self->sleeps += o.sleeps;
     if (o.reason == R_DONE)
         self->full++;
     for (int s = 0; s < self->nslots; s++) {
@@ -548,17 +624,20 @@ out:
 }
 
 static PyObject *Plan_counts(Plan *self, PyObject *unused) {
-    return Py_BuildValue("(KKKK)", self->runs, self->full, self->looks, self->yields);
+    return Py_BuildValue("(KKKKK)", self->runs, self->full, self->looks, self->yields,
+                         self->sleeps);
 }
 
 static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)Plan_run, METH_VARARGS,
-     "run(seq, send, recv, tmp, positions, wait_seconds, can_futex, step_limit=-1, "
+     "run(seq, send, recv, tmp, positions, wait_seconds, spin_seconds, can_futex, "
+     "step_limit=-1, "
      "held=None) -> "
      "(done_mask, reason, "
      "doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv, recv_nbytes)"},
     {"counts", (PyCFunction)Plan_counts, METH_NOARGS,
-     "(calls run, calls run to the end, looks at the rings that found nothing, yields)"},
+     "(calls run, calls run to the end, looks at the rings that found nothing, yields, "
+     "futex sleeps)"},
     {NULL}
 };
 

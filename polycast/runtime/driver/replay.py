@@ -13,8 +13,11 @@ on: errors, mismatches, timeouts and lost peers are the engine's, on every rank.
 
 Blocking and non-blocking calls alike run here, inside ``Driver.post`` (the inline post
 of a small call): a call whose peers are there completes before post returns (Wait finds it
-done); one whose peers are not stops after ``POLYCAST_REPLAY_WAIT_US`` without input and is
-adopted. Off with ``POLYCAST_REPLAY=0`` (or ``POLYCAST_NATIVE=0``, or no compiler).
+done); one whose peers are not stops after ``POLYCAST_REPLAY_WAIT_US`` (2000) without input
+and is adopted. Waiting, the helper looks at the rings and yields the core (4 ranks on 2
+cores: the peer it waits for may need it); after ``POLYCAST_REPLAY_SPIN_US`` (30) of looks
+that came straight back it sleeps on the rings' futex counters, woken by the peer's frame.
+Off with ``POLYCAST_REPLAY=0`` (or ``POLYCAST_NATIVE=0``, or no compiler).
 """
 
 from __future__ import annotations
@@ -47,6 +50,15 @@ def _env_wait_seconds() -> float:
         return 0.002
 
 
+def _env_spin_seconds() -> float:
+    """How long a replay spins (yielding the core) on rings with nothing, counting only
+    looks that came straight back (the core was ours alone), before it sleeps on them."""
+    try:
+        return max(0.0, float(os.environ.get("POLYCAST_REPLAY_SPIN_US", "30"))) * 1e-6
+    except ValueError:
+        return 30e-6
+
+
 def _env_step_limit() -> int:
     """POLYCAST_REPLAY_STEP_LIMIT=k (tests): every replay stops after k steps and the
     engine adopts the call there."""
@@ -70,10 +82,11 @@ def unavailable_reason() -> str | None:
 class _Entry:
     """One memoized call's replay: the helper's plan and the rings it reads and writes."""
 
-    __slots__ = ("plan", "prog", "ins", "outs", "world")
+    __slots__ = ("plan", "prog", "ins", "outs", "pairs", "world")
 
     def __init__(self, plan, prog, ins, outs, world) -> None:
         self.plan, self.prog, self.ins, self.outs, self.world = plan, prog, ins, outs, world
+        self.pairs = tuple(zip(ins, outs))
 
 
 class Replayer:
@@ -82,9 +95,10 @@ class Replayer:
     def __init__(self, driver, cs) -> None:
         self.d, self.cs = driver, cs
         self.wait_seconds = _env_wait_seconds()
+        self.spin_seconds = _env_spin_seconds()
         self.step_limit = _env_step_limit()
         self._entries: dict[tuple, tuple] = {}     # key -> (schedule, _Entry or None)
-        self.stopped = dict.fromkeys(REASONS, 0)    # runs by how they ended
+        self._stops = [0] * len(REASONS)            # runs by how they ended
 
     def run(self, request, schedule, itemsize: int, dtype: str, op: str) -> bool:
         """Replay this call if it can be (call with the progress lock held); False when
@@ -99,13 +113,10 @@ class Replayer:
         cs, d = self.cs, self.d
         eng = cs.engine
         peers = d.peers
-        if peers.lost or peers.gone or peers.want_flush:
+        if peers.lost or peers.gone or peers._dirty or peers._want_bell:
             return False
-        for ring in ent.ins:
-            if ring._handed or ring._frag is not None:
-                return False
-        for ring in ent.outs:
-            if ring._out:
+        for rin, rout in ent.pairs:     # nothing pinned, in pieces or queued on its rings
+            if rin._handed or rin._frag is not None or rout._out:
                 return False
         arrays = d.buffers.arrays_of(request.req)
         if arrays is None:
@@ -117,7 +128,8 @@ class Replayer:
         try:
             done, reason, doorbell, blocked, _, sent_nb, nrecv, recv_nb = ent.plan.run(
                 eng.next_seq & 0xFFFFFFFF, arrays.get("send"), arrays.get("recv"),
-                arrays.get("tmp"), pos, self.wait_seconds, peers.futex, self.step_limit,
+                arrays.get("tmp"), pos, self.wait_seconds, self.spin_seconds, peers.futex,
+                self.step_limit,
                 [(h[0], h[3]) for h in held] if held else None)
         except (ValueError, TypeError, BufferError):
             eng.replay_give_back(held)
@@ -133,7 +145,7 @@ class Replayer:
             s = (doorbell & -doorbell).bit_length() - 1
             doorbell &= doorbell - 1
             peers._wake_reader(world[s], d.world.peers[world[s]], SLEEP_SELECT)
-        self.stopped[REASONS[reason]] += 1
+        self._stops[reason] += 1
         if reason == _DONE:
             eng.replayed(schedule, ent.prog, itemsize, dtype, op, request.req, sent_nb,
                          nrecv, recv_nb)
@@ -208,4 +220,4 @@ class Replayer:
 
     def counts(self) -> dict[str, int]:
         """Calls that went to the helper, by how they ended (tests and benchmarks)."""
-        return dict(self.stopped)
+        return dict(zip(REASONS, self._stops))
