@@ -55,7 +55,7 @@ def _peer_frame(in_w, payload: bytes, *, kind=MsgKind.DATA, sig=SIG, seq=SEQ, ta
 
 def _run(plan, in_r, send, recv, wait_s=0.05, limit=-1):
     pos = [in_r._read_pos]
-    out = plan.run(SEQ, send, recv, None, pos, wait_s, 30e-6, True, limit)
+    out = plan.run(SEQ, send, recv, None, pos, (wait_s, 30e-6, 200e-6), True, limit)
     return out, pos[0]
 
 
@@ -261,12 +261,12 @@ def test_a_frame_the_engine_held_early_is_delivered_when_its_step_starts(tmp_pat
     early = np.array([3.0, 5.0], np.float32).tobytes()
     pos = [in_r._read_pos]
     done, reason, _, _, nsent, _, nrecv, _ = _plan(in_r, out_w, ALLREDUCE).run(
-        SEQ, send, recv, None, pos, 0.05, 30e-6, True, -1, [(2, early)])
+        SEQ, send, recv, None, pos, (0.05, 30e-6, 200e-6), True, -1, [(2, early)])
     assert replay.REASONS[reason] == "done" and done == 0b111
     assert (nsent, nrecv) == (1, 0) and recv.tolist() == [4.0, 6.0]
     with pytest.raises(ValueError):     # a held frame must be a RECV's, of its length
-        _plan(in_r, out_w, ALLREDUCE).run(SEQ, send, recv, None, pos, 0.05, 30e-6, True,
-                                          -1, [(1, early)])
+        _plan(in_r, out_w, ALLREDUCE).run(SEQ, send, recv, None, pos, (0.05, 30e-6, 200e-6),
+                                          True, -1, [(1, early)])
 
 
 def test_the_engine_hands_over_what_it_held_early_for_the_next_call_only():
@@ -316,7 +316,7 @@ def test_a_waiting_replay_sleeps_on_the_ring_and_the_peers_frame_wakes_it(tmp_pa
     t0 = time.monotonic()
     pos = [in_r._read_pos]
     done, reason, *_ = plan.run(SEQ, np.ones(2, np.float32), np.zeros(2, np.float32), None,
-                                pos, 20.0, 30e-6, True)
+                                pos, (20.0, 30e-6, 200e-6), True)
     took = time.monotonic() - t0
     t.join()
     assert replay.REASONS[reason] == "done" and done == 0b111

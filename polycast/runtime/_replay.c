@@ -327,8 +327,8 @@ static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double 
 /* ``limit``: stop once that many steps are done (< 0: no limit); the tests interrupt a
  * replay at every step this way (POLYCAST_REPLAY_STEP_LIMIT). */
 static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double wait_s,
-                      double spin_s, int can_futex, int limit, const char **held,
-                      Outcome *o) {
+                      double spin_s, double spin_wall_s, int can_futex, int limit,
+                      const char **held, Outcome *o) {
     int ndone = 0;
     double own = 0;             /* spinning on a core nobody else wanted (see below) */
     int n = pl->nsteps;
@@ -347,7 +347,7 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
         pack_header(hdr, pl->comm, seq, pl->peer[s], 0, 0, pl->sig);
         memcpy(expect[s], hdr, 20);
     }
-    double last = mono();
+    double last = mono(), spun_from = last;
     for (;;) {
         while (qh < qt) {
             int i = queue[qh];
@@ -488,7 +488,7 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
         }
         double now = mono();
         if (progressed) {
-            last = now;
+            last = spun_from = now;
             own = 0;
             continue;
         }
@@ -497,13 +497,15 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
             return;
         }
         o->looks++;
-        if (own >= spin_s && can_futex) {
-            /* Spun long enough with the core to ourselves: the peer we wait for runs
-             * elsewhere, or is not running. Sleep, so an idle core can take a waiting
-             * rank (4 ranks on 2 cores), and be woken by the peer's frame. */
+        if ((own >= spin_s || now - spun_from >= spin_wall_s) && can_futex) {
+            /* Spun long enough with the core to ourselves (the peer we wait for runs
+             * elsewhere, or is not running), or yielded long enough to others (a loaded
+             * machine: a yielding task waits its turn; a woken one runs at once). Sleep,
+             * so an idle core can take a waiting rank, and be woken by the peer's frame. */
             if (sleep_on_rings(pl, wanted, pos, wait_s - (now - last)))
                 o->sleeps++;
             own = 0;
+            spun_from = mono();
             continue;
         }
         o->yields++;
@@ -514,8 +516,8 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
     }
 }
 
-/* run(seq, send, recv, tmp, positions, wait_seconds, spin_seconds, can_futex, step_limit,
- *     held) ->
+/* run(seq, send, recv, tmp, positions, (wait_seconds, spin_seconds, spin_wall_seconds),
+ *     can_futex, step_limit, held) ->
  * (done_mask, reason, doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv,
  * recv_nbytes). ``positions`` (the in-rings' read positions, a list per slot) is updated in
  * place. ``held``: [(step, payload)] of RECVs whose frame the engine already holds (taken
@@ -523,12 +525,12 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
 static PyObject *Plan_run(Plan *self, PyObject *args) {
     unsigned long seq;
     PyObject *objs[3], *positions;
-    double wait_s, spin_s;
+    double wait_s, spin_s, spin_wall_s;
     int can_futex, limit = -1;
     PyObject *held_list = Py_None;
-    if (!PyArg_ParseTuple(args, "kOOOO!ddp|iO", &seq, &objs[0], &objs[1], &objs[2],
-                          &PyList_Type, &positions, &wait_s, &spin_s, &can_futex, &limit,
-                          &held_list))
+    if (!PyArg_ParseTuple(args, "kOOOO!(ddd)p|iO", &seq, &objs[0], &objs[1], &objs[2],
+                          &PyList_Type, &positions, &wait_s, &spin_s, &spin_wall_s,
+                          &can_futex, &limit, &held_list))
         return NULL;
     if (held_list != Py_None && !PyList_Check(held_list)) {
         PyErr_SetString(PyExc_TypeError, "held must be a list of (step, payload) or None");
@@ -597,7 +599,8 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
     }
     Outcome o = {0, 0, 0, R_WAIT, 0, 0, 0, 0, 0, 0, 0};
     Py_BEGIN_ALLOW_THREADS
-    run_steps(self, (uint32_t)seq, base, pos, wait_s, spin_s, can_futex, limit, held, &o);
+    run_steps(self, (uint32_t)seq, base, pos, wait_s, spin_s, spin_wall_s, can_futex, limit,
+              held, &o);
     Py_END_ALLOW_THREADS
     self->runs++;
     self->looks += o.looks;
@@ -630,8 +633,8 @@ static PyObject *Plan_counts(Plan *self, PyObject *unused) {
 
 static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)Plan_run, METH_VARARGS,
-     "run(seq, send, recv, tmp, positions, wait_seconds, spin_seconds, can_futex, "
-     "step_limit=-1, "
+     "run(seq, send, recv, tmp, positions, (wait_seconds, spin_seconds, spin_wall_seconds), "
+     "can_futex, step_limit=-1, "
      "held=None) -> "
      "(done_mask, reason, "
      "doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv, recv_nbytes)"},

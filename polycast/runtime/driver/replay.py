@@ -16,7 +16,8 @@ of a small call): a call whose peers are there completes before post returns (Wa
 done); one whose peers are not stops after ``POLYCAST_REPLAY_WAIT_US`` (2000) without input
 and is adopted. Waiting, the helper looks at the rings and yields the core (4 ranks on 2
 cores: the peer it waits for may need it); after ``POLYCAST_REPLAY_SPIN_US`` (30) of looks
-that came straight back it sleeps on the rings' futex counters, woken by the peer's frame.
+that came straight back, or ``POLYCAST_REPLAY_SPIN_WALL_US`` (200) of yielding to others, it
+sleeps on the rings' futex counters, woken by the peer's frame.
 Off with ``POLYCAST_REPLAY=0`` (or ``POLYCAST_NATIVE=0``, or no compiler).
 """
 
@@ -43,20 +44,19 @@ _FLOAT_OPS = {"sum": 0, "prod": 1}
 _INT_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
 
 
-def _env_wait_seconds() -> float:
+def _env_us(name: str, default_us: float) -> float:
     try:
-        return max(0.0, float(os.environ.get("POLYCAST_REPLAY_WAIT_US", "2000"))) * 1e-6
+        return max(0.0, float(os.environ.get(name, default_us))) * 1e-6
     except ValueError:
-        return 0.002
+        return default_us * 1e-6
 
 
-def _env_spin_seconds() -> float:
-    """How long a replay spins (yielding the core) on rings with nothing, counting only
-    looks that came straight back (the core was ours alone), before it sleeps on them."""
-    try:
-        return max(0.0, float(os.environ.get("POLYCAST_REPLAY_SPIN_US", "30"))) * 1e-6
-    except ValueError:
-        return 30e-6
+def _env_waits() -> tuple[float, float, float]:
+    """(no input for this long: stop and let the engine adopt the call; spin this long,
+    counting only looks that came straight back (the core was ours alone), before sleeping
+    on the rings; or this long of wall time, yielding to others)."""
+    return (_env_us("POLYCAST_REPLAY_WAIT_US", 2000), _env_us("POLYCAST_REPLAY_SPIN_US", 30),
+            _env_us("POLYCAST_REPLAY_SPIN_WALL_US", 200))
 
 
 def _env_step_limit() -> int:
@@ -94,8 +94,7 @@ class Replayer:
 
     def __init__(self, driver, cs) -> None:
         self.d, self.cs = driver, cs
-        self.wait_seconds = _env_wait_seconds()
-        self.spin_seconds = _env_spin_seconds()
+        self.waits = _env_waits()
         self.step_limit = _env_step_limit()
         self._entries: dict[tuple, tuple] = {}     # key -> (schedule, _Entry or None)
         self._stops = [0] * len(REASONS)            # runs by how they ended
@@ -128,7 +127,7 @@ class Replayer:
         try:
             done, reason, doorbell, blocked, _, sent_nb, nrecv, recv_nb = ent.plan.run(
                 eng.next_seq & 0xFFFFFFFF, arrays.get("send"), arrays.get("recv"),
-                arrays.get("tmp"), pos, self.wait_seconds, self.spin_seconds, peers.futex,
+                arrays.get("tmp"), pos, self.waits, peers.futex,
                 self.step_limit,
                 [(h[0], h[3]) for h in held] if held else None)
         except (ValueError, TypeError, BufferError):
