@@ -6,7 +6,7 @@
 * ``mismatch``: warm calls, then rank 1 calls with another count: every rank raises
   MismatchError, then every rank's next call works;
 * ``death``: warm calls, then the last rank exits mid-loop: every other rank raises PeerLost;
-* ``timeout``: warm calls, then the last rank sleeps instead of calling: the others raise
+* ``timeout``: warm calls, then the last rank waits without calling: the others raise
   the engine's timeout.
 """
 
@@ -152,11 +152,16 @@ def death() -> dict:
 
 
 def timeout() -> dict:
+    """The last rank stays alive but does not call until the others have raised (each
+    leaves a file in REPLAY_DONE_DIR), at most 120 s."""
     _warm()
     before = _counts(comm)["replayed"]
+    done = os.environ["REPLAY_DONE_DIR"]
     if comm.rank == comm.size - 1:
-        time.sleep(float(os.environ["POLYCAST_TIMEOUT"]) + 3)
-        return {"raised": "slept", "warm_replayed": before}
+        end = time.monotonic() + 120
+        while time.monotonic() < end and len(os.listdir(done)) < comm.size - 1:
+            time.sleep(0.05)
+        return {"raised": "waited", "warm_replayed": before}
     try:
         _warm(1)
         raised = "nothing"
@@ -164,6 +169,7 @@ def timeout() -> dict:
         raised = "PeerLost: " + str(exc)[:200]
     except PolycastError as exc:
         raised = f"{type(exc).__name__}: " + str(exc)[:200]
+    open(os.path.join(done, f"rank{comm.rank}"), "w").close()
     return {"raised": raised, "warm_replayed": before}
 
 

@@ -247,8 +247,8 @@ def test_a_dead_peer_during_replayed_calls_raises_peer_lost():
 
 
 @needs_replay
-def test_a_stopped_peer_ends_in_the_engines_timeout():
-    got = _ranks(3, "timeout", env={"POLYCAST_TIMEOUT": "3"})
+def test_a_stopped_peer_ends_in_the_engines_timeout(tmp_path):
+    got = _ranks(3, "timeout", env={"POLYCAST_TIMEOUT": "3", "REPLAY_DONE_DIR": str(tmp_path)})
     for res in got[:2]:
         assert res["warm_replayed"] > 0, res
         assert res["raised"].startswith("CollectiveTimeout"), res
