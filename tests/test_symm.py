@@ -463,6 +463,28 @@ def _auto_suite(comm, check, leftovers) -> None:
     except MismatchError as exc:
         check("mismatch-root/bcast-large", "differently" in str(exc), str(exc))
     check("mismatch-root/bcast-large/untouched", np.array_equal(buf, mine))
+    # A rank whose C library lacks process_vm_writev (faked on rank 1, the root, while a
+    # fresh communicator makes its symm state): every rank agrees the broadcast cannot
+    # write, and it stages instead, on every rank alike (no mismatch, no hang, exact).
+    from polycast.runtime import cma as cma_mod
+    real_writev = cma_mod._writev
+    if r == 1 % P:
+        cma_mod._writev = None
+    nowrite = comm.Dup()
+    try:
+        want = np.arange(k, dtype=np.int64) * 5 - 3
+        buf = want.copy() if r == 1 % P else np.zeros(k, np.int64)
+        nowrite.Bcast(buf, 1 % P)             # the rank that cannot write is the root
+    finally:
+        cma_mod._writev = real_writev
+    buf2 = want.copy() if r == 1 % P else np.zeros(k, np.int64)
+    nowrite.Bcast(buf2, 1 % P)
+    st2 = symm.state(nowrite)
+    check("no-writev/agreed", st2 is not None and not st2.single_copy_writes
+          and st2.single_copy_calls["bcast"] == 0 or P == 1,
+          f"writes={getattr(st2, 'single_copy_writes', None)}")
+    check("no-writev/bcast", np.array_equal(buf, want) and np.array_equal(buf2, want))
+    nowrite.Free()
 
     # POLYCAST_SYMM=0: the engine's schedules, same results.
     os.environ["POLYCAST_SYMM"] = "0"

@@ -145,6 +145,11 @@ def read(pid: int, local: list, remote: list) -> None:
     _move(_readv, "process_vm_readv", pid, local, remote)
 
 
+def can_write() -> bool:
+    """Whether :func:`write` is there (libc has ``process_vm_writev``)."""
+    return _writev is not None
+
+
 def write(pid: int, local: list, remote: list) -> None:
     """Copy the bytes of our ``local`` (address, nbytes) ranges into the ``remote`` ranges
     of process ``pid`` (equal totals): :func:`read` the other way round, for a peer that

@@ -55,9 +55,11 @@ class SymmState:
         self.auto_refused: str | None = None
         # Whether every rank may read every other rank's memory (process_vm_readv: the
         # probes the rings made at connect time), the same answer everywhere.
-        got = comm.allgather((host_id(), _reads_every_peer(comm)))
-        hosts = [h for h, _ in got]
-        self.single_copy = all(ok for _, ok in got)
+        got = comm.allgather((host_id(), _reads_every_peer(comm), cma.can_write()))
+        hosts = [h for h, _, _ in got]
+        self.single_copy = all(ok for _, ok, _ in got)
+        # and every rank may write every other (a broadcast root's share: .single.bcast)
+        self.single_copy_writes = self.single_copy and all(w for _, _, w in got)
         # Calls that took a single-copy form (.single), by collective: what tests count.
         self.single_copy_calls: collections.Counter = collections.Counter()
         self.pids = _pids(comm) if self.single_copy else []

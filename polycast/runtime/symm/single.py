@@ -15,7 +15,8 @@ turns it off (then everything stages).
 
 Broadcast shares the copying out: the root, which would only wait, writes the last 1/P of
 every other rank's buffer (process_vm_writev: the kernel grants it on the same terms as
-the read) while each of them reads the rest from the root's array, so every rank copies
+the read; where some rank's C library lacks it, every rank stages) while each of them
+reads the rest from the root's array, so every rank copies
 (P-1)/P of the message once, all at the same time. Same minutes, ranks at RT priority,
 this against the staged forms it replaces: 2 ranks 16 MiB 0.65-0.71 vs 1.38-1.43 ms
 (pipelined), 1 MiB 37-46 vs 74-79 us and 512 KiB 26-27 vs 35-51 us (slots); 4 ranks on 2
@@ -60,6 +61,13 @@ def wanted(st: SymmState, nbytes: int) -> bool:
 
 def _address(a) -> int:
     return a.__array_interface__["data"][0]
+
+
+def bcast_wanted(st: SymmState, nbytes: int) -> bool:
+    """Whether a broadcast of ``nbytes`` goes single copy (:func:`bcast`): as
+    :func:`wanted`, and every rank able to write too (agreed in the state's first
+    allgather, so every rank answers alike)."""
+    return st.single_copy_writes and wanted(st, nbytes)
 
 
 def _read_peer(st: SymmState, p: int, dst, addr: int, what: str, write: bool = False

@@ -433,7 +433,7 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
         raise
     dt, n = b.dtype, b.size
     nbytes = n * dt.itemsize
-    if single.wanted(st, nbytes):       # no staging: copied root -> ranks by the kernel
+    if single.bcast_wanted(st, nbytes):   # no staging: copied root -> ranks by the kernel
         return single.bcast(comm, st, b, root, blocking)
     plan = _plan(comm, st, ("bcast", n, dt, root), nbytes, ("bcast", n, dt.str, root),
                  ("bcast", n, dt, f"root {root}"), "bcast",
