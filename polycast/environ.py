@@ -14,6 +14,16 @@ import os
 _KEYS: dict[str, bytes] = {}
 
 
+def key(name: str) -> bytes | str:
+    """The name as ``os.environ``'s store keys it (what :func:`raw` looks up)."""
+    if getattr(os.environ, "_data", None) is None or os.name != "posix":
+        return name
+    k = _KEYS.get(name)
+    if k is None:
+        k = _KEYS[name] = os.fsencode(name)
+    return k
+
+
 def raw(name: str) -> bytes | str | None:
     """The variable's value as ``os.environ`` stores it (bytes on POSIX), or None: cheap
     enough for a per-call cache key. Equal values mean equal ``os.environ.get`` results."""

@@ -98,12 +98,13 @@ class Buffers:
         self._reqs: dict[int, _Req] = {}
 
     def register(self, req: int, schedule: Schedule, rank: int, send: np.ndarray | None,
-                 recv: np.ndarray | None, op=None) -> np.dtype:
+                 recv: np.ndarray | None, op=None, tmp: np.ndarray | None = None) -> np.dtype:
         """Check the arrays against ``schedule`` (before anything is sent) and keep them.
 
         ``send``/``recv`` may be the same array (in place) and may be None when the rank's
         program does not touch that buffer (a non-root's send in broadcast). ``tmp`` is
-        allocated from the schedule's layout. Returns the dtype.
+        allocated from the schedule's layout, or given (a call the compiled replay began
+        in its own scratch: runtime/driver/direct.py). Returns the dtype.
         """
         if req in self._reqs:
             raise InvalidArgument(f"request {req} is already registered")
@@ -133,7 +134,12 @@ class Buffers:
         if dtype is None:
             dtype = np.dtype(np.uint8)
         if tmp_nelems is not None:
-            arrays["tmp"] = np.empty(tmp_nelems, dtype)
+            if tmp is None:
+                tmp = np.empty(tmp_nelems, dtype)
+            elif tmp.size != tmp_nelems or tmp.dtype != dtype:
+                raise InvalidArgument(f"a tmp buffer of {tmp_nelems} {dtype}, got "
+                                      f"{tmp.size} {tmp.dtype}")
+            arrays["tmp"] = tmp
         ropt = None
         if has_op:
             ropt = _ops.get(op if op is not None else "sum")
@@ -150,6 +156,12 @@ class Buffers:
         self._reqs[req] = _Req(arrays, dtype, ropt.combine if ropt else None,
                                ropt is _ops.AVG, schedule.nranks, result_here, ropt)
         return dtype
+
+    @staticmethod
+    def tmp_elements(schedule: Schedule, rank: int) -> int | None:
+        """The elements of the tmp buffer :meth:`register` gives ``rank``'s calls of
+        ``schedule``, or None when it has none."""
+        return _shape(schedule, rank)[2]
 
     def register_arrays(self, req: int, send: np.ndarray | None = None,
                         recv: np.ndarray | None = None) -> None:

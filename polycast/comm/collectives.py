@@ -30,6 +30,11 @@ from .buffers import IN_PLACE, check_disjoint, message, same_memory
 _PROBE = np.empty(0, np.uint8)
 
 
+_ALLREDUCE, _ALLGATHER = Collective.ALLREDUCE, Collective.ALLGATHER
+_REDUCE_SCATTER, _BCAST, _BARRIER = (Collective.REDUCE_SCATTER, Collective.BROADCAST,
+                                     Collective.BARRIER)
+
+
 def _probe(buf):
     if type(buf) is np.ndarray and not buf.dtype.hasobject:
         return buf
@@ -366,6 +371,11 @@ class BufferCollectives:
     # raises as always. The I-variants take it too: copied in and published at once, done
     # when the peers are there within a short spin, else the rest is queued
     # (EpochBarrier.fast_request).
+    #
+    # On the engine path, a repeated small call the compiled replay ran whole goes straight
+    # back there (``_direct``: DirectCalls by collective, algorithm and op or root, kept by
+    # _direct_keep; runtime/driver/direct.py), with no Request or registration; one that
+    # does not fit what is kept answers False, having done nothing.
     _symm_fast = None
 
     def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
@@ -376,7 +386,14 @@ class BufferCollectives:
                 return
             if got is not False:
                 return self._symm_state.bar.fast_rest(got)
-        self._bcast(buf, root, algorithm, True).Wait()
+        if self._direct and type(root) is int:
+            for dc in self._direct.get((_BCAST, algorithm, root), ()):
+                if dc.bcast(buf, root == self.rank):
+                    return
+        req = self._bcast(buf, root, algorithm, True)
+        req.Wait()
+        if getattr(req, "replay", None) is not None:
+            self._direct_keep(req, (_BCAST, algorithm, root), None, buf)
 
     def Reduce(self, sendbuf, recvbuf, op="sum", root: int = 0, **kw) -> None:
         self.Ireduce(sendbuf, recvbuf, op, root, **kw).Wait()
@@ -389,7 +406,14 @@ class BufferCollectives:
                 return
             if got is not False:
                 return self._symm_state.bar.fast_rest(got)
-        self._allreduce(sendbuf, recvbuf, op, algorithm, True).Wait()
+        if self._direct and type(op) is str:
+            for dc in self._direct.get((_ALLREDUCE, algorithm, op), ()):
+                if dc.allreduce(sendbuf, recvbuf):
+                    return
+        req = self._allreduce(sendbuf, recvbuf, op, algorithm, True)
+        req.Wait()
+        if getattr(req, "replay", None) is not None and type(op) is str:
+            self._direct_keep(req, (_ALLREDUCE, algorithm, op), sendbuf, recvbuf)
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
         fast = self._symm_fast
@@ -399,7 +423,14 @@ class BufferCollectives:
                 return
             if got is not False:
                 return self._symm_state.bar.fast_rest(got)
-        self._allgather(sendbuf, recvbuf, algorithm, True).Wait()
+        if self._direct:
+            for dc in self._direct.get((_ALLGATHER, algorithm, None), ()):
+                if dc.allgather(sendbuf, recvbuf):
+                    return
+        req = self._allgather(sendbuf, recvbuf, algorithm, True)
+        req.Wait()
+        if getattr(req, "replay", None) is not None:
+            self._direct_keep(req, (_ALLGATHER, algorithm, None), sendbuf, recvbuf)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
                              algorithm: str | None = None) -> None:
@@ -410,7 +441,14 @@ class BufferCollectives:
                 return
             if got is not False:
                 return self._symm_state.bar.fast_rest(got)
-        self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, True).Wait()
+        if self._direct and type(op) is str:
+            for dc in self._direct.get((_REDUCE_SCATTER, algorithm, op), ()):
+                if dc.reduce_scatter(sendbuf, recvbuf):
+                    return
+        req = self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, True)
+        req.Wait()
+        if getattr(req, "replay", None) is not None and type(op) is str:
+            self._direct_keep(req, (_REDUCE_SCATTER, algorithm, op), sendbuf, recvbuf)
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0, **kw) -> None:
         self.Iscatter(sendbuf, recvbuf, root, **kw).Wait()
@@ -421,5 +459,12 @@ class BufferCollectives:
     def Alltoall(self, sendbuf, recvbuf, **kw) -> None:
         self.Ialltoall(sendbuf, recvbuf, **kw).Wait()
 
-    def Barrier(self, **kw) -> None:
-        self.Ibarrier(**kw).Wait()
+    def Barrier(self, *, algorithm: str | None = None) -> None:
+        if self._direct:
+            for dc in self._direct.get((_BARRIER, algorithm, None), ()):
+                if dc.barrier():
+                    return
+        req = self.Ibarrier(algorithm=algorithm)
+        req.Wait()
+        if getattr(req, "replay", None) is not None:
+            self._direct_keep(req, (_BARRIER, algorithm, None), None, None)

@@ -51,6 +51,9 @@ class CommCore:
         self._schedules: collections.OrderedDict = collections.OrderedDict()
         self._supported: dict = {}
         self._calls: dict = {}      # call arguments -> what _derive made of them
+        # (collective, algorithm, op or root) -> [DirectCall]: repeated blocking calls the
+        # compiled replay runs whole, taken straight there (runtime/driver/direct.py)
+        self._direct: dict = {}
         self._lock = threading.Lock()
 
     # -- identity ---------------------------------------------------------------------------
@@ -170,6 +173,40 @@ class CommCore:
         drv.post(self.id, req, sched, itemsize, dtname, opname)
         return req
 
+    def _direct_keep(self, req, key: tuple, send, recv) -> None:
+        """A blocking call ``key`` = (collective, algorithm, op or root) just completed
+        with these arrays: when the compiled replay ran it whole, keep its shape so the
+        next such call goes straight there (:mod:`polycast.runtime.driver.direct`). Only
+        calls whose path cannot change with the arrays: an explicit engine algorithm, or
+        ``auto`` where symmetric memory cannot take it (POLYCAST_SYMM=0, other hosts)."""
+        shape = getattr(req, "replay", None)
+        if shape is None or self._freed:
+            return
+        coll, algorithm = key[0], key[1]
+        if algorithm is None or algorithm.lower() == "auto":
+            if not (_symm.auto_disabled() or not _symm.routing._members_on_one_host(self)):
+                return
+        elif algorithm.lower() == _symm.NAME:
+            return
+        for arr in (send, recv):
+            if arr is not None and type(arr) is not np.ndarray:
+                return
+        if send is not None and recv is not None and send is not recv \
+                and np.shares_memory(send, recv):
+            return                      # aliased (taken as IN_PLACE): the full path's
+        make = getattr(self._driver, "direct_call", None)
+        if make is None or environ.raw(_ENV_DEBUG) is not None:
+            return
+        names = [_ENV_DEBUG, environ.algorithm_var(coll), _ENV_NCHUNKS]
+        if algorithm is None:
+            names.append("POLYCAST_SYMM")
+        env = [(environ.key(n), environ.raw(n)) for n in names]
+        dc = make(self.id, shape, send, recv, env, self.timeout_seconds)
+        if dc is not None:
+            kept = self._direct.setdefault(key, [])
+            kept.insert(0, dc)
+            del kept[4:]                # a few sizes a key; the newest first
+
     # -- registered memory ------------------------------------------------------------------
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
         """A new array to use as a buffer of this rank's calls. With progress="offload" it
@@ -283,6 +320,7 @@ class CommCore:
         if self._freed:
             return
         self._freed = True
+        self._direct = {}
         _symm.free(self)
         if self.id == 0:
             from . import lifecycle

@@ -517,20 +517,21 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
 }
 
 /* run(seq, send, recv, tmp, positions, (wait_seconds, spin_seconds, spin_wall_seconds),
- *     can_futex, step_limit, held) ->
+ *     can_futex, step_limit, held, disjoint) ->
  * (done_mask, reason, doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv,
  * recv_nbytes). ``positions`` (the in-rings' read positions, a list per slot) is updated in
  * place. ``held``: [(step, payload)] of RECVs whose frame the engine already holds (taken
- * when the step starts; not counted in nrecv). */
+ * when the step starts; not counted in nrecv). ``disjoint``: raise ValueError, with nothing
+ * done, when send and recv share memory. */
 static PyObject *Plan_run(Plan *self, PyObject *args) {
     unsigned long seq;
     PyObject *objs[3], *positions;
     double wait_s, spin_s, spin_wall_s;
-    int can_futex, limit = -1;
+    int can_futex, limit = -1, disjoint = 0;
     PyObject *held_list = Py_None;
-    if (!PyArg_ParseTuple(args, "kOOOO!(ddd)p|iO", &seq, &objs[0], &objs[1], &objs[2],
+    if (!PyArg_ParseTuple(args, "kOOOO!(ddd)p|iOp", &seq, &objs[0], &objs[1], &objs[2],
                           &PyList_Type, &positions, &wait_s, &spin_s, &spin_wall_s,
-                          &can_futex, &limit, &held_list))
+                          &can_futex, &limit, &held_list, &disjoint))
         return NULL;
     if (held_list != Py_None && !PyList_Check(held_list)) {
         PyErr_SetString(PyExc_TypeError, "held must be a list of (step, payload) or None");
@@ -597,6 +598,13 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
         }
         base[b] = (char *)views[b].buf;
     }
+    /* a call straight from the comm layer (runtime/driver/direct.py) hands the user's own
+     * send and recv: memory they share is Python's to refuse, before anything moves */
+    if (disjoint && got[0] && got[1] && base[0] < base[1] + views[1].len
+            && base[1] < base[0] + views[0].len) {
+        PyErr_SetString(PyExc_ValueError, "replay send and recv buffers overlap");
+        goto out;
+    }
     Outcome o = {0, 0, 0, R_WAIT, 0, 0, 0, 0, 0, 0, 0};
     Py_BEGIN_ALLOW_THREADS
     run_steps(self, (uint32_t)seq, base, pos, wait_s, spin_s, spin_wall_s, can_futex, limit,
@@ -635,7 +643,7 @@ static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)Plan_run, METH_VARARGS,
      "run(seq, send, recv, tmp, positions, (wait_seconds, spin_seconds, spin_wall_seconds), "
      "can_futex, step_limit=-1, "
-     "held=None) -> "
+     "held=None, disjoint=False) -> "
      "(done_mask, reason, "
      "doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv, recv_nbytes)"},
     {"counts", (PyCFunction)Plan_counts, METH_NOARGS,

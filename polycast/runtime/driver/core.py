@@ -24,6 +24,7 @@ from ...memory import Buffers
 from ..report import process_state
 from ..world import World
 from .datagrams import MulticastIO
+from .direct import DirectCall, env_data
 from .execute import ActionRunner, CommState
 from .peers import PeerIO
 from .progress import Progress
@@ -143,6 +144,25 @@ class Driver:
         self.progress.user_active()
         with self.progress.lock:
             self._post_and_flush(comm_id, request, schedule, itemsize, dtype, op)
+
+    def direct_call(self, comm_id: int, shape, send, recv, env,
+                    timeout_seconds: float) -> DirectCall | None:
+        """A repeated call of ``shape`` (``Request.replay`` of a call the replay ran whole:
+        schedule, itemsize, dtype name, op name) with arrays like ``send`` and ``recv``, kept
+        to go straight into the replay (direct.py), or None when it cannot: no replay for
+        it here, a call too large to run inline, no environment store to check ``env``
+        (``((name bytes, value), ...)``) in."""
+        cs = self._comms.get(comm_id)
+        schedule, itemsize = shape[0], shape[1]
+        if cs is None or cs.replay is None or env_data() is None \
+                or schedule.count * itemsize > INLINE_POST_MAX_NBYTES:
+            return None
+        with self.progress.lock:
+            ent = cs.replay.entry(*shape)
+        if ent is None:
+            return None
+        tmp = self.buffers.tmp_elements(schedule, cs.engine.rank)
+        return DirectCall(self, cs, ent, shape, send, recv, env, timeout_seconds, tmp)
 
     def refuse(self, comm_id: int, why: str) -> None:
         """This rank will not run its next call on ``comm_id`` (its arguments failed the

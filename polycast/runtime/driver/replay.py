@@ -82,11 +82,12 @@ def unavailable_reason() -> str | None:
 class _Entry:
     """One memoized call's replay: the helper's plan and the rings it reads and writes."""
 
-    __slots__ = ("plan", "prog", "ins", "outs", "pairs", "world")
+    __slots__ = ("plan", "prog", "ins", "outs", "pairs", "world", "schedule")
 
-    def __init__(self, plan, prog, ins, outs, world) -> None:
+    def __init__(self, plan, prog, ins, outs, world, schedule) -> None:
         self.plan, self.prog, self.ins, self.outs, self.world = plan, prog, ins, outs, world
         self.pairs = tuple(zip(ins, outs))
+        self.schedule = schedule
 
 
 class Replayer:
@@ -102,37 +103,59 @@ class Replayer:
     def run(self, request, schedule, itemsize: int, dtype: str, op: str) -> bool:
         """Replay this call if it can be (call with the progress lock held); False when
         it was not touched (post it as usual)."""
+        ent = self.entry(schedule, itemsize, dtype, op)
+        if ent is None:
+            return False
+        arrays = self.d.buffers.arrays_of(request.req)
+        if arrays is None:
+            return False
+        got = self.replay(ent, arrays.get("send"), arrays.get("recv"), arrays.get("tmp"))
+        if got is None:
+            return False
+        reason, done, sent_nb, nrecv, recv_nb = got
+        eng = self.cs.engine
+        if reason == _DONE:
+            eng.replayed(schedule, ent.prog, itemsize, dtype, op, request.req, sent_nb,
+                         nrecv, recv_nb)
+            request.replay = (schedule, itemsize, dtype, op)
+            self.d.runner.complete(request.req)
+            return True
+        self.adopt(request.req, schedule, itemsize, dtype, op, done)
+        return True
+
+    def entry(self, schedule, itemsize: int, dtype: str, op: str):
+        """The replay of this call's shape (made once), or None when it has none."""
         key = (id(schedule), itemsize, dtype, op)
         hit = self._entries.get(key)
         if hit is None or hit[0] is not schedule:      # ids are reused after GC: check
             hit = self._remember(key, schedule, self._make(schedule, itemsize, dtype, op))
-        ent = hit[1]
-        if ent is None:
-            return False
-        cs, d = self.cs, self.d
-        eng = cs.engine
+        return hit[1]
+
+    def replay(self, ent, send, recv, tmp, disjoint: bool = False):
+        """One call's replay over ``ent`` with these arrays (progress lock held): None when
+        nothing was done (something else is going on, or the helper refused the arrays:
+        ``disjoint``, send and recv sharing memory), else (reason, done steps, bytes sent,
+        frames taken from the rings, their bytes). A run that stopped part-way must be
+        adopted (:meth:`adopt`) before anything else happens in the engine."""
+        d = self.d
+        eng = self.cs.engine
         peers = d.peers
         if peers.lost or peers.gone or peers._dirty or peers._want_bell:
-            return False
+            return None
         for rin, rout in ent.pairs:     # nothing pinned, in pieces or queued on its rings
             if rin._handed or rin._frag is not None or rout._out:
-                return False
-        arrays = d.buffers.arrays_of(request.req)
-        if arrays is None:
-            return False
-        held = eng.replay_begin(schedule, ent.prog)
+                return None
+        held = eng.replay_begin(ent.schedule, ent.prog)
         if held is None:
-            return False
+            return None
         pos = [ring._read_pos for ring in ent.ins]
         try:
             done, reason, doorbell, blocked, _, sent_nb, nrecv, recv_nb = ent.plan.run(
-                eng.next_seq & 0xFFFFFFFF, arrays.get("send"), arrays.get("recv"),
-                arrays.get("tmp"), pos, self.waits, peers.futex,
-                self.step_limit,
-                [(h[0], h[3]) for h in held] if held else None)
+                eng.next_seq & 0xFFFFFFFF, send, recv, tmp, pos, self.waits, peers.futex,
+                self.step_limit, [(h[0], h[3]) for h in held] if held else None, disjoint)
         except (ValueError, TypeError, BufferError):
             eng.replay_give_back(held)
-            return False            # arrays it cannot use: nothing was done, post as usual
+            return None             # arrays it cannot use: nothing was done
         for ring, p in zip(ent.ins, pos):
             ring._read_pos = p
         world = ent.world
@@ -145,27 +168,28 @@ class Replayer:
             doorbell &= doorbell - 1
             peers._wake_reader(world[s], d.world.peers[world[s]], SLEEP_SELECT)
         self._stops[reason] += 1
-        if reason == _DONE:
-            eng.replayed(schedule, ent.prog, itemsize, dtype, op, request.req, sent_nb,
-                         nrecv, recv_nb)
-            d.runner.complete(request.req)
-            return True
-        if held:
+        if reason != _DONE and held:
             used = [h for h in held if done >> h[0] & 1]
             eng.replay_give_back([h for h in held if not done >> h[0] & 1])
             # counted as they came: the adopting post counts its replayed RECVs again
             eng.stats.messages_in -= len(used)
             eng.stats.message_bytes_in -= sum(h[2].length for h in used)
         if not done:
-            return False            # nothing done (a frame or a wait at once): post as usual
+            return None             # nothing done (a frame or a wait at once)
+        return reason, done, sent_nb, nrecv, recv_nb
+
+    def adopt(self, req: int, schedule, itemsize: int, dtype: str, op: str, done: int) -> None:
+        """The engine takes over a call the helper stopped part-way, in exactly the state
+        the ``done`` steps left it (request ``req``'s arrays registered, progress lock
+        held)."""
+        cs = self.cs
         try:
-            actions = eng.post(request.req, schedule, itemsize, time.monotonic(),
-                               dtype=dtype, op=op, replayed=done)
+            actions = cs.engine.post(req, schedule, itemsize, time.monotonic(), dtype=dtype,
+                                     op=op, replayed=done)
         except PolycastError as exc:
-            d.runner.fail_request(request.req, exc)
-            return True
-        d._run(cs, actions)
-        return True
+            self.d.runner.fail_request(req, exc)
+            return
+        self.d._run(cs, actions)
 
     def _remember(self, key, schedule, entry) -> tuple:
         if len(self._entries) >= 64:
@@ -215,7 +239,7 @@ class Replayer:
             if dt < 0 or op_code < 0:
                 return None
         plan = ring.ReplayPlan(self.cs.id, eng.rank, prog.sig, dt, op_code, slots, steps)
-        return _Entry(plan, prog, ins, outs, world)
+        return _Entry(plan, prog, ins, outs, world, schedule)
 
     def counts(self) -> dict[str, int]:
         """Calls that went to the helper, by how they ended (tests and benchmarks)."""

@@ -130,7 +130,7 @@ class Request:
 
     __slots__ = ("req", "comm", "_desc", "_done", "_ev", "error", "timeout_seconds",
                  "on_done", "result", "driver", "_callbacks", "status", "_finished",
-                 "cancelled")
+                 "cancelled", "replay")
 
     def __init__(self, req: int | None = None, comm: int = -1, desc="REQUEST_NULL",
                  timeout_seconds: float = 0.0) -> None:
@@ -151,6 +151,9 @@ class Request:
         self.status = None           # point-to-point receives: (source, tag, nbytes)
         self._finished = req is None  # Wait/Test returned it done: null (REQUEST_NULL)
         self.cancelled = False       # Cancel took it back (a receive nothing matched)
+        # (schedule, itemsize, dtype, op) of a collective the compiled replay ran whole:
+        # the comm layer may then take the call's next repeats straight there (direct.py)
+        self.replay = None
 
     @property
     def desc(self) -> str:

@@ -1,0 +1,151 @@
+"""A repeated small blocking collective, straight from the comm layer into the compiled replay.
+
+Why: with the replay (replay.py) a 4-rank 8-byte allreduce on the engine path still cost a
+rank ~27 us of CPU a call, and only ~9.5 us of it was the helper. The rest was Python around
+it, redone on every call for a call whose shape had not changed: the comm layer's argument
+checks and memo (~10 us), then a Request, ``Buffers.register``, ``Driver.post`` and the
+replay's glue (~7.7 us; bench/floor.py). On 2 cores four ranks' CPU is the wall time.
+
+What: once a blocking call on the engine path was replayed whole (``Request.replay`` says
+so), the comm layer keeps a :class:`DirectCall` for its shape: collective, algorithm, op or
+root, the dtype object and the element counts of its arrays (``Driver.direct_call`` makes
+it). The next call of that shape
+
+* checks its own arguments in a few attribute reads: exact ndarrays, the kept dtype object,
+  the kept element counts; the helper then refuses read-only, non-contiguous and (for
+  ``disjoint`` calls) overlapping arrays before anything moves;
+* checks that nothing a call's memo depends on has changed: POLYCAST_DEBUG (unset), the
+  collective's POLYCAST_<COLL>_ALGO, POLYCAST_NCHUNKS, and for ``auto`` POLYCAST_SYMM;
+* hands the arrays to the helper under the progress lock, as ``Driver.post`` would.
+
+Then, like the post's replay:
+
+* **whole**: accounted as a post and its completion would be (``Engine.replayed``); no
+  Request is made and nothing is registered;
+* **stopped part-way** (anything the helper did not expect): the call gets its Request and
+  its registered arrays now, the engine adopts it in the state the helper left it
+  (``Replayer.adopt``) and the caller waits on it, so every error is the engine's, on
+  every rank;
+* **not taken** (an argument or a variable differs, something else is going on in the
+  engine or on its rings, a command is queued): False with nothing done, and the caller
+  takes the full path, which checks and raises as always.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from ...errors import PolycastError
+from .request import Request
+
+_NDARRAY = np.ndarray
+_DONE = 0
+# os.environ's own store (bytes on POSIX; environ.raw reads the same): a per-call check of
+# the variables costs a dict lookup each.
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def env_data():
+    """The store a :class:`DirectCall` checks its variables in, or None (then none is made)."""
+    return _ENV_DATA
+
+
+class DirectCall:
+    """One kept call shape of one communicator (see the module docstring)."""
+
+    __slots__ = ("d", "cs", "rp", "ent", "schedule", "itemsize", "dtname", "op", "dtype",
+                 "nsend", "nrecv", "tmp", "env", "rank", "timeout_seconds", "whole",
+                 "adopted")
+
+    def __init__(self, driver, cs, ent, shape, send, recv, env, timeout_seconds: float,
+                 tmp_nelems: int | None) -> None:
+        self.d, self.cs, self.rp, self.ent = driver, cs, cs.replay, ent
+        self.schedule, self.itemsize, self.dtname, self.op = shape
+        arr = recv if recv is not None else send
+        self.dtype = arr.dtype if arr is not None else None
+        self.nsend = -1 if send is None else send.size
+        self.nrecv = -1 if recv is None else recv.size
+        # The helper's scratch, reused: a call it stops part-way is adopted with this very
+        # array, and the next call waits for the engine to be idle (Engine.replay_begin).
+        self.tmp = None if tmp_nelems is None else np.empty(tmp_nelems, self.dtype)
+        self.env = tuple(env)               # ((name bytes, value as stored or None), ...)
+        self.rank = cs.engine.rank
+        self.timeout_seconds = timeout_seconds
+        self.whole = 0                      # calls run whole here (tests, benchmarks)
+        self.adopted = 0                    # ... begun here, finished by the engine
+
+    # -- per collective: the arguments' check, then run ------------------------------------
+    def allreduce(self, send, recv) -> bool:
+        if type(send) is not _NDARRAY or type(recv) is not _NDARRAY:
+            return False
+        dt = self.dtype
+        if send.dtype is not dt or recv.dtype is not dt or send.size != self.nsend \
+                or recv.size != self.nrecv:
+            return False
+        return self.run(send, recv, True)
+
+    allgather = reduce_scatter = allreduce      # the counts kept tell the forms apart
+
+    def bcast(self, buf, is_root: bool) -> bool:
+        if type(buf) is not _NDARRAY or buf.dtype is not self.dtype \
+                or buf.size != self.nrecv:
+            return False
+        return self.run(buf if is_root else None, buf, False)
+
+    def barrier(self) -> bool:
+        return self.run(None, None, False)
+
+    # -- the call ---------------------------------------------------------------------------
+    def run(self, send, recv, disjoint: bool) -> bool:
+        """True: the call is done (or failed: raised here, as Wait raises). False: nothing
+        was done; take the full path."""
+        d = self.d
+        progress = d.progress
+        if progress._cmds or progress.error is not None:
+            return False        # posts keep their order; a dead thread is the full path's
+        data = _ENV_DATA
+        for name, value in self.env:
+            if data.get(name) != value:
+                return False
+        with progress.lock:
+            progress._drive_ended = time.monotonic()    # Progress.user_active, inline
+            cs = self.cs
+            if d._comms.get(cs.id) is not cs:
+                return False
+            got = self.rp.replay(self.ent, send, recv, self.tmp, disjoint)
+            if got is None:
+                return False
+            reason, done, sent_nb, nrecv, recv_nb = got
+            req_id = d.new_request_id()
+            if reason == _DONE:
+                cs.engine.replayed(self.schedule, self.ent.prog, self.itemsize, self.dtname,
+                                   self.op, req_id, sent_nb, nrecv, recv_nb)
+                self.whole += 1
+                return True
+            request = self._adopt(req_id, send, recv, done)
+        request.Wait()
+        return True
+
+    def _adopt(self, req_id: int, send, recv, done: int) -> Request:
+        """The helper stopped part-way: the call becomes an ordinary request, in the state
+        the ``done`` steps left it (progress lock held)."""
+        d, cs, sched, rank = self.d, self.cs, self.schedule, self.rank
+        request = Request(req_id, cs.id, lambda: f"rank {rank}: {sched.describe()}",
+                          self.timeout_seconds)
+        request.driver = d
+        d.requests[req_id] = request
+        self.adopted += 1
+        try:
+            d.buffers.register(req_id, sched, rank, send, recv, self.op or None, self.tmp)
+        except (PolycastError, ValueError, TypeError) as exc:
+            # Not expected (the kept shape passed these checks); the call still has to end
+            # on every rank: adopted, then failed as a memory operation that could not run.
+            self.rp.adopt(req_id, sched, self.itemsize, self.dtname, self.op, done)
+            d.runner._memory_failed(cs, req_id, exc)
+        else:
+            self.rp.adopt(req_id, sched, self.itemsize, self.dtname, self.op, done)
+        d.peers.flush_all()
+        return request
