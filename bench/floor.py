@@ -12,9 +12,11 @@ Three parts, each the minimum over repeats (a shared machine inflates time, not 
 * ranks  - P local ranks (shared memory or TCP, POLYCAST_SYMM=0): wall and caller-thread CPU
            per call, then the same run with the driver's pieces wrapped (inclusive times,
            wall and thread CPU; each wrapper adds ~0.5-1 us). ``--replay on`` (default, what
-           ships): repeated small calls run in the compiled replay (replay.run: the helper
-           and its Python glue; runtime/driver/replay.py), with its rings' yields per call;
-           ``--replay off``: one engine event per message (POLYCAST_REPLAY=0).
+           ships): repeated small calls go from the comm layer straight into the compiled
+           replay (direct.run: the call's checks and accounting; replay.replay: the helper
+           and its glue; runtime/driver/direct.py and replay.py), with its rings' yields and
+           the share of calls taken straight there; ``--replay off``: one engine event per
+           message (POLYCAST_REPLAY=0).
 
 The budget column: within 3x of MPICH at P ranks on C cores is 3 x mpich_us a call, i.e.
 3 x mpich_us x min(C, P) / P of CPU per rank (``--mpich-us``: MPICH's time for the call in
@@ -131,7 +133,7 @@ def engine_floor(collective: str, algo: str, nranks: int, count: int, calls: int
 WRAPPED = (("engine", "post"), ("engine", "on_message"), ("engine", "on_send_done"),
            ("driver", "post"), ("peers", "poll_rings"), ("peers", "flush_all"),
            ("progress", "round"), ("progress", "_quick_round"), ("progress", "_spin"),
-           ("progress", "drive"), ("replay", "run"))
+           ("progress", "drive"), ("replay", "run"), ("replay", "replay"), ("direct", "run"))
 
 
 def rank_job(argv: list[str]) -> None:
@@ -176,8 +178,13 @@ def rank_job(argv: list[str]) -> None:
         out["wall_us"], out["cpu_us"] = w * 1e6, c * 1e6
         acc: dict[str, list] = {}
         replay = d._comms[0].replay
+        from polycast.runtime.driver.direct import DirectCall
+        directs = [dc for key, kept in comm._direct.items() for dc in kept
+                   if key[0].value == "allreduce"]
+        direct_before = sum(dc.whole for dc in directs)
         objs = {"engine": d._comms[0].engine, "driver": d, "peers": d.peers,
-                "progress": d.progress, "replay": replay}
+                "progress": d.progress, "replay": replay,
+                "direct": DirectCall if directs else None}   # (slotted: its class's method)
         looks = 0
         if replay is not None:      # the helper's looks at empty rings (each a yield)
             ents = [h[1] for h in replay._entries.values() if h[1] is not None]
@@ -210,7 +217,9 @@ def rank_job(argv: list[str]) -> None:
             looks += sum(e.plan.counts()[2] for e in ents)
             stops = replay.counts()
             out["replay"] = {"yields_per_call": looks / calls,
-                             "whole_per_call": stops["done"] / max(1, sum(stops.values()))}
+                             "whole_per_call": stops["done"] / max(1, sum(stops.values())),
+                             "direct_per_call": (sum(dc.whole for dc in directs)
+                                                 - direct_before) / calls}
     if comm.rank == 0:
         print(MARKER + " " + json.dumps(out), flush=True)
     polycast.finalize()
@@ -300,6 +309,7 @@ def main(argv=None) -> int:
         print(line)
         if got.get("replay"):
             print(f"    replay: {got['replay']['whole_per_call']:.2f} of calls whole, "
+                  f"{got['replay']['direct_per_call']:.2f} straight from the comm layer, "
                   f"{got['replay']['yields_per_call']:.2f} yields a call")
         for k, v in sorted(got["pieces"].items(), key=lambda kv: -kv[1]["cpu_us"]):
             print(f"    {k:24s} cpu {v['cpu_us']:7.2f}  wall {v['wall_us']:7.2f} us  "

@@ -22,6 +22,7 @@ call's sequence number, and then either
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from ..schedule.ir import Kind
 from .request import describe
@@ -148,7 +149,8 @@ class Replay:
         st.message_bytes_in += recv_nbytes
         st.completed += 1
         st.replayed += 1
-        self._remember(seq, prog.sig, lambda: describe(schedule, req, seq, dtype, op))
+        # (a partial, not a closure: made on every replayed call, read only on a late abort)
+        self._remember(seq, prog.sig, partial(describe, schedule, req, seq, dtype, op))
         return seq
 
     def _signature(self, schedule, itemsize: int, dtype: str, op: str) -> int:

@@ -23,6 +23,7 @@ Off with ``POLYCAST_REPLAY=0`` (or ``POLYCAST_NATIVE=0``, or no compiler).
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 
@@ -34,6 +35,7 @@ from ..shm import SLEEP_SELECT
 # Why a replay stopped (runtime/_replay.c's reasons, in order).
 REASONS = ("done", "wait", "frame", "full", "doorbell", "overlap", "limit")
 _DONE = 0
+_READ_POS = operator.attrgetter("_read_pos")
 
 _BUF = {"send": 0, "recv": 1, "tmp": 2}
 _KIND = {Kind.SEND: 0, Kind.RECV: 1, Kind.COPY: 2}
@@ -148,7 +150,7 @@ class Replayer:
         held = eng.replay_begin(ent.schedule, ent.prog)
         if held is None:
             return None
-        pos = [ring._read_pos for ring in ent.ins]
+        pos = list(map(_READ_POS, ent.ins))
         try:
             done, reason, doorbell, blocked, _, sent_nb, nrecv, recv_nb = ent.plan.run(
                 eng.next_seq & 0xFFFFFFFF, send, recv, tmp, pos, self.waits, peers.futex,
