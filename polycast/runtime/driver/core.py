@@ -3,7 +3,9 @@
 The driver turns engine actions into I/O and I/O back into engine events. Its parts, each
 readable alone: :mod:`.progress` (the progress thread and caller-driven progress),
 :mod:`.execute` (carrying out actions), :mod:`.peers` (rings and TCP), :mod:`.datagrams`
-(multicast), :mod:`.timers`, :mod:`.request` (what the user holds). User threads never
+(multicast), :mod:`.timers`, :mod:`.request` (what the user holds), :mod:`.replay` (small
+calls replayed by the compiled helper) and :mod:`.direct` (repeated blocking calls taken
+straight from the comm layer into it). User threads never
 touch engines or sockets outside the progress lock: they post under it, hand other
 commands to the progress thread, and drive progress while they wait.
 """
