@@ -5,7 +5,6 @@ every step, mixed with ranks on the Python path, and with it off."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -17,7 +16,7 @@ from polycast.runtime import native
 from polycast.runtime.driver import replay
 from polycast.runtime.shm import Ring
 
-from test_runtime_helpers import spawn_ranks
+from test_runtime_helpers import rank_results, spawn_ranks
 
 needs_replay = pytest.mark.skipif(replay.unavailable_reason() is not None,
                                   reason=f"no compiled replay: {replay.unavailable_reason()}")
@@ -170,15 +169,7 @@ def _ranks(nranks, mode, env=None, per_rank=None, timeout=120, victim=None):
     e = {"POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": "shm", "POLYCAST_TIMEOUT": "20"}
     e.update(env or {})
     results = spawn_ranks(nranks, [WORKER, mode], env=e, per_rank=per_rank, timeout=timeout)
-    out = []
-    for r in results:
-        if r.rank == victim:
-            assert r.returncode == 17, (r.out[-2000:], r.err[-2000:])
-            continue
-        line = [ln for ln in r.out.splitlines() if ln.startswith("RESULT ")]
-        assert line, f"rank {r.rank} (exit {r.returncode})\n{r.out[-2000:]}\n{r.err[-3000:]}"
-        out.append(json.loads(line[-1][len("RESULT "):]))
-    return out
+    return rank_results(results, victim)
 
 
 def _hashes(res):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +48,25 @@ def spawn_ranks(nranks: int, argv: list[str], *, env: dict | None = None,
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+
+
+def rank_results(results: list[RankResult], victim: int | None = None, *,
+                 exit_ok: bool = False, stderr: bool = False) -> list[dict]:
+    """Each surviving rank's last ``RESULT <json>`` line (``exit_ok``: its exit status must
+    be 0 too; ``stderr``: its stderr under "_stderr"); the ``victim`` must have exited 17."""
+    out = []
+    for r in results:
+        if r.rank == victim:
+            assert r.returncode == 17, (r.out[-2000:], r.err[-2000:])
+            continue
+        line = [ln for ln in r.out.splitlines() if ln.startswith("RESULT ")]
+        assert line and (r.returncode == 0 or not exit_ok), \
+            f"rank {r.rank} (exit {r.returncode})\n{r.out[-3000:]}\n{r.err[-3000:]}"
+        res = json.loads(line[-1][len("RESULT "):])
+        if stderr:
+            res["_stderr"] = r.err
+        out.append(res)
+    return out
 
 
 def selftest(nranks: int, suite: str, env: dict | None = None, timeout: float = 120.0):

@@ -189,10 +189,12 @@ class CommCore:
         elif algorithm.lower() == _symm.NAME:
             return
         for arr in (send, recv):
-            if arr is not None and type(arr) is not np.ndarray:
+            # (arrays the helper would refuse on every call are not worth keeping)
+            if arr is not None and (type(arr) is not np.ndarray
+                                    or not arr.flags.c_contiguous):
                 return
-        if send is not None and recv is not None and send is not recv \
-                and np.shares_memory(send, recv):
+        if send is not None and recv is not None \
+                and (send is recv or np.shares_memory(send, recv)):
             return                      # aliased (taken as IN_PLACE): the full path's
         make = getattr(self._driver, "direct_call", None)
         if make is None or environ.raw(_ENV_DEBUG) is not None:
@@ -201,9 +203,16 @@ class CommCore:
         if algorithm is None:
             names.append("POLYCAST_SYMM")
         env = [(environ.key(n), environ.raw(n)) for n in names]
+        kept = self._direct.setdefault(key, [])
+        dt = (recv if recv is not None else send).dtype if (recv is not None
+                                                             or send is not None) else None
+        sizes = (-1 if send is None else send.size, -1 if recv is None else recv.size)
+        for dc in kept:     # kept already (its calls are refused: arrays it cannot take)
+            if dc.dtype is dt and (dc.nsend, dc.nrecv) == sizes and dc.env == tuple(env) \
+                    and dc.schedule is shape[0]:
+                return
         dc = make(self.id, shape, send, recv, env, self.timeout_seconds)
         if dc is not None:
-            kept = self._direct.setdefault(key, [])
             kept.insert(0, dc)
             del kept[4:]                # a few sizes a key; the newest first
 

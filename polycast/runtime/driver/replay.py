@@ -70,6 +70,12 @@ def _env_step_limit() -> int:
         return -1
 
 
+def _held_payloads(held: list) -> list:
+    """[(step, payload)] for the helper: a zero-length frame is held with no payload (None),
+    which the helper takes as b"" (a barrier's frames, the entry barrier of rooted calls)."""
+    return [(h[0], b"" if h[3] is None else h[3]) for h in held]
+
+
 def unavailable_reason() -> str | None:
     """Why calls are not replayed in this process, or None."""
     if os.environ.get("POLYCAST_REPLAY", "1").strip().lower() in ("0", "false", "no", "off"):
@@ -154,7 +160,7 @@ class Replayer:
         try:
             done, reason, doorbell, blocked, _, sent_nb, nrecv, recv_nb = ent.plan.run(
                 eng.next_seq & 0xFFFFFFFF, send, recv, tmp, pos, self.waits, peers.futex,
-                self.step_limit, [(h[0], h[3]) for h in held] if held else None, disjoint)
+                self.step_limit, _held_payloads(held) if held else None, disjoint)
         except (ValueError, TypeError, BufferError):
             eng.replay_give_back(held)
             return None             # arrays it cannot use: nothing was done
