@@ -57,7 +57,11 @@ def test_floor_bench_times_the_replayed_call(tmp_path):
     got = json.loads(out.read_text())
     (ranks,) = got["ranks"]
     pieces = ranks["pieces"]
-    # every call goes to the replay; (almost) none reaches the engine's post
-    assert pieces["replay.run"]["per_call"] == 1.0, pieces
+    # every call goes from the comm layer straight to the replay (runtime/driver/direct.py);
+    # (almost) none reaches the driver's or the engine's post
+    assert pieces["direct.run"]["per_call"] == 1.0, pieces
+    assert pieces["replay.replay"]["per_call"] == 1.0, pieces
+    assert pieces.get("driver.post", {"per_call": 0})["per_call"] <= 0.1, pieces
     assert pieces.get("engine.post", {"per_call": 0})["per_call"] <= 0.1, pieces
     assert ranks["replay"]["whole_per_call"] > 0.8 and ranks["replay"]["yields_per_call"] >= 0
+    assert ranks["replay"]["direct_per_call"] > 0.8, ranks["replay"]
