@@ -21,6 +21,8 @@ expected result with numpy); ``bad`` lists the calls whose result was wrong.
 * ``mixed``: direct calls among outstanding requests, and from two threads at once;
 * ``late``: rank 1 late by 50 ms before a call: did its call run direct?
 
+With DIRECT_NONBLOCKING=1 every collective call is its I-variant followed by Wait.
+
 Every wait is bounded: the collectives by POLYCAST_TIMEOUT, the loops by their counts
 (``death``'s also by time), the threads by join timeouts.
 """
@@ -105,6 +107,18 @@ class Calls:
     def __init__(self, c, bad: list):
         self.c, self.bad = c, bad
         self.P, self.r = c.size, c.rank
+        # DIRECT_NONBLOCKING=1: every call is its I-variant, then Wait
+        self.nonblocking = os.environ.get("DIRECT_NONBLOCKING") == "1"
+
+    def _do(self, name: str, *args, **kw) -> None:
+        """Comm.<name>(...), or Comm.I<name lowercased first>(...).Wait(): a request the
+        direct path made is done (or finished by Wait), and a second Wait returns at once."""
+        if not self.nonblocking:
+            getattr(self.c, name)(*args, **kw)
+            return
+        req = getattr(self.c, "I" + name[0].lower() + name[1:])(*args, **kw)
+        if req.Wait() is not True or req.Test() is not True or req.Wait() is not True:
+            self.bad.append([name, "a finished request does not say so"])
 
     def allreduce(self, tag, n, dtype, op, algo, i, send=None, recv=None):
         P, r = self.P, self.r
@@ -114,33 +128,33 @@ class Calls:
         if send is not None:
             send[...] = ins[r].reshape(send.shape)
         y = np.empty(n, dtype) if recv is None else recv
-        self.c.Allreduce(x, y, op=op, algorithm=algo)
+        self._do("Allreduce", x, y, op=op, algorithm=algo)
         self.check(tag, i, y, _reduce(ins, op))
 
     def allgather(self, tag, n, dtype, algo, i):
         P, r = self.P, self.r
         ins = [_data((hash_tag(tag), i), k, n, dtype) for k in range(P)]
         y = np.empty(n * P, dtype)
-        self.c.Allgather(ins[r], y, algorithm=algo)
+        self._do("Allgather", ins[r], y, algorithm=algo)
         self.check(tag, i, y, np.concatenate(ins))
 
     def reduce_scatter(self, tag, n, dtype, op, algo, i):
         P, r = self.P, self.r
         ins = [_data((hash_tag(tag), i), k, n * P, dtype) for k in range(P)]
         y = np.empty(n, dtype)
-        self.c.Reduce_scatter_block(ins[r], y, op=op, algorithm=algo)
+        self._do("Reduce_scatter_block", ins[r], y, op=op, algorithm=algo)
         self.check(tag, i, y, _reduce(ins, op)[r * n:(r + 1) * n])
 
     def bcast(self, tag, n, dtype, root, algo, i):
         want = _data((hash_tag(tag), i), root, n, dtype)
         y = want.copy() if self.r == root else np.zeros(n, dtype)
-        self.c.Bcast(y, root=root, algorithm=algo)
+        self._do("Bcast", y, root=root, algorithm=algo)
         self.check(tag, i, y, want)
 
     def barrier(self, tag, algo, i, where):
         """Each rank leaves a file before barrier i; after it, every rank's must be there."""
         open(os.path.join(where, f"{tag}-{i}-{self.r}"), "w").close()
-        self.c.Barrier(algorithm=algo)
+        self._do("Barrier", algorithm=algo)
         missing = [k for k in range(self.P)
                    if not os.path.exists(os.path.join(where, f"{tag}-{i}-{k}"))]
         if missing:

@@ -70,6 +70,18 @@ def test_repeated_blocking_calls_go_direct_and_are_right(counted):
     _check_counted(counted, EXPLICIT)
 
 
+@pytest.fixture(scope="module")
+def counted_nonblocking(tmp_path_factory):
+    return _launch(tmp_path_factory, 4, "counted", env={"DIRECT_NONBLOCKING": "1"})
+
+
+def test_nonblocking_calls_go_direct_and_are_right(counted_nonblocking):
+    """The same cases as I-variants then Wait: the I-variant takes the kept DirectCall too
+    and returns a finished Request (Wait and Test say so, a second Wait returns at once)."""
+    assert len(counted_nonblocking) == 4
+    _check_counted(counted_nonblocking, EXPLICIT + AUTO)
+
+
 def test_auto_without_symmetric_memory_goes_direct(counted):
     """algorithm=None with POLYCAST_SYMM=0: the planner's engine schedule, kept as well."""
     _check_counted(counted, AUTO)
@@ -185,11 +197,13 @@ def test_a_mismatch_after_direct_calls_raises_on_every_rank(tmp_path):
 
 
 # -- 6: adoption ---------------------------------------------------------------------------
-def test_a_direct_call_stopped_part_way_is_finished_by_the_engine(tmp_path):
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "nonblocking"])
+def test_a_direct_call_stopped_part_way_is_finished_by_the_engine(tmp_path, nonblocking):
     """The replay's step limit 1, 2, 3 on every rank: Allreduce, Allgather,
     Reduce_scatter_block, Bcast (root 1) and Barrier calls begun by a DirectCall and
-    adopted by the engine are right; with the limit off they go direct again."""
-    got = _ranks(4, "adopt", tmp_path)
+    adopted by the engine are right; with the limit off they go direct again. As
+    I-variants, the adopted call's Request is returned pending and Wait finishes it."""
+    got = _ranks(4, "adopt", tmp_path, env={"DIRECT_NONBLOCKING": "1" if nonblocking else "0"})
     for rank, res in enumerate(got):
         assert res["bad"] == [], (rank, res["bad"][:5])
         assert all(v > 0 for v in res["kept_before"].values()), (rank, res["kept_before"])

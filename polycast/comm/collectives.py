@@ -61,14 +61,23 @@ class BufferCollectives:
     # -- broadcast, reduce ---------------------------------------------------------------
     # The symm path runs a blocking call on the caller's thread and a non-blocking one on
     # the communicator's worker (runtime/symm/queue.py): each collective it takes has one
-    # body, told which.
+    # body, told which. On the engine path, the I-forms take kept DirectCalls as the
+    # blocking forms do (see "blocking forms" below): a Request, done or adopted.
     def Ibcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> Request:
         fast = self._symm_fast          # (see the blocking forms below)
         if fast is not None and algorithm is None:
             got = fast.bcast(buf, root, True)
             if got is not False:
                 return self._symm_state.bar.fast_request(got, "bcast")
-        return self._bcast(buf, root, algorithm, False)
+        if self._direct and type(root) is int:
+            for dc in self._direct.get((_BCAST, algorithm, root), ()):
+                req = dc.bcast(buf, root == self.rank, True)
+                if req is not False:
+                    return req
+        req = self._bcast(buf, root, algorithm, False)
+        if getattr(req, "replay", None) is not None:
+            self._direct_keep(req, (_BCAST, algorithm, root), None, buf)
+        return req
 
     def _bcast(self, buf, root, algorithm, blocking: bool) -> Request:
         if _root_ok(root, self.size) and _symm.auto_staged(self, Collective.BROADCAST,
@@ -117,7 +126,15 @@ class BufferCollectives:
             got = fast.allreduce(sendbuf, recvbuf, op, True)
             if got is not False:
                 return self._symm_state.bar.fast_request(got, "allreduce")
-        return self._allreduce(sendbuf, recvbuf, op, algorithm, False)
+        if self._direct and type(op) is str:
+            for dc in self._direct.get((_ALLREDUCE, algorithm, op), ()):
+                req = dc.allreduce(sendbuf, recvbuf, True)
+                if req is not False:
+                    return req
+        req = self._allreduce(sendbuf, recvbuf, op, algorithm, False)
+        if getattr(req, "replay", None) is not None and type(op) is str:
+            self._direct_keep(req, (_ALLREDUCE, algorithm, op), sendbuf, recvbuf)
+        return req
 
     def _allreduce(self, sendbuf, recvbuf, op, algorithm, blocking: bool) -> Request:
         try:
@@ -171,7 +188,15 @@ class BufferCollectives:
             got = fast.allgather(sendbuf, recvbuf, True)
             if got is not False:
                 return self._symm_state.bar.fast_request(got, "allgather")
-        return self._allgather(sendbuf, recvbuf, algorithm, False)
+        if self._direct:
+            for dc in self._direct.get((_ALLGATHER, algorithm, None), ()):
+                req = dc.allgather(sendbuf, recvbuf, True)
+                if req is not False:
+                    return req
+        req = self._allgather(sendbuf, recvbuf, algorithm, False)
+        if getattr(req, "replay", None) is not None:
+            self._direct_keep(req, (_ALLGATHER, algorithm, None), sendbuf, recvbuf)
+        return req
 
     def _allgather(self, sendbuf, recvbuf, algorithm, blocking: bool) -> Request:
         if sendbuf is None:
@@ -224,7 +249,15 @@ class BufferCollectives:
             got = fast.reduce_scatter(sendbuf, recvbuf, op, True)
             if got is not False:
                 return self._symm_state.bar.fast_request(got, "reduce_scatter")
-        return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, False)
+        if self._direct and type(op) is str:
+            for dc in self._direct.get((_REDUCE_SCATTER, algorithm, op), ()):
+                req = dc.reduce_scatter(sendbuf, recvbuf, True)
+                if req is not False:
+                    return req
+        req = self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, False)
+        if getattr(req, "replay", None) is not None and type(op) is str:
+            self._direct_keep(req, (_REDUCE_SCATTER, algorithm, op), sendbuf, recvbuf)
+        return req
 
     def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, blocking: bool
                               ) -> Request:
@@ -358,6 +391,17 @@ class BufferCollectives:
             raise self._refused("Alltoall", exc)
 
     def Ibarrier(self, *, algorithm: str | None = None) -> Request:
+        if self._direct:
+            for dc in self._direct.get((_BARRIER, algorithm, None), ()):
+                req = dc.barrier(True)
+                if req is not False:
+                    return req
+        req = self._ibarrier(algorithm)
+        if req.replay is not None:
+            self._direct_keep(req, (_BARRIER, algorithm, None), None, None)
+        return req
+
+    def _ibarrier(self, algorithm) -> Request:
         try:
             return self._post(Collective.BARRIER, None, None, 0, 0, algorithm=algorithm)
         except Exception as exc:
@@ -464,7 +508,7 @@ class BufferCollectives:
             for dc in self._direct.get((_BARRIER, algorithm, None), ()):
                 if dc.barrier():
                     return
-        req = self.Ibarrier(algorithm=algorithm)
+        req = self._ibarrier(algorithm)
         req.Wait()
-        if getattr(req, "replay", None) is not None:
+        if req.replay is not None:
             self._direct_keep(req, (_BARRIER, algorithm, None), None, None)

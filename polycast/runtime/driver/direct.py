@@ -78,30 +78,32 @@ class DirectCall:
         self.adopted = 0                    # ... begun here, finished by the engine
 
     # -- per collective: the arguments' check, then run ------------------------------------
-    def allreduce(self, send, recv) -> bool:
+    def allreduce(self, send, recv, nonblocking: bool = False):
         if type(send) is not _NDARRAY or type(recv) is not _NDARRAY:
             return False
         dt = self.dtype
         if send.dtype is not dt or recv.dtype is not dt or send.size != self.nsend \
                 or recv.size != self.nrecv:
             return False
-        return self.run(send, recv, True)
+        return self.run(send, recv, True, nonblocking)
 
     allgather = reduce_scatter = allreduce      # the counts kept tell the forms apart
 
-    def bcast(self, buf, is_root: bool) -> bool:
+    def bcast(self, buf, is_root: bool, nonblocking: bool = False):
         if type(buf) is not _NDARRAY or buf.dtype is not self.dtype \
                 or buf.size != self.nrecv:
             return False
-        return self.run(buf if is_root else None, buf, False)
+        return self.run(buf if is_root else None, buf, False, nonblocking)
 
-    def barrier(self) -> bool:
-        return self.run(None, None, False)
+    def barrier(self, nonblocking: bool = False):
+        return self.run(None, None, False, nonblocking)
 
     # -- the call ---------------------------------------------------------------------------
-    def run(self, send, recv, disjoint: bool) -> bool:
-        """True: the call is done (or failed: raised here, as Wait raises). False: nothing
-        was done; take the full path."""
+    def run(self, send, recv, disjoint: bool, nonblocking: bool = False):
+        """False: nothing was done; take the full path. Else the call is done (or failed:
+        raised here, as Wait raises): True, or with ``nonblocking`` (an I-variant) its
+        Request, done already, or the adopted call's, which the engine finishes. The
+        I-variant's replay waits for its peers as the post's does (replay.py)."""
         d = self.d
         progress = d.progress
         if progress._cmds or progress.error is not None:
@@ -124,17 +126,27 @@ class DirectCall:
                 cs.engine.replayed(self.schedule, self.ent.prog, self.itemsize, self.dtname,
                                    self.op, req_id, sent_nb, nrecv, recv_nb)
                 self.whole += 1
-                return True
+                if not nonblocking:
+                    return True
+                request = self._request(req_id)
+                request._finish()
+                return request
             request = self._adopt(req_id, send, recv, done)
+        if nonblocking:
+            return request
         request.Wait()
         return True
+
+    def _request(self, req_id: int) -> Request:
+        sched, rank = self.schedule, self.rank
+        return Request(req_id, self.cs.id, lambda: f"rank {rank}: {sched.describe()}",
+                       self.timeout_seconds)
 
     def _adopt(self, req_id: int, send, recv, done: int) -> Request:
         """The helper stopped part-way: the call becomes an ordinary request, in the state
         the ``done`` steps left it (progress lock held)."""
         d, cs, sched, rank = self.d, self.cs, self.schedule, self.rank
-        request = Request(req_id, cs.id, lambda: f"rank {rank}: {sched.describe()}",
-                          self.timeout_seconds)
+        request = self._request(req_id)
         request.driver = d
         d.requests[req_id] = request
         self.adopted += 1
