@@ -152,19 +152,21 @@ class Driver:
         """A repeated call of ``shape`` (``Request.replay`` of a call the replay ran whole:
         schedule, itemsize, dtype name, op name) with arrays like ``send`` and ``recv``, kept
         to go straight into the replay (direct.py), or None when it cannot: no replay for
-        it here, a call too large to run inline, no environment store to check ``env``
-        (``((name bytes, value), ...)``) in."""
+        it here, no environment store to check ``env`` (``((name bytes, value), ...)``) in.
+        Its I-variant runs there only up to INLINE_POST_MAX_NBYTES (larger posts are the
+        progress thread's, as in :meth:`post`); the blocking form at any size the replay
+        takes (its caller waits for the call anyway)."""
         cs = self._comms.get(comm_id)
         schedule, itemsize = shape[0], shape[1]
-        if cs is None or cs.replay is None or env_data() is None \
-                or schedule.count * itemsize > INLINE_POST_MAX_NBYTES:
+        if cs is None or cs.replay is None or env_data() is None:
             return None
         with self.progress.lock:
             ent = cs.replay.entry(*shape)
         if ent is None:
             return None
         tmp = self.buffers.tmp_elements(schedule, cs.engine.rank)
-        return DirectCall(self, cs, ent, shape, send, recv, env, timeout_seconds, tmp)
+        return DirectCall(self, cs, ent, shape, send, recv, env, timeout_seconds, tmp,
+                          schedule.count * itemsize <= INLINE_POST_MAX_NBYTES)
 
     def refuse(self, comm_id: int, why: str) -> None:
         """This rank will not run its next call on ``comm_id`` (its arguments failed the

@@ -57,11 +57,11 @@ class DirectCall:
     """One kept call shape of one communicator (see the module docstring)."""
 
     __slots__ = ("d", "cs", "rp", "ent", "schedule", "itemsize", "dtname", "op", "dtype",
-                 "nsend", "nrecv", "tmp", "env", "rank", "timeout_seconds", "whole",
-                 "adopted")
+                 "nsend", "nrecv", "tmp", "env", "rank", "timeout_seconds", "inline_ok",
+                 "whole", "adopted")
 
     def __init__(self, driver, cs, ent, shape, send, recv, env, timeout_seconds: float,
-                 tmp_nelems: int | None) -> None:
+                 tmp_nelems: int | None, inline_ok: bool = True) -> None:
         self.d, self.cs, self.rp, self.ent = driver, cs, cs.replay, ent
         self.schedule, self.itemsize, self.dtname, self.op = shape
         arr = recv if recv is not None else send
@@ -74,6 +74,7 @@ class DirectCall:
         self.env = tuple(env)               # ((name bytes, value as stored or None), ...)
         self.rank = cs.engine.rank
         self.timeout_seconds = timeout_seconds
+        self.inline_ok = inline_ok          # small enough for its I-variant to run here
         self.whole = 0                      # calls run whole here (tests, benchmarks)
         self.adopted = 0                    # ... begun here, finished by the engine
 
@@ -106,7 +107,7 @@ class DirectCall:
         I-variant's replay waits for its peers as the post's does (replay.py)."""
         d = self.d
         progress = d.progress
-        if progress._cmds or progress.error is not None:
+        if progress._cmds or progress.error is not None or nonblocking and not self.inline_ok:
             return False        # posts keep their order; a dead thread is the full path's
         data = _ENV_DATA
         for name, value in self.env:
