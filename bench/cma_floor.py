@@ -1,6 +1,6 @@
 """Where a large collective's time goes on one host (engine or auto path), against the copy floor.
 
-    python bench/cma_floor.py [--ranks 4,2] [--sizes 16MiB,1MiB] [--algos direct,recdoubling,ring]
+    python bench/cma_floor.py [--ranks 4,2] [--sizes 16MiB,4MiB] [--algos direct,recdoubling,ring]
                               [--collective allgather] [--iters 20] [--realtime] [--json FILE]
 
 ``--algos`` may name ``auto``: the default path (on one host the symm path, whose large calls
@@ -8,7 +8,9 @@ read, and for a broadcast also write, the peers' arrays with the same kernel cop
 
 Large DATA between ranks of one host goes single-copy (runtime/cma.py: a descriptor in the
 shm ring, the receiver reads the sender's memory with ``process_vm_readv``, then
-acknowledges). Two parts, both printed as tables and written to JSON (default
+acknowledges); a repeated call's messages up to 1 MiB (the eager limit between shm ranks)
+go through the rings in the compiled replay instead, so sizes whose messages are larger show
+the reads. Two parts, both printed as tables and written to JSON (default
 bench/results/cma_floor.json):
 
 * **ceilings** -- what this machine's copies cost with nothing else running: one process
@@ -233,7 +235,7 @@ def _floor(row: dict, rates: dict, cores: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", default="4,2")
-    p.add_argument("--sizes", default="16MiB,1MiB")
+    p.add_argument("--sizes", default="16MiB,4MiB")
     p.add_argument("--algos", default="direct,recdoubling,ring")
     p.add_argument("--collective", default="allgather",
                    choices=("allgather", "broadcast", "allreduce"))

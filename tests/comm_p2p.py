@@ -11,7 +11,7 @@ import polycast
 comm = polycast.init()
 r, P = comm.rank, comm.size
 nxt, prv = (r + 1) % P, (r - 1) % P
-for n in (4, 100000):
+for n in (4, 100000, 400000):      # eager; 400 KB eager over shm only; 1.6 MB rendezvous
     x = np.arange(n, dtype=np.float32) + r
     y = np.zeros(n, np.float32)
     st = polycast.Status()
@@ -48,10 +48,10 @@ elif r == 1:
         comm.Recv(b, 0, 0)
         seq.append(int(b[0]))
     assert seq == list(range(20)), seq
-# truncation
+# truncation (2 MB: over the eager limit of every transport, so by rendezvous)
 if r == 0:
     try:
-        comm.Send(np.zeros(100000), 1, 1)
+        comm.Send(np.zeros(250000), 1, 1)
         raise AssertionError("a truncated rendezvous send succeeded")
     except polycast.InvalidArgument as e:
         assert "truncation" in str(e), e
@@ -110,14 +110,14 @@ elif r == 1:
     assert g.tolist() == [5, 6] and not st.Is_cancelled(), (g, st)
 # matched probe: rank 0 takes rank 1's large (rendezvous) message by Mprobe, sized by it
 if r == 1:
-    comm.Send(np.arange(100000, dtype=np.int32), 0, 41)     # 400 KB: over the eager limit
+    comm.Send(np.arange(400000, dtype=np.int32), 0, 41)     # 1.6 MB: over the eager limits
 elif r == 0:
     st = polycast.Status()
     m = comm.Mprobe(polycast.ANY_SOURCE, 41, st)
     assert comm.Improbe(1, 41) is None and st.Get_source() == 1
     big = np.empty(st.Get_count(np.int32), np.int32)
     m.Recv(big)
-    assert (big == np.arange(100000)).all() and not m
+    assert (big == np.arange(400000)).all() and not m
 comm.Barrier()
 print("P2P OK", r, flush=True)
 polycast.finalize()

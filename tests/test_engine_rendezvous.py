@@ -57,6 +57,37 @@ def test_small_messages_stay_eager():
     assert w.sends_of(MsgKind.RTS) == 0 and w.sends_of(MsgKind.CTS) == 0
 
 
+def test_a_per_peer_eager_limit_sends_eager_to_that_peer_only():
+    """Engine.set_eager_limits: a pair that agrees on a larger limit exchanges messages up
+    to it eager (no RTS/CTS), including the receiver clearing a large RECV unasked; the
+    other pairs keep config.eager_max_nbytes; a message over the pair's limit still goes
+    by rendezvous. Every rank's result is right either way."""
+    P = 4
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER))
+    # the pairs (0, 1) and (2, 3) agree on 4 KiB; (1, 2) and (3, 0) keep 1 KiB
+    for a, b in ((0, 1), (2, 3)):
+        w.engines[a].set_eager_limits({b: 4 * EAGER})
+        w.engines[b].set_eager_limits({a: 4 * EAGER})
+    call = w.post_call(ring_allgather(P, 512))          # 2 KiB per message
+    w.run()
+    w.check(call)
+    rts_from = sorted((r, peer) for r, peer, h in w.sent if h.kind is MsgKind.RTS)
+    # the ring sends r -> r+1: 0->1 and 2->3 eager; 1->2 and 3->0 by rendezvous
+    assert rts_from and {(r, (r + 1) % P) for r, _ in rts_from} == {(1, 2), (3, 0)}
+    assert all(peer == (r + 1) % P for r, peer in rts_from), rts_from
+    assert w.engines[0].eager_max_nbytes(1) == 4 * EAGER
+    assert w.engines[0].eager_max_nbytes(3) == EAGER
+    w2 = World(2, EngineConfig(eager_max_nbytes=EAGER))
+    for a, b in ((0, 1), (1, 0)):
+        w2.engines[a].set_eager_limits({b: 4 * EAGER})
+    big = w2.post_call(send_recv(2048))                # 8 KiB: over the pair's limit too
+    w2.run()
+    w2.check(big)
+    assert w2.sends_of(MsgKind.RTS) + w2.sends_of(MsgKind.CTS) >= 1
+    with pytest.raises(InvalidArgument):
+        w2.engines[0].set_eager_limits({5: 4096})       # no such peer
+
+
 def test_large_message_to_late_rank_holds_only_the_rts():
     """Ring allgather, 4 ranks, 64 KiB shards, rank 3 posts 1 s late, early buffer 16 KiB:
     eager sends overflow it and fail the call everywhere; rendezvous succeeds holding only
@@ -373,6 +404,33 @@ def test_late_rank_large_allgather_succeeds_across_processes(transport):
         assert m.group(1) == "True"
         assert int(m.group(2)) <= limit
         assert int(m.group(3)) > 0 and int(m.group(4)) > 0
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_the_runtime_sends_eager_up_to_1_mib_between_shm_ranks_only(transport):
+    """Between ranks on shared-memory rings messages up to SHM_EAGER_MAX_NBYTES go eager
+    (both ends agree: no CTS cleared unasked, no RTS); over TCP the engine's 256 KiB holds;
+    POLYCAST_EAGER_MAX_NBYTES, when set, is every peer's limit."""
+    from test_runtime_helpers import rank_results, spawn_ranks
+    code = ("import json, numpy as np, polycast\n"
+            "c = polycast.init()\n"
+            "x = np.full(98304, c.rank + 1.0, np.float64); y = np.empty(2 * x.size)\n"
+            "for _ in range(3): c.Allgather(x, y, algorithm='ring')\n"   # 768 KiB messages
+            "ok = bool((y == np.repeat([1.0, 2.0], x.size)).all())\n"
+            "st = c.stats()\n"
+            "print('RESULT ' + json.dumps({'ok': ok, 'rts': st.rts_out, "
+            "'limit': c._driver._comms[0].engine.eager_max_nbytes(1 - c.rank)}), flush=True)\n"
+            "polycast.finalize()\n")
+    for env, eager in (({}, transport == "shm"), ({"POLYCAST_EAGER_MAX_NBYTES": "262144"},
+                                                  False)):
+        e = {"POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": transport, "POLYCAST_TIMEOUT": "20",
+             **env}
+        for res in rank_results(spawn_ranks(2, ["-c", code], env=e, timeout=120)):
+            assert res["ok"], res
+            if eager:
+                assert res["rts"] == 0 and res["limit"] == 1 << 20, res
+            else:
+                assert res["rts"] >= 3 and res["limit"] == 256 * 1024, (env, res)
 
 
 def test_runtime_env_knobs_override_the_engine_config(monkeypatch):

@@ -117,7 +117,7 @@ class PointToPoint:
         r.timer = self._set_timer(out, now + self.config.op_timeout_s, "p2p", r, None)
         if peer == self.rank:                   # to self: wait for a receive, then Copy
             self._p2p_arrival(_Message(peer, tag, msgid, nbytes, None, False, r, 0), out)
-        elif sync or nbytes > self.config.eager_max_nbytes:
+        elif sync or nbytes > self.eager_max_nbytes(peer):
             self._awaiting_cts[(peer, msgid)] = r
             self.stats.rts_out += 1
             self.stats.control_messages_out += 1

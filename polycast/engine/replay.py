@@ -73,7 +73,6 @@ class Replay:
         prog = plan.prog
         if plan.multicast or not prog or len(prog) > MAX_STEPS:
             return None
-        limit = min(max_message_nbytes, self.config.eager_max_nbytes)
         steps = []
         nsend = nrecv = 0
         for idx, st in enumerate(prog):
@@ -81,8 +80,9 @@ class Replay:
             if kind not in (Kind.SEND, Kind.RECV, Kind.COPY):
                 return None
             runs, nbytes = plan.runs[idx], plan.nelems[idx] * itemsize
-            if len(runs) > 1 or nbytes > limit:
-                return None
+            if len(runs) > 1 or kind is not Kind.COPY and nbytes > min(
+                    max_message_nbytes, self.eager_max_nbytes(st.peer)):
+                return None             # (a rendezvous message: the engine's)
             offset = runs[0][0] * itemsize if runs else 0
             dst, dst_offset = "", 0
             if kind is Kind.COPY:

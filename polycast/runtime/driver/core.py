@@ -30,7 +30,7 @@ from .direct import DirectCall, env_data
 from .execute import ActionRunner, CommState
 from .peers import PeerIO
 from .progress import Progress
-from .replay import Replayer, unavailable_reason as replay_unavailable
+from .replay import FRAME_OVERHEAD_NBYTES, Replayer, unavailable_reason as replay_unavailable
 from .request import Request
 from .timers import Timers
 
@@ -40,6 +40,13 @@ NOTES_SECONDS = 0.5         # how often timers may refresh the peers' process st
 # on the caller's: its first actions copy the input (a 64 MiB ring allreduce's post copied
 # 64 MiB and filled an 8 MiB ring: ~40 ms in a non-blocking call). Below it, no hand-off.
 INLINE_POST_MAX_NBYTES = 256 << 10
+# Messages between two ranks on shared-memory rings go eager up to this (other peers: the
+# engine's eager_max_nbytes, 256 KiB): a RTS/CTS round trip in Python cost more than the
+# second copy the ring makes, and an eager message fits one ring frame, so the compiled
+# replay carries it (2 ranks, 1 MiB allgather, 512 KiB messages: 319 -> 122 us a call).
+# Larger ones go by rendezvous, single-copy (runtime/cma.py). Bounded so that one call's
+# eager messages from every peer fill at most a quarter of the early buffer.
+SHM_EAGER_MAX_NBYTES = 1 << 20
 
 
 def env_engine_config(config: EngineConfig) -> EngineConfig:
@@ -308,6 +315,7 @@ class Driver:
         if comm_id in self._comms:
             raise PolycastError(f"communicator id {comm_id} already exists")
         engine = Engine(members.index(self.rank), len(members), comm_id, self.config)
+        engine.set_eager_limits(self._eager_limits(members))
         cs = CommState(comm_id, engine, members)
         if self.replay_off is None and len(members) > 1:
             cs.replay = Replayer(self, cs)
@@ -323,6 +331,27 @@ class Driver:
             self._run(cs, engine.on_message(cs.local_of[src], header, payload,
                                             time.monotonic()))
         return cs.mcast_error
+
+    def _eager_limits(self, members: list[int]) -> dict[int, int]:
+        """Local rank -> eager limit for the members on shared-memory rings
+        (SHM_EAGER_MAX_NBYTES, within one ring frame and a quarter of the early buffer over
+        all peers). Both ends of a pair work out the same value: they share the ring size,
+        the config and the member count. None when POLYCAST_EAGER_MAX_NBYTES is set: it
+        is the limit for every peer."""
+        cfg = self.config
+        if os.environ.get("POLYCAST_EAGER_MAX_NBYTES") or len(members) < 2:
+            return {}
+        bound = min(SHM_EAGER_MAX_NBYTES, cfg.max_early_nbytes // (4 * (len(members) - 1)))
+        out = {}
+        for local, w in enumerate(members):
+            peer = self.world.peers.get(w)
+            if w == self.rank or peer is None or peer.ring_in is None or peer.ring_out is None:
+                continue
+            limit = min(bound, min(peer.ring_in.max_piece, peer.ring_out.max_piece)
+                        - FRAME_OVERHEAD_NBYTES)
+            if limit > cfg.eager_max_nbytes:
+                out[local] = limit
+        return out
 
     def _free_comm(self, comm_id: int) -> None:
         if self._comms.pop(comm_id, None) is not None:

@@ -36,6 +36,7 @@ from ..shm import SLEEP_SELECT
 REASONS = ("done", "wait", "frame", "full", "doorbell", "overlap", "limit")
 _DONE = 0
 _READ_POS = operator.attrgetter("_read_pos")
+FRAME_OVERHEAD_NBYTES = 12 + 44 + 16   # a ring frame's prefix, header and padding at most
 
 _BUF = {"send": 0, "recv": 1, "tmp": 2}
 _KIND = {Kind.SEND: 0, Kind.RECV: 1, Kind.COPY: 2}
@@ -234,7 +235,7 @@ class Replayer:
         steps = []
         for st in prog.steps:
             # a whole frame (prefix, header, payload, padding) within one ring piece
-            if st.nbytes + 12 + 44 + 16 > limit:
+            if st.kind is not Kind.COPY and st.nbytes + FRAME_OVERHEAD_NBYTES > limit:
                 return None
             has_reduce |= st.reduce
             steps.append((_KIND[st.kind], slot_of.get(st.peer, 0), st.tag, _BUF.get(st.buf, 0),
