@@ -111,9 +111,10 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         # What the driver knows of peers beyond the protocol ("stopped", "not running"),
         # for error messages only: rank -> note.
         self.peer_notes: dict[int, str] = {}
-        # Per peer, a larger eager limit than config.eager_max_nbytes (set_eager_limits):
-        # both ends of a pair must agree, since a large RECV clears its sender unasked.
-        self._eager_of: dict[int, int] = {}
+        # Per peer (by local rank), the largest message sent eager: config.eager_max_nbytes
+        # unless set_eager_limits raised it. Both ends of a pair must agree, since a large
+        # RECV clears its sender unasked. (A list: read on every step's start.)
+        self._eager_of = [self.config.eager_max_nbytes] * nranks
         self._p2p_init()
 
     # -- public state ---------------------------------------------------------------------
@@ -123,13 +124,17 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         same value on both ends of a pair (the runtime: a shared-memory pair, by what both
         sides know of it), before the communicator's first call."""
         for peer, nbytes in limits.items():
-            if not isinstance(nbytes, int) or nbytes < 0 or not 0 <= peer < self.nranks:
+            if not isinstance(nbytes, int) or nbytes < 0 or not isinstance(peer, int) \
+                    or not 0 <= peer < self.nranks:
                 raise InvalidArgument(f"eager limit {nbytes!r} for peer {peer!r}")
-        self._eager_of = dict(limits)
+        eager = [self.config.eager_max_nbytes] * self.nranks
+        for peer, nbytes in limits.items():
+            eager[peer] = nbytes
+        self._eager_of = eager
 
     def eager_max_nbytes(self, peer: int) -> int:
         """The largest message to or from ``peer`` sent eager."""
-        return self._eager_of.get(peer, self.config.eager_max_nbytes)
+        return self._eager_of[peer]
 
     @property
     def busy(self) -> bool:
@@ -526,7 +531,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
             return
         if kind is _SEND:
             nbytes = plan.nelems[idx] * r.itemsize
-            if nbytes > self._eager_of.get(step.peer, self.config.eager_max_nbytes):
+            if nbytes > self._eager_of[step.peer]:
                 self._start_large_send(r, idx, step, nbytes, out)
                 return
             h = make_header(_DATA, self.comm, r.seq, self.rank, step.tag, 0, nbytes,
@@ -547,7 +552,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
                     out.append(_deliver(payload, _region(r.req, step.buf, plan.runs[idx],
                                                          h.length), step.reduce))
                 self._step_done(r, idx)
-            elif plan.nelems[idx] * r.itemsize > self.eager_max_nbytes(step.peer):
+            elif plan.nelems[idx] * r.itemsize > self._eager_of[step.peer]:
                 self._clear_ahead(r, step, out)
         elif kind is _COPY:
             nbytes = plan.nelems[idx] * r.itemsize
