@@ -51,8 +51,8 @@ class CommCore:
         self._schedules: collections.OrderedDict = collections.OrderedDict()
         self._supported: dict = {}
         self._calls: dict = {}      # call arguments -> what _derive made of them
-        # (collective, algorithm, op or root) -> [DirectCall]: repeated blocking calls the
-        # compiled replay runs whole, taken straight there (runtime/driver/direct.py)
+        # (collective, algorithm, op or root) -> [DirectCall]: repeated calls the compiled
+        # replay runs whole, taken straight there (runtime/driver/direct.py)
         self._direct: dict = {}
         self._lock = threading.Lock()
 
@@ -174,9 +174,10 @@ class CommCore:
         return req
 
     def _direct_keep(self, req, key: tuple, send, recv) -> None:
-        """A blocking call ``key`` = (collective, algorithm, op or root) just completed
-        with these arrays: when the compiled replay ran it whole, keep its shape so the
-        next such call goes straight there (:mod:`polycast.runtime.driver.direct`). Only
+        """A call ``key`` = (collective, algorithm, op or root) with these arrays was just
+        posted (an I-variant) or completed: when the compiled replay ran it whole, keep its
+        shape so the next such call goes straight there
+        (:mod:`polycast.runtime.driver.direct`). Only
         calls whose path cannot change with the arrays: an explicit engine algorithm, or
         ``auto`` where symmetric memory cannot take it (POLYCAST_SYMM=0, other hosts)."""
         shape = getattr(req, "replay", None)

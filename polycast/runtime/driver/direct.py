@@ -1,4 +1,4 @@
-"""A repeated small blocking collective, straight from the comm layer into the compiled replay.
+"""A repeated collective, straight from the comm layer into the compiled replay.
 
 Why: with the replay (replay.py) a 4-rank 8-byte allreduce on the engine path still cost a
 rank ~27 us of CPU a call, and only ~9.5 us of it was the helper. The rest was Python around
@@ -6,10 +6,11 @@ it, redone on every call for a call whose shape had not changed: the comm layer'
 checks and memo (~10 us), then a Request, ``Buffers.register``, ``Driver.post`` and the
 replay's glue (~7.7 us; bench/floor.py). On 2 cores four ranks' CPU is the wall time.
 
-What: once a blocking call on the engine path was replayed whole (``Request.replay`` says
-so), the comm layer keeps a :class:`DirectCall` for its shape: collective, algorithm, op or
-root, the dtype object and the element counts of its arrays (``Driver.direct_call`` makes
-it). The next call of that shape
+What: once a call on the engine path was replayed whole (``Request.replay`` says so), the
+comm layer keeps a :class:`DirectCall` for its shape: collective, algorithm, op or root, the
+dtype object and the element counts of its arrays (``Driver.direct_call`` makes it). The
+next call of that shape, blocking or its I-variant (which returns a Request; only up to
+INLINE_POST_MAX_NBYTES, as an inline post),
 
 * checks its own arguments in a few attribute reads: exact ndarrays, the kept dtype object,
   the kept element counts; the helper then refuses read-only, non-contiguous and (for
@@ -24,8 +25,8 @@ Then, like the post's replay:
   Request is made and nothing is registered;
 * **stopped part-way** (anything the helper did not expect): the call gets its Request and
   its registered arrays now, the engine adopts it in the state the helper left it
-  (``Replayer.adopt``) and the caller waits on it, so every error is the engine's, on
-  every rank;
+  (``Replayer.adopt``) and the caller waits on it (an I-variant returns it), so every error
+  is the engine's, on every rank;
 * **not taken** (an argument or a variable differs, something else is going on in the
   engine or on its rings, a command is queued): False with nothing done, and the caller
   takes the full path, which checks and raises as always.
