@@ -187,12 +187,16 @@ def message(msg, what: str, *, blocks: int = 1, writable: bool = False) -> np.nd
     """A buffer argument (array, buffer or spec) as the flat array of elements the call
     uses: ``blocks`` equal blocks of ``count`` elements from ``displ`` (count defaults to
     the buffer's elements from ``displ`` divided by ``blocks``)."""
-    if type(msg) is np.ndarray and blocks == 1 and msg.ndim == 1 and msg.flags.c_contiguous:
+    if type(msg) is np.ndarray and msg.ndim == 1 and msg.flags.c_contiguous:
         # The common case (a flat array, no spec) without the general path's steps:
-        # as_array's checks in the same order.
+        # as_array's checks in the same order, then the blocks' (an allgather's recvbuf
+        # took the general path: ~3 us of a 1 MiB auto allgather's ~100).
         check_dtype(msg.dtype, what)
         if writable and not msg.flags.writeable:
             raise InvalidArgument(f"{what} is read-only; a receive buffer must be writable")
+        if blocks > 1 and msg.size % blocks:
+            raise InvalidArgument(f"{what}: {msg.size} elements are not a multiple of the "
+                                  f"{blocks} ranks")
         return msg
     buf, count, displ, dtype = _unpack(msg, what, vector=False)
     if buf is None and count == 0 and isinstance(msg, (list, tuple)):

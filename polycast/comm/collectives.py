@@ -21,8 +21,9 @@ from ..errors import InvalidArgument
 from ..runtime import symm as _symm
 from ..runtime.driver import Request
 # A rank whose own arguments fail on the symmetric-memory path still joins its opening
-# barrier, as "cannot take part", so the peers raise at once.
-from ..runtime.symm.common import _telling_peers as _symm_telling_peers
+# barrier, as "cannot take part", so the peers raise at once (a plain try/except around
+# the checks: a context manager cost ~1.5 us a call).
+from ..runtime.symm.common import _tell_peers as _symm_tell_peers
 from .buffers import IN_PLACE, check_disjoint, message, same_memory
 
 # Routing asks symmetric memory about "an ordinary array" when a rank's buffer is anything
@@ -82,8 +83,11 @@ class BufferCollectives:
     def _bcast(self, buf, root, algorithm, blocking: bool) -> Request:
         if _root_ok(root, self.size) and _symm.auto_staged(self, Collective.BROADCAST,
                                                            algorithm, _probe(buf)):
-            with _symm_telling_peers(self, "bcast"):
+            try:
                 b = message(buf, "buf", writable=self.rank != root)
+            except InvalidArgument:
+                _symm_tell_peers(self, "bcast")
+                raise
             req = _symm.staged_bcast(self, b, int(root), blocking)
             if req is not None:
                 return req
@@ -148,8 +152,11 @@ class BufferCollectives:
             if path is _symm.SYMM:
                 return _symm.allreduce(self, sendbuf, recvbuf, opx.name, in_place, blocking)
             if path is _symm.STAGED:
-                with _symm_telling_peers(self, "allreduce"):
+                try:
                     recv, send, in_place = self._allreduce_args(sendbuf, recvbuf, opx)
+                except InvalidArgument:
+                    _symm_tell_peers(self, "allreduce")
+                    raise
                 req = _symm.staged_allreduce(self, send, recv, opx.name, in_place, blocking)
                 if req is not None:
                     return req
@@ -207,8 +214,11 @@ class BufferCollectives:
         if path is _symm.SYMM:
             return _symm.allgather(self, sendbuf, recvbuf, in_place, blocking)
         if path is _symm.STAGED:
-            with _symm_telling_peers(self, "allgather"):
+            try:
                 recv, send, in_place = self._allgather_args(sendbuf, recvbuf)
+            except InvalidArgument:
+                _symm_tell_peers(self, "allgather")
+                raise
             req = _symm.staged_allgather(self, send, recv, in_place, blocking)
             if req is not None:
                 return req
@@ -273,8 +283,11 @@ class BufferCollectives:
                 return _symm.reduce_scatter(self, sendbuf, recvbuf, opx.name, in_place,
                                             blocking)
             if path is _symm.STAGED:
-                with _symm_telling_peers(self, "reduce_scatter"):
+                try:
                     recv, send = self._reduce_scatter_args(sendbuf, recvbuf, opx)
+                except InvalidArgument:
+                    _symm_tell_peers(self, "reduce_scatter")
+                    raise
                 req = _symm.staged_reduce_scatter(self, None if in_place else send,
                                                   recv if not in_place else send,
                                                   opx.name, in_place, blocking)
