@@ -59,6 +59,20 @@ class BufferCollectives:
     """Mixed into :class:`polycast.Comm`; uses its ``_post``, ``_refused``, ``rank`` and
     ``size``."""
 
+    def _i_direct(self, key: tuple, method: str, args: tuple, post, send, recv) -> Request:
+        """An I-form on the engine path: the first of ``key``'s kept DirectCalls that takes
+        the call returns its Request (done, or adopted by the engine); else ``post()``'s,
+        whose shape is kept when the compiled replay ran it whole."""
+        if self._direct:
+            for dc in self._direct.get(key, ()):
+                req = getattr(dc, method)(*args, True)
+                if req is not False:
+                    return req
+        req = post()
+        if getattr(req, "replay", None) is not None:
+            self._direct_keep(req, key, send, recv)
+        return req
+
     # -- broadcast, reduce ---------------------------------------------------------------
     # The symm path runs a blocking call on the caller's thread and a non-blocking one on
     # the communicator's worker (runtime/symm/queue.py): each collective it takes has one
@@ -70,15 +84,10 @@ class BufferCollectives:
             got = fast.bcast(buf, root, True)
             if got is not False:
                 return self._symm_state.bar.fast_request(got, "bcast")
-        if self._direct and type(root) is int:
-            for dc in self._direct.get((_BCAST, algorithm, root), ()):
-                req = dc.bcast(buf, root == self.rank, True)
-                if req is not False:
-                    return req
-        req = self._bcast(buf, root, algorithm, False)
-        if getattr(req, "replay", None) is not None:
-            self._direct_keep(req, (_BCAST, algorithm, root), None, buf)
-        return req
+        if type(root) is not int:
+            return self._bcast(buf, root, algorithm, False)
+        return self._i_direct((_BCAST, algorithm, root), "bcast", (buf, root == self.rank),
+                              lambda: self._bcast(buf, root, algorithm, False), None, buf)
 
     def _bcast(self, buf, root, algorithm, blocking: bool) -> Request:
         if _root_ok(root, self.size) and _symm.auto_staged(self, Collective.BROADCAST,
@@ -130,15 +139,11 @@ class BufferCollectives:
             got = fast.allreduce(sendbuf, recvbuf, op, True)
             if got is not False:
                 return self._symm_state.bar.fast_request(got, "allreduce")
-        if self._direct and type(op) is str:
-            for dc in self._direct.get((_ALLREDUCE, algorithm, op), ()):
-                req = dc.allreduce(sendbuf, recvbuf, True)
-                if req is not False:
-                    return req
-        req = self._allreduce(sendbuf, recvbuf, op, algorithm, False)
-        if getattr(req, "replay", None) is not None and type(op) is str:
-            self._direct_keep(req, (_ALLREDUCE, algorithm, op), sendbuf, recvbuf)
-        return req
+        if type(op) is not str:
+            return self._allreduce(sendbuf, recvbuf, op, algorithm, False)
+        return self._i_direct((_ALLREDUCE, algorithm, op), "allreduce", (sendbuf, recvbuf),
+                              lambda: self._allreduce(sendbuf, recvbuf, op, algorithm, False),
+                              sendbuf, recvbuf)
 
     def _allreduce(self, sendbuf, recvbuf, op, algorithm, blocking: bool) -> Request:
         try:
@@ -195,15 +200,9 @@ class BufferCollectives:
             got = fast.allgather(sendbuf, recvbuf, True)
             if got is not False:
                 return self._symm_state.bar.fast_request(got, "allgather")
-        if self._direct:
-            for dc in self._direct.get((_ALLGATHER, algorithm, None), ()):
-                req = dc.allgather(sendbuf, recvbuf, True)
-                if req is not False:
-                    return req
-        req = self._allgather(sendbuf, recvbuf, algorithm, False)
-        if getattr(req, "replay", None) is not None:
-            self._direct_keep(req, (_ALLGATHER, algorithm, None), sendbuf, recvbuf)
-        return req
+        return self._i_direct((_ALLGATHER, algorithm, None), "allgather", (sendbuf, recvbuf),
+                              lambda: self._allgather(sendbuf, recvbuf, algorithm, False),
+                              sendbuf, recvbuf)
 
     def _allgather(self, sendbuf, recvbuf, algorithm, blocking: bool) -> Request:
         if sendbuf is None:
@@ -259,15 +258,12 @@ class BufferCollectives:
             got = fast.reduce_scatter(sendbuf, recvbuf, op, True)
             if got is not False:
                 return self._symm_state.bar.fast_request(got, "reduce_scatter")
-        if self._direct and type(op) is str:
-            for dc in self._direct.get((_REDUCE_SCATTER, algorithm, op), ()):
-                req = dc.reduce_scatter(sendbuf, recvbuf, True)
-                if req is not False:
-                    return req
-        req = self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, False)
-        if getattr(req, "replay", None) is not None and type(op) is str:
-            self._direct_keep(req, (_REDUCE_SCATTER, algorithm, op), sendbuf, recvbuf)
-        return req
+        if type(op) is not str:
+            return self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, False)
+        return self._i_direct(
+            (_REDUCE_SCATTER, algorithm, op), "reduce_scatter", (sendbuf, recvbuf),
+            lambda: self._reduce_scatter_block(sendbuf, recvbuf, op, algorithm, False),
+            sendbuf, recvbuf)
 
     def _reduce_scatter_block(self, sendbuf, recvbuf, op, algorithm, blocking: bool
                               ) -> Request:
@@ -404,15 +400,8 @@ class BufferCollectives:
             raise self._refused("Alltoall", exc)
 
     def Ibarrier(self, *, algorithm: str | None = None) -> Request:
-        if self._direct:
-            for dc in self._direct.get((_BARRIER, algorithm, None), ()):
-                req = dc.barrier(True)
-                if req is not False:
-                    return req
-        req = self._ibarrier(algorithm)
-        if req.replay is not None:
-            self._direct_keep(req, (_BARRIER, algorithm, None), None, None)
-        return req
+        return self._i_direct((_BARRIER, algorithm, None), "barrier", (),
+                              lambda: self._ibarrier(algorithm), None, None)
 
     def _ibarrier(self, algorithm) -> Request:
         try:
