@@ -88,6 +88,23 @@ def test_a_per_peer_eager_limit_sends_eager_to_that_peer_only():
         w2.engines[0].set_eager_limits({5: 4096})       # no such peer
 
 
+def test_a_raised_eager_limit_holds_only_in_calls_the_early_buffer_can_take():
+    """A rank that posts late holds what its peers send it eager: the raised limits apply
+    only to calls of at most max_early_nbytes / 8 (count x itemsize x ranks), so a large
+    call's messages between the very same peers still go by rendezvous."""
+    P = 2
+    cfg = EngineConfig(eager_max_nbytes=EAGER, max_early_nbytes=64 * EAGER)   # bound: 8 KiB
+    # float32, count x 4 B x 2 ranks: an 8 KiB call (a 4 KiB message), then a 16 KiB one
+    for count, rendezvous in ((1024, False), (2048, True)):
+        w = World(P, cfg)
+        for a, b in ((0, 1), (1, 0)):
+            w.engines[a].set_eager_limits({b: 64 * EAGER})
+        call = w.post_call(send_recv(count))
+        w.run()
+        w.check(call)
+        assert (w.sends_of(MsgKind.RTS) + w.sends_of(MsgKind.CTS) > 0) is rendezvous, count
+
+
 def test_large_message_to_late_rank_holds_only_the_rts():
     """Ring allgather, 4 ranks, 64 KiB shards, rank 3 posts 1 s late, early buffer 16 KiB:
     eager sends overflow it and fail the call everywhere; rendezvous succeeds holding only

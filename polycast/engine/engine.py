@@ -112,29 +112,44 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         # for error messages only: rank -> note.
         self.peer_notes: dict[int, str] = {}
         # Per peer (by local rank), the largest message sent eager: config.eager_max_nbytes
-        # unless set_eager_limits raised it. Both ends of a pair must agree, since a large
-        # RECV clears its sender unasked. (A list: read on every step's start.)
-        self._eager_of = [self.config.eager_max_nbytes] * nranks
+        # unless set_eager_limits raised it (then only in calls of at most _eager_call_max
+        # bytes). Both ends of a pair must agree, since a large RECV clears its sender
+        # unasked. (Lists: read on every step's start.)
+        self._eager_base = [self.config.eager_max_nbytes] * nranks
+        self._eager_of = self._eager_base
+        self._eager_call_max = self.config.max_early_nbytes // 8
         self._p2p_init()
 
     # -- public state ---------------------------------------------------------------------
     def set_eager_limits(self, limits: dict[int, int]) -> None:
         """Messages to or from local rank ``peer`` of at most ``limits[peer]`` bytes go
-        eager (no RTS/CTS); other peers keep ``config.eager_max_nbytes``. A driver sets the
-        same value on both ends of a pair (the runtime: a shared-memory pair, by what both
-        sides know of it), before the communicator's first call."""
+        eager (no RTS/CTS); other peers keep ``config.eager_max_nbytes``. In a collective
+        only when the call is small (schedule count x itemsize x ranks at most an eighth
+        of max_early_nbytes): a rank that posts late holds what its peers send it eager
+        (the early buffer), and a large call's messages must not overflow it, so those go
+        by rendezvous as before. A driver sets the same value on both ends of a pair (the
+        runtime: a shared-memory pair, by what both sides know of it), before the
+        communicator's first call."""
         for peer, nbytes in limits.items():
             if not isinstance(nbytes, int) or nbytes < 0 or not isinstance(peer, int) \
                     or not 0 <= peer < self.nranks:
                 raise InvalidArgument(f"eager limit {nbytes!r} for peer {peer!r}")
-        eager = [self.config.eager_max_nbytes] * self.nranks
+        eager = list(self._eager_base)
         for peer, nbytes in limits.items():
             eager[peer] = nbytes
         self._eager_of = eager
 
     def eager_max_nbytes(self, peer: int) -> int:
-        """The largest message to or from ``peer`` sent eager."""
+        """The largest message to or from ``peer`` sent eager (point to point, and the
+        collectives small enough for the raised limits: :meth:`eager_limits`)."""
         return self._eager_of[peer]
+
+    def eager_limits(self, schedule, itemsize: int) -> list[int]:
+        """Per peer, the largest message of a call of ``schedule`` sent eager (the same
+        answer on every rank: the schedule and itemsize are the call's)."""
+        if schedule.count * itemsize * schedule.nranks <= self._eager_call_max:
+            return self._eager_of
+        return self._eager_base
 
     @property
     def busy(self) -> bool:
@@ -176,6 +191,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
             self._sig_cache[key] = (schedule, sig)
         r = Request(req, seq, schedule, plan, itemsize, sig, (dtype, op))
         r.prog = plan.prog
+        r.eager = self.eager_limits(schedule, itemsize)
         if replayed:
             r.replayed = replayed
             self.stats.replay_adopted += 1
@@ -531,7 +547,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
             return
         if kind is _SEND:
             nbytes = plan.nelems[idx] * r.itemsize
-            if nbytes > self._eager_of[step.peer]:
+            if nbytes > r.eager[step.peer]:
                 self._start_large_send(r, idx, step, nbytes, out)
                 return
             h = make_header(_DATA, self.comm, r.seq, self.rank, step.tag, 0, nbytes,
@@ -552,7 +568,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
                     out.append(_deliver(payload, _region(r.req, step.buf, plan.runs[idx],
                                                          h.length), step.reduce))
                 self._step_done(r, idx)
-            elif plan.nelems[idx] * r.itemsize > self._eager_of[step.peer]:
+            elif plan.nelems[idx] * r.itemsize > r.eager[step.peer]:
                 self._clear_ahead(r, step, out)
         elif kind is _COPY:
             nbytes = plan.nelems[idx] * r.itemsize

@@ -69,7 +69,7 @@ class Rendezvous:
         if idx is None:
             sidx = r.plan.send_index.get(key)
             if (sidx is not None and r.state[sidx] == PENDING
-                    and r.plan.nelems[sidx] * r.itemsize > self.eager_max_nbytes(src)
+                    and r.plan.nelems[sidx] * r.itemsize > r.eager[src]
                     and not (r.cts_early and key in r.cts_early)):
                 if r.cts_early is None:         # the receiver is ahead of this SEND
                     r.cts_early = set()

@@ -74,6 +74,7 @@ class Replay:
         if plan.multicast or not prog or len(prog) > MAX_STEPS:
             return None
         steps = []
+        eager = self.eager_limits(schedule, itemsize)
         nsend = nrecv = 0
         for idx, st in enumerate(prog):
             kind = st.kind
@@ -81,7 +82,7 @@ class Replay:
                 return None
             runs, nbytes = plan.runs[idx], plan.nelems[idx] * itemsize
             if len(runs) > 1 or kind is not Kind.COPY and nbytes > min(
-                    max_message_nbytes, self.eager_max_nbytes(st.peer)):
+                    max_message_nbytes, eager[st.peer]):
                 return None             # (a rendezvous message: the engine's)
             offset = runs[0][0] * itemsize if runs else 0
             dst, dst_offset = "", 0

@@ -19,12 +19,13 @@ class Request:
                  "rec_timer", "pace_timers", "eos_timers", "rto", "mcast_bytes_in",
                  "recovered_nbytes", "mcast_bytes_out", "served_own_nbytes", "tokens",
                  "mismatch", "mis_timer", "rts_wait", "rdv", "granted", "cts_early",
-                 "cts_ahead", "replayed")
+                 "cts_ahead", "replayed", "eager")
 
     def __init__(self, req, seq, sched, plan, itemsize, sig, desc):
         self.req, self.seq, self.sched, self.plan = req, seq, sched, plan
         self.prog = None
         self.itemsize, self.sig, self._desc = itemsize, sig, desc
+        self.eager = None               # per peer, the largest message sent eager
         self.state = [PENDING] * len(plan.ndeps)
         self.ndeps = list(plan.ndeps)
         self.ndone = 0

@@ -44,8 +44,10 @@ INLINE_POST_MAX_NBYTES = 256 << 10
 # engine's eager_max_nbytes, 256 KiB): a RTS/CTS round trip in Python cost more than the
 # second copy the ring makes, and an eager message fits one ring frame, so the compiled
 # replay carries it (2 ranks, 1 MiB allgather, 512 KiB messages: 319 -> 122 us a call).
-# Larger ones go by rendezvous, single-copy (runtime/cma.py). Bounded so that one call's
-# eager messages from every peer fill at most a quarter of the early buffer.
+# Larger ones go by rendezvous, single-copy (runtime/cma.py). Bounded so that one eager
+# message from every peer fills at most a quarter of the early buffer, and raised only in
+# calls of at most an eighth of it (Engine.eager_limits): a rank that posts late holds what
+# its peers send it eager, so a large call's messages keep the rendezvous.
 SHM_EAGER_MAX_NBYTES = 1 << 20
 
 
