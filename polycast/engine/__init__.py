@@ -32,8 +32,9 @@ it; ``tests/world.py`` is a complete small driver):
 * Large point-to-point payloads (over ``EngineConfig.eager_max_nbytes``, 256 KiB) go by an
   RTS/CTS rendezvous inside the engine: a driver sees only more small Sends (kinds RTS and
   CTS, no payload) and needs no change. ``Engine.set_eager_limits`` raises the limit per
-  peer (the runtime: 1 MiB between ranks on shared-memory rings) for calls of at most
-  ``max_early_nbytes`` / 8; both ends of a pair must use the same value. Drivers that model eager sends with an unbounded
+  peer (the runtime: 1 MiB between ranks on shared-memory rings), for point-to-point
+  messages and for calls of at most ``max_early_nbytes`` / 8; both ends of a pair must use
+  the same value. Drivers that model eager sends with an unbounded
   early buffer (the simulator) set ``eager_max_nbytes`` huge; the runtime honours
   ``POLYCAST_EAGER_MAX_NBYTES`` and ``POLYCAST_MAX_EARLY_NBYTES``.
 * ``post(..., dtype=, op=)``: pass the same strings on every rank (``str(array.dtype)``);

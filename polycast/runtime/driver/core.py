@@ -4,8 +4,8 @@ The driver turns engine actions into I/O and I/O back into engine events. Its pa
 readable alone: :mod:`.progress` (the progress thread and caller-driven progress),
 :mod:`.execute` (carrying out actions), :mod:`.peers` (rings and TCP), :mod:`.datagrams`
 (multicast), :mod:`.timers`, :mod:`.request` (what the user holds), :mod:`.replay` (small
-calls replayed by the compiled helper) and :mod:`.direct` (repeated blocking calls taken
-straight from the comm layer into it). User threads never
+calls replayed by the compiled helper) and :mod:`.direct` (repeated calls taken straight
+from the comm layer into it). User threads never
 touch engines or sockets outside the progress lock: they post under it, hand other
 commands to the progress thread, and drive progress while they wait.
 """
@@ -338,7 +338,7 @@ class Driver:
         """Local rank -> eager limit for the members on shared-memory rings
         (SHM_EAGER_MAX_NBYTES, within one ring frame and a quarter of the early buffer over
         all peers). Both ends of a pair work out the same value: they share the ring size,
-        the config and the member count. None when POLYCAST_EAGER_MAX_NBYTES is set: it
+        the config and the member count. Empty when POLYCAST_EAGER_MAX_NBYTES is set: it
         is the limit for every peer."""
         cfg = self.config
         if os.environ.get("POLYCAST_EAGER_MAX_NBYTES") or len(members) < 2:
