@@ -31,9 +31,10 @@
 #include <errno.h>
 #include <unistd.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <linux/futex.h>
 
-enum { S_EPOCH = 0, S_SIG0 = 1, S_PROGRESS = 3, S_SLEEP = 4 };
+enum { S_EPOCH = 0, S_SIG0 = 1, S_PROGRESS = 3, S_SLEEP = 4, S_ADDR = 5 };
 enum { K_ALLREDUCE = 0, K_BCAST = 1, K_ALLGATHER = 2, K_REDUCE_SCATTER = 3 };
 enum { OP_SUM = 1, OP_PROD = 2, OP_MIN = 3, OP_MAX = 4 };
 enum { T_F32 = 1, T_F64, T_I8, T_I16, T_I32, T_I64, T_U8, T_U16, T_U32, T_U64 };
@@ -49,6 +50,8 @@ typedef struct {
     Py_ssize_t half;
     unsigned long long epoch;   /* the barrier's epoch (barrier.py reads and moves it here) */
     struct Fast *fast;          /* the kept repeated calls (NULL: none kept) */
+    pid_t *pids;                /* each rank's process, for single-copy calls (NULL: none) */
+    int cma_errno, cma_peer, cma_write;     /* the last single-copy failure */
 } Bar;
 
 /* Counts for the benches (bench/symm.py --floor): waits that had to wait, polls, yields,
@@ -216,6 +219,7 @@ static void Bar_dealloc(Bar *self) {
     fast_free(self);
     PyMem_Free(self->ctrl);
     PyMem_Free(self->slots);
+    PyMem_Free(self->pids);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -301,6 +305,8 @@ typedef struct {
     uint64_t e;
     Py_buffer src, dst;
     int has_src, has_dst;
+    int cma;                /* a single-copy call (its pending phase: 1 opening, 2 closing) */
+    Py_ssize_t isz;         /* (single-copy broadcast: the itemsize, for where it cuts) */
 } Call;
 
 static void release(Call *c) {
@@ -485,14 +491,15 @@ static PyObject *Bar_finish(Bar *self, PyObject *args) {
 #define NENT 16
 typedef struct {
     int kind, flag, t, opc;     /* flag: in place (allreduce) or the root (bcast) */
-    Py_ssize_t nbytes;
+    int cma;                    /* single copy (see "single-copy calls" below), not slotted */
+    Py_ssize_t nbytes, isz;
     unsigned long long sig;
     PyObject *dtype, *op, *what, *env_key;      /* owned; op NULL for bcast */
 } Entry;
 
 struct Fast {
     double spin_s, yield_s;
-    int use_futex, nent, next, pending, pc_locked;
+    int use_futex, nent, next, pending, pc_locked;    /* (pending: pc.cma, its phase) */
     PyObject *ndarray, *in_place, *env, *symm_key, *acquire, *release, *jobs;
     Entry ent[NENT];
     Call pc;                    /* the pending call: its buffers, and the run lock, held */
@@ -501,6 +508,8 @@ struct Fast {
 };
 
 static unsigned long long n_fast;     /* calls the fast path ran (tests count them) */
+static unsigned long long n_single;   /* of them, single-copy calls */
+static unsigned long long n_single_pending[2];  /* their waits left to Python, by barrier */
 static PyObject *str_dtype;
 
 static void entry_clear(Entry *en) {
@@ -540,11 +549,7 @@ static PyObject *Bar_arm(Bar *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!OO!O!OOOddp", &PyType_Type, &o[0], &o[1], &PyDict_Type,
                           &o[2], &PyBytes_Type, &o[3], &o[4], &o[5], &o[6], &spin, &yld, &fx))
         return NULL;
-    if (!self->slots[0]) {
-        PyErr_SetString(PyExc_RuntimeError, "symm fast path: no slots set");
-        return NULL;
-    }
-    fast_free(self);
+    fast_free(self);        /* (without slots, only single-copy calls can be added) */
     struct Fast *f = PyMem_Calloc(1, sizeof(struct Fast));
     if (!f) return PyErr_NoMemory();
     PyObject **dst[7] = {&f->ndarray, &f->in_place, &f->env, &f->symm_key, &f->acquire,
@@ -560,17 +565,30 @@ static PyObject *Bar_disarm(Bar *self, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
-/* add(kind, nbytes, dtype, op or None, flag, sig, dtype code, op code, what, env_key) */
+static Entry *lookup(struct Fast *f, int kind, Py_ssize_t nbytes, PyObject *dtype,
+                     PyObject *op, int flag);
+
+/* add(kind, nbytes, dtype, op or None, flag, sig, dtype code, op code, what, env_key[, cma])
+ * cma: a single-copy allgather or broadcast (set_pids first), not a slotted call. */
 static PyObject *Bar_add(Bar *self, PyObject *args) {
     Entry en = {0};
     PyObject *dtype, *op, *what, *key;
-    if (!PyArg_ParseTuple(args, "inOOiKiiUO!", &en.kind, &en.nbytes, &dtype, &op, &en.flag,
-                          &en.sig, &en.t, &en.opc, &what, &PyBytes_Type, &key))
+    if (!PyArg_ParseTuple(args, "inOOiKiiUO!|p", &en.kind, &en.nbytes, &dtype, &op, &en.flag,
+                          &en.sig, &en.t, &en.opc, &what, &PyBytes_Type, &key, &en.cma))
         return NULL;
     struct Fast *f = self->fast;
     int isz = 1;
     int P = self->size, ok = f && en.nbytes > 0;
-    switch (en.kind) {     /* (nbytes: recvbuf's; what a rank copies in must fit a slot) */
+    if (en.cma) {
+        PyObject *got = PyObject_GetAttrString(dtype, "itemsize");
+        if (!got) return NULL;
+        en.isz = PyLong_AsSsize_t(got);
+        Py_DECREF(got);
+        if (en.isz == -1 && PyErr_Occurred()) return NULL;
+        ok = ok && self->pids && en.isz > 0 && en.nbytes % en.isz == 0 && op == Py_None
+             && (en.kind == K_ALLGATHER ? en.nbytes % P == 0 && en.flag == 0
+                 : en.kind == K_BCAST && en.flag >= 0 && en.flag < P);
+    } else switch (en.kind) {   /* (nbytes: recvbuf's; what a rank copies in must fit a slot) */
     case K_ALLREDUCE:
         ok = ok && en.nbytes <= self->half && PyUnicode_CheckExact(op)
              && fold_for(en.t, en.opc, &isz) && en.nbytes % isz == 0 && (en.flag & ~1) == 0;
@@ -593,7 +611,9 @@ static PyObject *Bar_add(Bar *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "symm fast path: not armed, or not such a call");
         return NULL;
     }
-    Entry *slot = f->nent < NENT ? &f->ent[f->nent++] : &f->ent[f->next++ % NENT];
+    /* (a shape kept again, e.g. after a call the gate sent to Python: replaced, not doubled) */
+    Entry *slot = lookup(f, en.kind, en.nbytes, dtype, op == Py_None ? NULL : op, en.flag);
+    if (!slot) slot = f->nent < NENT ? &f->ent[f->nent++] : &f->ent[f->next++ % NENT];
     entry_clear(slot);
     en.dtype = Py_NewRef(dtype);
     en.op = op == Py_None ? NULL : Py_NewRef(op);
@@ -632,6 +652,134 @@ no:
     return 0;
 }
 
+/* ---- single-copy calls (single.py's allgather and broadcast, kept like the small ones) ----
+ * Above the slots, or from 512 KiB a rank when every rank has a core, an allgather or a
+ * broadcast on one host reads (and the broadcast's root writes) the peers' arrays with
+ * process_vm_readv / writev: each rank publishes its array's address in its ADDR slot, then
+ * the opening barrier (descriptors compared: a mismatch copies nothing), the copies (GIL
+ * released), and a closing barrier that keeps every array in the call until its readers are
+ * done. single.py runs the same protocol in Python with the same descriptors, so a rank here
+ * and a rank there interoperate. A wait beyond the spin and the yields returns pending, in
+ * its phase (1: at the opening barrier, 2: at the closing one), to barrier.py's bounded loop,
+ * which calls finish_pending() until it is done. A failed copy returns -2 with nothing more
+ * done (cma_error() says which peer and why; barrier.py raises PeerLost for ESRCH and marks
+ * the barrier broken, as single.py does). Blocking calls only: an I-variant takes Python. */
+static int cma_move(pid_t pid, char *local, uint64_t remote, Py_ssize_t n, int write) {
+    while (n > 0) {
+        struct iovec l = {local, (size_t)n}, r = {(void *)(uintptr_t)remote, (size_t)n};
+        ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0)
+                            : process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (got == 0) return EFAULT;
+        local += got; remote += (uint64_t)got; n -= got;
+    }
+    return 0;
+}
+
+/* The copies of a single-copy call whose opening barrier passed (GIL released): allgather
+ * reads every peer's block straight into dst; a broadcast's root writes the last n / P
+ * elements of every other rank's array while each of them reads the rest from the root's
+ * (single.py's bcast). 0, or the errno (b->cma_peer, b->cma_write: where it failed). */
+static int cma_copies(Bar *b, Call *c) {
+    int P = b->size, r = b->rank, err = 0, p = 0, write = 0;
+    if (c->kind == K_ALLGATHER) {
+        Py_ssize_t n = c->src.len;
+        for (int i = 1; i < P && !err; i++) {
+            p = (r + i) % P;
+            err = cma_move(b->pids[p], (char *)c->dst.buf + p * n,
+                           __atomic_load_n(&b->ctrl[p][S_ADDR], __ATOMIC_RELAXED), n, 0);
+        }
+    } else {
+        Py_ssize_t n = r == c->root ? c->src.len : c->dst.len, count = n / c->isz;
+        Py_ssize_t cut = (count - count / P) * c->isz;
+        if (r == c->root) {
+            write = 1;
+            for (int i = 1; i < P && !err; i++) {
+                p = (r + i) % P;
+                err = cma_move(b->pids[p], (char *)c->src.buf + cut,
+                               __atomic_load_n(&b->ctrl[p][S_ADDR], __ATOMIC_RELAXED) + cut,
+                               n - cut, 1);
+            }
+        } else {
+            p = c->root;
+            err = cma_move(b->pids[p], c->dst.buf,
+                           __atomic_load_n(&b->ctrl[p][S_ADDR], __ATOMIC_RELAXED), cut, 0);
+        }
+    }
+    if (err) { b->cma_errno = err; b->cma_peer = p; b->cma_write = write; }
+    return err;
+}
+
+static void hold_pending(struct Fast *f, Call *c, int phase) {
+    n_single_pending[phase - 1]++;
+    f->pc = *c;
+    f->pc.cma = phase;
+    f->pending = 1;
+    f->pc_locked = 1;
+}
+
+/* A single-copy call c (buffers and run lock held) once every peer reached its opening
+ * barrier: compare the descriptors, copy, then the closing barrier. True, -1 (descriptors
+ * differ: nothing copied), -2 (a copy failed) or n > 0 (pending at the closing barrier). */
+static PyObject *cma_rest(Bar *b, Call *c) {
+    struct Fast *f = b->fast;
+    long rc = 0;
+    if (!sigs_equal(b, c->e)) rc = -1;
+    else {
+        PyThreadState *ts = PyEval_SaveThread();
+        int err = cma_copies(b, c);
+        PyEval_RestoreThread(ts);
+        if (err) rc = -2;
+    }
+    if (rc == 0) {
+        unsigned long long e = ++b->epoch;      /* the closing barrier (descriptor 0) */
+        c->e = e;
+        f->last_e = e;
+        __atomic_store_n(&b->ctrl[b->rank][S_SIG0 + (e & 1)], 0, __ATOMIC_RELAXED);
+        publish(b, S_EPOCH, e);
+        int n = wait_slot(b, -1, S_EPOCH, e, f->spin_s, f->yield_s, 0.0, f->use_futex);
+        if (n > 0) {
+            hold_pending(f, c, 2);
+            return PyLong_FromLong(n);
+        }
+    }
+    release(c);
+    unlock(f);
+    if (rc == 0) Py_RETURN_TRUE;
+    return PyLong_FromLong(rc);
+}
+
+/* A kept single-copy call, the run lock taken: publish our array's address (and copy our
+ * own block, allgather), then the opening barrier. */
+static PyObject *run_cma(Bar *b, Entry *en, Call *c) {
+    struct Fast *f = b->fast;
+    unsigned long long e = ++b->epoch;
+    c->e = e; c->kind = en->kind; c->isz = en->isz;
+    c->root = en->kind == K_BCAST ? en->flag : 0;
+    f->last_e = e;
+    Py_XSETREF(f->last_what, Py_NewRef(en->what));
+    n_fast++;
+    n_single++;
+    char *mine = c->has_src ? c->src.buf : c->dst.buf;
+    __atomic_store_n(&b->ctrl[b->rank][S_ADDR], (uint64_t)(uintptr_t)mine, __ATOMIC_RELAXED);
+    if (en->kind == K_ALLGATHER) {      /* our block, while the peers arrive (not in place) */
+        PyThreadState *ts = PyEval_SaveThread();
+        memcpy((char *)c->dst.buf + (Py_ssize_t)b->rank * c->src.len, c->src.buf, c->src.len);
+        PyEval_RestoreThread(ts);
+    }
+    __atomic_store_n(&b->ctrl[b->rank][S_SIG0 + (e & 1)], (uint64_t)en->sig, __ATOMIC_RELAXED);
+    publish(b, S_EPOCH, e);
+    int n = wait_slot(b, -1, S_EPOCH, e, f->spin_s, f->yield_s, 0.0, f->use_futex);
+    if (n > 0) {
+        hold_pending(f, c, 1);
+        return PyLong_FromLong(n);
+    }
+    return cma_rest(b, c);
+}
+
 /* The call (buffers in c) once its entry is found: True done, False not mine (nothing done),
  * -1 descriptors differ (nothing copied out: the caller raises MismatchError), n > 0 peers
  * still missing (pending: the caller waits in barrier.py's loop, then finish_pending()).
@@ -641,10 +789,11 @@ no:
 #define NB_SPIN_S 10e-6
 static PyObject *run_fast(Bar *b, Entry *en, Call *c, int nonblocking) {
     struct Fast *f = b->fast;
-    if (!gate(f, en)) {
+    if ((en->cma && nonblocking) || !gate(f, en)) {
         release(c);
         Py_RETURN_FALSE;
     }
+    if (en->cma) return run_cma(b, en, c);
     unsigned long long e = ++b->epoch;
     c->e = e; c->kind = en->kind; c->t = en->t; c->op = en->opc;
     c->root = en->kind == K_BCAST ? en->flag : 0;
@@ -659,6 +808,7 @@ static PyObject *run_fast(Bar *b, Entry *en, Call *c, int nonblocking) {
         : wait_slot(b, -1, S_EPOCH, e, f->spin_s, f->yield_s, 0.0, f->use_futex);
     if (n > 0) {
         f->pc = *c;
+        f->pc.cma = 0;
         f->pending = 1;
         f->pc_locked = !nonblocking;
         if (nonblocking) unlock(f);
@@ -797,13 +947,27 @@ static PyObject *Bar_bcast(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
     return run_fast(self, en, &c, nb);
 }
 
-/* finish_pending() -> 0, or -1 (descriptors differ): a pending call, once every peer arrived. */
+/* finish_pending() -> 0, or -1 (descriptors differ): a pending call, once every peer arrived.
+ * A single-copy call may also answer -2 (a copy failed) or n > 0 (pending again, at its
+ * closing barrier: last() says which epoch). */
 static PyObject *Bar_finish_pending(Bar *self, PyObject *noargs) {
     struct Fast *f = self->fast;
     int first;
     if (!f || !f->pending || missing_of(self, -1, S_EPOCH, f->pc.e, &first)) {
         PyErr_SetString(PyExc_RuntimeError, "symm fast path: nothing to finish, or early");
         return NULL;
+    }
+    if (f->pc.cma) {
+        Call c = f->pc;             /* (the buffers and the run lock move to c) */
+        f->pending = 0;
+        if (c.cma == 1) {
+            PyObject *got = cma_rest(self, &c);
+            if (got == Py_True) { Py_DECREF(got); return PyLong_FromLong(0); }
+            return got;
+        }
+        release(&c);
+        unlock(f);
+        return PyLong_FromLong(0);
     }
     int rc = 0;
     if (!sigs_equal(self, f->pc.e)) rc = -1;
@@ -816,6 +980,39 @@ static PyObject *Bar_finish_pending(Bar *self, PyObject *noargs) {
 static PyObject *Bar_drop_pending(Bar *self, PyObject *noargs) {
     if (self->fast) drop_pending(self->fast);
     Py_RETURN_NONE;
+}
+
+/* cma_error() -> (peer, errno, wrote): where the last single-copy call's copy failed. */
+static PyObject *Bar_cma_error(Bar *self, PyObject *noargs) {
+    return Py_BuildValue("iiO", self->cma_peer, self->cma_errno,
+                         self->cma_write ? Py_True : Py_False);
+}
+
+/* set_pids(pids): each rank's process id, for single-copy calls. */
+static PyObject *Bar_set_pids(Bar *self, PyObject *args) {
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "a sequence of process ids");
+    if (!fast) return NULL;
+    pid_t *pids = NULL;
+    if (PySequence_Fast_GET_SIZE(fast) != self->size) {
+        PyErr_SetString(PyExc_ValueError, "one process id per rank");
+        goto fail;
+    }
+    if (!(pids = PyMem_Calloc(self->size, sizeof(pid_t)))) { PyErr_NoMemory(); goto fail; }
+    for (int p = 0; p < self->size; p++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, p));
+        if (v == -1 && PyErr_Occurred()) goto fail;
+        pids[p] = (pid_t)v;
+    }
+    Py_DECREF(fast);
+    PyMem_Free(self->pids);
+    self->pids = pids;
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(pids);
+    Py_DECREF(fast);
+    return NULL;
 }
 
 /* last() -> (epoch, what) of the last fast call (for barrier.py's wait and messages). */
@@ -861,6 +1058,8 @@ static PyMethodDef Bar_methods[] = {
     {"finish_pending", (PyCFunction)Bar_finish_pending, METH_NOARGS, "the rest of a pending call"},
     {"drop_pending", (PyCFunction)Bar_drop_pending, METH_NOARGS, "give a pending call up"},
     {"last", (PyCFunction)Bar_last, METH_NOARGS, "(epoch, what) of the last fast call"},
+    {"cma_error", (PyCFunction)Bar_cma_error, METH_NOARGS, "where a single-copy call failed"},
+    {"set_pids", (PyCFunction)Bar_set_pids, METH_VARARGS, "each rank's process id"},
     {"set_slots", (PyCFunction)Bar_set_slots, METH_VARARGS, "each rank's slots segment"},
     {"publish", (PyCFunction)Bar_publish, METH_VARARGS, "release-store a slot, wake sleepers"},
     {"wait", (PyCFunction)Bar_wait, METH_VARARGS, "spin, yield, sleep once: peers missing"},
@@ -883,8 +1082,10 @@ static PyTypeObject BarType = {
 };
 
 static PyObject *stats(PyObject *mod, PyObject *noargs) {
-    return Py_BuildValue("{sKsKsKsKsK}", "waits", n_waits, "polls", n_polls, "yields", n_yields,
-                         "sleeps", n_sleeps, "fast", n_fast);
+    return Py_BuildValue("{sKsKsKsKsKsKsKsK}", "waits", n_waits, "polls", n_polls, "yields",
+                         n_yields, "sleeps", n_sleeps, "fast", n_fast, "single", n_single,
+                         "single_pending_open", n_single_pending[0],
+                         "single_pending_close", n_single_pending[1]);
 }
 
 static PyMethodDef module_methods[] = {

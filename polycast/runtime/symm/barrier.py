@@ -167,19 +167,28 @@ class EpochBarrier:
 
     def fast_rest(self, got: int) -> None:
         """The rest of a fast call that returned ``got`` (not True/False): n > 0 peers still
-        missing (wait in :meth:`wait_for`'s bounded loop, then finish), -1 the descriptors
-        differ (MismatchError on every rank)."""
+        missing (wait in :meth:`wait_for`'s bounded loop, then finish; a single-copy call
+        may wait again, at its closing barrier), -1 the descriptors differ (MismatchError on
+        every rank), -2 a single-copy call's copy failed (PeerLost when the peer is gone)."""
         native = self._native
         e, what = native.last()
         try:
-            if got > 0:
+            while got > 0:
                 self.wait_for(self._others, EPOCH, e, what, "did not reach the barrier")
                 got = native.finish_pending()
+                if got > 0:
+                    e, what = native.last()
         except (PeerLost, CollectiveTimeout) as exc:
             self.broken = f"{type(exc).__name__}: {exc}"
             raise
         finally:
             native.drop_pending()
+        if got == -2:
+            from .single import copy_error      # (single.py imports this module)
+            p, err, wrote = native.cma_error()
+            exc = copy_error(self.rank, p, what, err, wrote)
+            self.broken = f"{type(exc).__name__}: {exc}"
+            raise exc
         if got < 0:
             slot = SIG0 // 8 + (e & 1)
             self.check_sigs([int(c[slot]) for c in self.ctrl], what)

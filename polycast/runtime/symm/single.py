@@ -28,6 +28,7 @@ slots at 4 ranks, 1 MiB, the slotted form stays faster: 234-243 vs 296-381 us.)
 from __future__ import annotations
 
 import errno
+import os
 
 import numpy as np
 
@@ -70,6 +71,16 @@ def bcast_wanted(st: SymmState, nbytes: int) -> bool:
     return st.single_copy_writes and wanted(st, nbytes)
 
 
+def copy_error(rank: int, p: int, what: str, err: int, write: bool) -> PolycastError:
+    """The error of a single copy from (``write``: into) rank ``p``'s array that failed
+    with errno ``err``: PeerLost when ``p`` is gone (ESRCH)."""
+    doing = "writing into" if write else "reading"
+    if err == errno.ESRCH:
+        return PeerLost(p, f"rank {rank}: {what}: rank {p} exited while {doing} its array")
+    return PolycastError(f"rank {rank}: {what}: {doing} rank {p}'s array failed "
+                         f"({os.strerror(err)})")
+
+
 def _read_peer(st: SymmState, p: int, dst, addr: int, what: str, write: bool = False
                ) -> None:
     """Copy ``dst.nbytes`` bytes at ``addr`` in rank ``p``'s memory into ``dst``
@@ -81,13 +92,7 @@ def _read_peer(st: SymmState, p: int, dst, addr: int, what: str, write: bool = F
         (cma.write if write else cma.read)(st.pids[p], [(_address(dst), dst.nbytes)],
                                            [(addr, dst.nbytes)])
     except OSError as exc:
-        doing = "writing into" if write else "reading"
-        if exc.errno == errno.ESRCH:
-            err = PeerLost(p, f"rank {st.rank}: {what}: rank {p} exited while {doing} its "
-                              "array")
-        else:
-            err = PolycastError(f"rank {st.rank}: {what}: {doing} rank {p}'s array failed "
-                                f"({exc.strerror or exc})")
+        err = copy_error(st.rank, p, what, exc.errno or errno.EIO, write)
         st.bar.broken = f"{type(err).__name__}: {err}"
         raise err from None
 
@@ -126,13 +131,22 @@ def _reduce_from_peers(st: SymmState, ufunc, ropt, mine, acc, addrs: list, what:
         apply_avg(acc, P)
 
 
+# A call's (description, descriptor): the compiled helper keeps the same ones for the calls
+# it repeats (staged._keep_fast), so a rank there and a rank here agree.
+def allgather_sig(n: int, dt) -> tuple[str, int]:
+    return _describe("allgather", n, dt), call_sig("allgather-single-copy", n, dt.str)
+
+
+def bcast_sig(n: int, dt, root: int) -> tuple[str, int]:
+    return _describe("bcast", n, dt), call_sig("bcast-single-copy", n, dt.str, root)
+
+
 def allgather(comm, st: SymmState, src, out, n: int, in_place: bool, blocking: bool):
     """Allgather: every rank reads every peer's block from the peer's sendbuf (or its
     block of recvbuf, in place) straight into its recvbuf ``out`` (P x n)."""
     P, r = comm.size, comm.rank
     dt = src.dtype
-    what = _describe("allgather", n, dt)
-    sig = call_sig("allgather-single-copy", n, dt.str)
+    what, sig = allgather_sig(n, dt)
     ctrl = st.bar.ctrl
 
     def job():
@@ -158,8 +172,7 @@ def bcast(comm, st: SymmState, b, root: int, blocking: bool):
     dt, n = b.dtype, b.size
     isz = dt.itemsize
     cut = n - n // P
-    what = _describe("bcast", n, dt)
-    sig = call_sig("bcast-single-copy", n, dt.str, root)
+    what, sig = bcast_sig(n, dt, root)
     ctrl = st.bar.ctrl
 
     def job():

@@ -157,12 +157,14 @@ _FAST_KINDS = {K_ALLREDUCE: Collective.ALLREDUCE, K_BCAST: Collective.BROADCAST,
                K_ALLGATHER: Collective.ALLGATHER, K_REDUCE_SCATTER: Collective.REDUCE_SCATTER}
 
 
-def _keep_fast(st: SymmState, key: tuple, entry: tuple) -> None:
+def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> None:
     """Hand a kept call shape to the compiled helper's one-call fast path
     (``Comm.Allreduce`` -> ``Barrier.allreduce``, and Bcast, Allgather and
     Reduce_scatter_block alike (not in place: those two keep the Python path), with their
     I-variants; no Python between; see _symm.c): the next such call is checked there, from
-    the arrays, and run whole.
+    the arrays, and run whole. ``cma``: a single-copy Allgather or Bcast (:mod:`.single`,
+    blocking calls only), whose choice of single copy (:func:`.single.wanted`, which asks
+    how many cores the rank may use) is kept with the shape, as the planner's answer is.
     Only while this path takes calls without conditions that can change per call: no
     symm_empty arrays (they route by buffer), no broken barrier or refused staging
     (:meth:`.barrier.EpochBarrier.fast_off` is called when either happens)."""
@@ -170,7 +172,8 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple) -> None:
     native = bar.native
     store = getattr(os.environ, "_data", None)
     if (native is None or bar.broken or st.nuser or st.auto_refused or st.growing
-            or os.name != "posix" or type(store) is not dict or st.slots is None):
+            or os.name != "posix" or type(store) is not dict
+            or st.slots is None and not cma):
         return
     kind, _, what, sig, codes, root, _ = entry
     nbytes = key[1] * key[2].itemsize
@@ -186,7 +189,10 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple) -> None:
                       "Bcast calls take the compiled one-call path", file=sys.stderr,
                       flush=True)
         env_key = os.fsencode(environ.algorithm_var(_FAST_KINDS[kind]))
-        if kind == K_BCAST:
+        if cma:
+            native.set_pids(st.pids)
+            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, env_key, True)
+        elif kind == K_BCAST:
             native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, env_key)
         elif key[-1]:               # in place: allreduce only
             if kind == K_ALLREDUCE:
@@ -250,6 +256,9 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
     dt = recv.dtype
     out = recv.reshape(P, n)
     if single.wanted(st, n * dt.itemsize):
+        if not in_place and recv is recvbuf and src is sendbuf:
+            _keep_fast(st, key, (K_ALLGATHER, "allgather", *single.allgather_sig(n, dt),
+                                 (0, 0), 0, 0), cma=True)
         return single.allgather(comm, st, src, out, n, in_place, blocking)
     plan = _plan(comm, st, ("allgather", n, dt), n * dt.itemsize, ("allgather", n, dt.str),
                  ("allgather", n, dt), "allgather-staged",
@@ -434,6 +443,9 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
     dt, n = b.dtype, b.size
     nbytes = n * dt.itemsize
     if single.bcast_wanted(st, nbytes):   # no staging: copied root -> ranks by the kernel
+        if b is buf:
+            _keep_fast(st, key, (K_BCAST, "bcast", *single.bcast_sig(n, dt, root), (0, 0),
+                                 root, 0), cma=True)
         return single.bcast(comm, st, b, root, blocking)
     plan = _plan(comm, st, ("bcast", n, dt, root), nbytes, ("bcast", n, dt.str, root),
                  ("bcast", n, dt, f"root {root}"), "bcast",
