@@ -30,6 +30,9 @@ bench/results/cma_floor.json):
 
 The ranks wrap those functions for timing (a few us per call); use the split for
 where the time goes, and ``polycast bench`` / ``bench/peers.py`` for the busbw figures.
+``auto``'s calls are split on its Python path: the compiled helper, which runs a repeated
+large allgather or broadcast whole (same copies, no Python between), is turned off for
+each timed call, as the wrappers could not see inside it.
 ``--realtime`` runs the ranks at ``chrt -r 1`` (root): the machine's other load stays out.
 """
 
@@ -183,6 +186,13 @@ def _rank(args) -> None:
                 os.environ["POLYCAST_SYMM"] = "0"
 
             def once():
+                if algo == "auto":
+                    # The compiled helper runs a repeated large allgather or broadcast whole,
+                    # copies and barriers, where these wrappers cannot time its parts: each
+                    # timed call is made to take the Python path, which does the same copies.
+                    st = comm.__dict__.get("_symm_state")
+                    if st is not None:
+                        st.bar.fast_off()
                 if coll is Collective.ALLGATHER:
                     comm.Allgather(send, recv, algorithm=how)
                 elif coll is Collective.BROADCAST:
