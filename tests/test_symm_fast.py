@@ -300,8 +300,9 @@ def _profile(tmp_path) -> str:
                         str(tmp_path / "profile.json"))
 
 
-def _run(nranks, suite, tmp_path, native="1", timeout_s="10"):
-    results = spawn_ranks(nranks, [HERE, "--suite", suite],
+def _run(nranks, suite, tmp_path, native="1", timeout_s="10", script=HERE):
+    """``script --suite suite`` as ``nranks`` ranks (``native`` "mixed": rank 1 in Python)."""
+    results = spawn_ranks(nranks, [script, "--suite", suite],
                           env={"POLYCAST_TIMEOUT": timeout_s, "POLYCAST_PROFILE": _profile(
                               tmp_path), "POLYCAST_NATIVE": "0" if native == "0" else "1"},
                           per_rank={1: {"POLYCAST_NATIVE": "0"}} if native == "mixed" else None,

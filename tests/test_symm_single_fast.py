@@ -196,20 +196,14 @@ if __name__ == "__main__" and "--suite" in sys.argv:
 
 import pytest  # noqa: E402
 
-from test_runtime_helpers import spawn_ranks  # noqa: E402
-from test_symm_fast import _needs_symm_native, _profile  # noqa: E402
+from test_symm_fast import _needs_symm_native, _run as _run_script  # noqa: E402
 
 HERE = os.path.relpath(os.path.abspath(__file__), os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
 def _run(nranks, suite, tmp_path, native="1", timeout_s="10"):
-    return spawn_ranks(nranks, [HERE, "--suite", suite],
-                       env={"POLYCAST_TIMEOUT": timeout_s,
-                            "POLYCAST_PROFILE": _profile(tmp_path),
-                            "POLYCAST_NATIVE": "0" if native == "0" else "1"},
-                       per_rank={1: {"POLYCAST_NATIVE": "0"}} if native == "mixed" else None,
-                       timeout=180)
+    return _run_script(nranks, suite, tmp_path, native, timeout_s, script=HERE)
 
 
 def _ok(res, min_checks: int = 40) -> None:
