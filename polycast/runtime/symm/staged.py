@@ -185,8 +185,9 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> No
                        q._run_lock.release, q._jobs, bar.spin_seconds, bar.yield_seconds,
                        bar.use_futex)
             if debug.level() >= 1:
-                print(f"[rank {comm.rank}] polycast INFO symm: repeated small Allreduce and "
-                      "Bcast calls take the compiled one-call path", file=sys.stderr,
+                print(f"[rank {comm.rank}] polycast INFO symm: repeated calls of a kept "
+                      "shape (small ones; large Allgather and Bcast single-copy) take the "
+                      "compiled one-call path", file=sys.stderr,
                       flush=True)
         env_key = os.fsencode(environ.algorithm_var(_FAST_KINDS[kind]))
         if cma:
