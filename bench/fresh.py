@@ -18,6 +18,7 @@ default ``auto``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -117,14 +118,15 @@ def _launch(lib: str, nranks: int, plan: dict, workdir: str, timeout_s: float) -
         cmd = [sys.executable, "-m", "polycast.cli.main", "run", "-n", str(nranks), *args]
     else:
         mpiexec = find_mpiexec()
-        if mpiexec is None:
-            print("MPICH: no mpiexec (pip install mpich mpi4py)", file=sys.stderr)
+        if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
+            print("MPICH: not run, mpi4py or mpiexec missing (pip install mpich mpi4py)",
+                  file=sys.stderr)
             return []
         cmd = [mpiexec, "-n", str(nranks), sys.executable, *args]
     done = run_bounded(cmd, timeout_s)
     if done.returncode != 0 or not os.path.exists(out):
         print(f"{lib}: failed ({'timed out' if done.timed_out else done.returncode}): "
-              f"{done.err[-800:]}", file=sys.stderr)
+              f"{done.stderr[-800:]}", file=sys.stderr)
         return []
     return json.loads(Path(out).read_text())
 

@@ -17,6 +17,7 @@ def test_fresh_bench_times_both_modes_and_checks_the_outputs(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH / "fresh.py"), "-n", "2", "--sizes",
                            "4KiB,600KiB", "--iters", "20", "--warmup", "3", "--json",
                            str(out)], capture_output=True, text=True, timeout=240)
+    assert out.exists(), done.stdout[-1000:] + done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     mine = {(r["collective"], r["nbytes"], r["mode"]): r for r in rows
             if r["library"] == "polycast"}
