@@ -1,6 +1,7 @@
 """Builds the optional compiled helpers: the shared-memory rings' (polycast/runtime/_ring.c,
 with the compiled replay of a memoized small call, polycast/runtime/_replay.c)
-and the symm barrier's and small calls' (polycast/runtime/symm/_symm.c).
+and the symm barrier's and kept calls' (polycast/runtime/symm/_symm*.c, parts listed in
+_symm.h).
 
 Everything else is declared in pyproject.toml. ``optional=True``: where no C compiler (or no
 Python headers) is found, pip still installs polycast and the rings and the symm path run
@@ -17,7 +18,13 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
                                                            "polycast/runtime/_replay.c"],
                                  depends=["polycast/runtime/_ring.h"],
                                  extra_compile_args=["-O2", "-std=gnu11"], optional=True))
-    ext_modules.append(Extension("polycast.runtime.symm._symm", ["polycast/runtime/symm/_symm.c"],
-                                 extra_compile_args=["-O3", "-std=gnu11"], optional=True))
+    symm = "polycast/runtime/symm/_symm"
+    ext_modules.append(Extension("polycast.runtime.symm._symm",
+                                 [f"{symm}{part}.c" for part in ("", "_wait", "_fold", "_slots",
+                                                                 "_fast", "_single")],
+                                 depends=[f"{symm}.h"],
+                                 # (its parts share names like publish and release: not exported)
+                                 extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
+                                 optional=True))
 
 setup(ext_modules=ext_modules)

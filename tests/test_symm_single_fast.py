@@ -1,7 +1,7 @@
 """The compiled helper's single-copy calls: a repeated large ``auto`` Allgather or Bcast on
 one host (single.py's protocol: publish the array's address, opening barrier, copies with
-process_vm_readv / writev, closing barrier) run whole in _symm.c once the Python path ran
-the same shape (counted by the helper: ``stats()["single"]``). Checked with new data on
+process_vm_readv / writev, closing barrier) run whole in _symm_single.c once the Python
+path ran the same shape (counted by the helper: ``stats()["single"]``). Checked with new data on
 every call: exact results, broadcast roots whose count P does not divide, the refusals
 (I-variants, an explicit algorithm, POLYCAST_SYMM=0), ranks calling differently (every
 rank raises MismatchError and nothing is written), a late rank and waits left to Python

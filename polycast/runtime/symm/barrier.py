@@ -19,12 +19,12 @@ publishes a slot wakes the futex when a peer has said it sleeps (its SLEEP slot)
 wake-up lost to a store/load reordering between those two costs one SLEEP_CHECK_SECONDS
 sleep, never a hang. Without futexes (not Linux, POLYCAST_FUTEX=0) it naps instead.
 
-The compiled helper (``_symm.c``, built by pip where a C compiler exists; POLYCAST_NATIVE=0
-turns it off) runs the same protocol with release/acquire ordering and fenced sleep flags:
-the publish, the poll/yield/sleep of a wait (returning to this module's loop every
-SLEEP_CHECK_SECONDS at most, so the deadline and dead peers are still checked), and whole
-small slotted calls (:meth:`EpochBarrier.run_small`). Its layout is this one: a compiled
-rank and a Python rank interoperate.
+The compiled helper (``_symm*.c``, its parts listed in ``_symm.h``; built by pip where a C
+compiler exists; POLYCAST_NATIVE=0 turns it off) runs the same protocol with release/acquire
+ordering and fenced sleep flags: the publish, the poll/yield/sleep of a wait (returning to
+this module's loop every SLEEP_CHECK_SECONDS at most, so the deadline and dead peers are
+still checked), and whole small slotted calls (:meth:`EpochBarrier.run_small`). Its layout
+is this one: a compiled rank and a Python rank interoperate.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ barrier keeps every source untouched until its readers are done. The staged form
 each byte twice (in, then out) and holds as many barriers. A dead owner makes the read fail
 with ESRCH, raised as PeerLost: never a read of freed memory, never a hang. POLYCAST_CMA=0
 turns it off (then everything stages). A repeated blocking allgather or broadcast of one
-shape runs whole in the compiled helper (_symm.c, "single-copy calls"; kept by
+shape runs whole in the compiled helper (_symm_single.c; kept by
 staged._keep_fast with this module's descriptors, so ranks on either side agree): at 2
 ranks a 1 MiB allgather went 83-90 -> 42-46 us a call, the Python around the copies and
 the barriers gone.

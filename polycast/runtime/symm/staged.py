@@ -86,7 +86,7 @@ def _place(comm, st: SymmState, nbytes: int, desc: tuple, what: str):
 
 PLANS_MAX = 256         # kept call shapes per communicator (more: start over)
 
-# The compiled helper's codes (_symm.c) for the dtypes and ops it reduces itself.
+# The compiled helper's codes (_symm_fold.c) for the dtypes and ops it reduces itself.
 _DTYPE_CODES = {"<f4": 1, "<f8": 2, "|i1": 3, "<i2": 4, "<i4": 5, "<i8": 6,
                 "|u1": 7, "<u2": 8, "<u4": 9, "<u8": 10}
 _OP_CODES = {ReduceOp.SUM: 1, ReduceOp.AVG: 1, ReduceOp.PROD: 2, ReduceOp.MIN: 3,
@@ -161,7 +161,7 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> No
     """Hand a kept call shape to the compiled helper's one-call fast path
     (``Comm.Allreduce`` -> ``Barrier.allreduce``, and Bcast, Allgather and
     Reduce_scatter_block alike (not in place: those two keep the Python path), with their
-    I-variants; no Python between; see _symm.c): the next such call is checked there, from
+    I-variants; no Python between; see _symm_fast.c): the next such call is checked there, from
     the arrays, and run whole. ``cma``: a single-copy Allgather or Bcast (:mod:`.single`,
     blocking calls only), whose choice of single copy (:func:`.single.wanted`, which asks
     how many cores the rank may use) is kept with the shape, as the planner's answer is.
