@@ -257,7 +257,8 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
     dt = recv.dtype
     out = recv.reshape(P, n)
     if single.wanted(st, n * dt.itemsize):
-        if not in_place and recv is recvbuf and src is sendbuf:
+        if blocking and not in_place and recv is recvbuf and src is sendbuf:
+            # (the helper runs blocking calls only: an I-variant would re-add it each time)
             _keep_fast(st, key, (K_ALLGATHER, "allgather", *single.allgather_sig(n, dt),
                                  (0, 0), 0, 0), cma=True)
         return single.allgather(comm, st, src, out, n, in_place, blocking)
@@ -444,7 +445,7 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
     dt, n = b.dtype, b.size
     nbytes = n * dt.itemsize
     if single.bcast_wanted(st, nbytes):   # no staging: copied root -> ranks by the kernel
-        if b is buf:
+        if blocking and b is buf:         # (the helper runs blocking calls only)
             _keep_fast(st, key, (K_BCAST, "bcast", *single.bcast_sig(n, dt, root), (0, 0),
                                  root, 0), cma=True)
         return single.bcast(comm, st, b, root, blocking)
