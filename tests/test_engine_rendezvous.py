@@ -399,35 +399,46 @@ if rank == P - 1:
 comm.Allgather(x, y, algorithm="ring")
 ok = np.array_equal(y, np.arange(P * n, dtype=np.float32))
 st = comm.stats()
-print(f"RESULT ok={ok} peak={st.early_peak_nbytes} rts={st.rts_out} cts={st.cts_out}",
+print(f"RESULT ok={ok} peak={st.early_peak_nbytes} rts={st.rts_out} cts={st.cts_out} "
+      f"pull={st.pull_out} held={st.pull_held} cma={int(bool(comm._driver.peers.cma_peers))}",
       flush=True)
 polycast.finalize()
 """
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_late_rank_large_allgather_succeeds_across_processes(transport):
+@pytest.mark.parametrize("transport,pull", [("shm", "1"), ("shm", "0"), ("tcp", "1")])
+def test_late_rank_large_allgather_succeeds_across_processes(transport, pull):
     """3 ranks, 12 MiB ring allgather, the last rank posts 1.5 s late, early buffer 1 MiB
-    (POLYCAST_MAX_EARLY_NBYTES): eager sends would overflow it and fail on every rank."""
+    (POLYCAST_MAX_EARLY_NBYTES): eager sends would overflow it and fail on every rank. By
+    RTS/CTS the late rank holds RTS headers; between shm ranks that read each other
+    single-copy, it holds the pulled DATAs unread (a header each), with no RTS or CTS."""
     import re
     from test_runtime_helpers import spawn_ranks
     limit = 1 << 20
     results = spawn_ranks(3, ["-c", _LATE_RANK], timeout=90, env={
         "POLYCAST_TRANSPORT": transport, "POLYCAST_TIMEOUT": "30",
-        "POLYCAST_MAX_EARLY_NBYTES": str(limit)})
+        "POLYCAST_MAX_EARLY_NBYTES": str(limit), "POLYCAST_CMA_PULL": pull})
+    got = []
     for r in results:
-        m = re.search(r"RESULT ok=(\w+) peak=(\d+) rts=(\d+) cts=(\d+)", r.out)
+        m = re.search(r"RESULT ok=(\w+) peak=(\d+) rts=(\d+) cts=(\d+) pull=(\d+) "
+                      r"held=(\d+) cma=(\d)", r.out)
         assert r.returncode == 0 and m, f"rank {r.rank}\n{r.out[-2000:]}\n{r.err[-3000:]}"
         assert m.group(1) == "True"
         assert int(m.group(2)) <= limit
-        assert int(m.group(3)) > 0 and int(m.group(4)) > 0
+        got.append([int(g) for g in m.groups()[2:]])
+    rts, cts, pulls, held, cma = (sum(col) for col in zip(*got))
+    if pull == "1" and cma == len(results):
+        assert rts == cts == 0 and pulls > 0 and held > 0, got
+    else:
+        assert rts > 0 and cts > 0 and pulls == held == 0, got
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_the_runtime_sends_eager_up_to_1_mib_between_shm_ranks_only(transport):
     """Between ranks on shared-memory rings messages up to SHM_EAGER_MAX_NBYTES go eager
     (both ends agree: no CTS cleared unasked, no RTS); over TCP the engine's 256 KiB holds;
-    POLYCAST_EAGER_MAX_NBYTES, when set, is every peer's limit."""
+    POLYCAST_EAGER_MAX_NBYTES, when set, is every peer's limit. Over the limit, shm peers
+    that read each other single-copy pull (no RTS); TCP peers send RTS."""
     from test_runtime_helpers import rank_results, spawn_ranks
     code = ("import json, numpy as np, polycast\n"
             "c = polycast.init()\n"
@@ -435,7 +446,8 @@ def test_the_runtime_sends_eager_up_to_1_mib_between_shm_ranks_only(transport):
             "for _ in range(3): c.Allgather(x, y, algorithm='ring')\n"   # 768 KiB messages
             "ok = bool((y == np.repeat([1.0, 2.0], x.size)).all())\n"
             "st = c.stats()\n"
-            "print('RESULT ' + json.dumps({'ok': ok, 'rts': st.rts_out, "
+            "print('RESULT ' + json.dumps({'ok': ok, 'rts': st.rts_out, 'pull': st.pull_out, "
+            "'cma': bool(c._driver.peers.cma_peers), "
             "'limit': c._driver._comms[0].engine.eager_max_nbytes(1 - c.rank)}), flush=True)\n"
             "polycast.finalize()\n")
     for env, eager in (({}, transport == "shm"), ({"POLYCAST_EAGER_MAX_NBYTES": "262144"},
@@ -445,9 +457,12 @@ def test_the_runtime_sends_eager_up_to_1_mib_between_shm_ranks_only(transport):
         for res in rank_results(spawn_ranks(2, ["-c", code], env=e, timeout=120)):
             assert res["ok"], res
             if eager:
-                assert res["rts"] == 0 and res["limit"] == 1 << 20, res
+                assert res["rts"] == res["pull"] == 0 and res["limit"] == 1 << 20, res
             else:
-                assert res["rts"] >= 3 and res["limit"] == 256 * 1024, (env, res)
+                assert res["limit"] == 256 * 1024, (env, res)
+                by_rts, by_pull = (0, 3) if res["cma"] else (3, 0)
+                assert res["rts"] >= by_rts and res["pull"] >= by_pull, (env, res)
+                assert not (res["rts"] and res["pull"]), (env, res)
 
 
 def test_runtime_env_knobs_override_the_engine_config(monkeypatch):

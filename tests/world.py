@@ -6,12 +6,17 @@
 * Actions are carried out with :mod:`polycast.memory` on real numpy arrays.
 * ``raw=True`` puts every message and datagram through the wire format (pack, then the
   engine's parser), MAC included when the config has a secret.
+* ``pull_nbytes``: every pair pulls (Engine.set_pull_peers) rendezvous messages of at least
+  that many bytes. Their payload stays the sender's (:class:`Pulled`) until the receiver reads
+  it, or lets it go, and only then is the sender's SEND done, as over the runtime's
+  single-copy descriptors.
 * Everything is seeded; ``run`` is bounded in events and virtual seconds and, if requests
   are still unfinished, raises AssertionError naming them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -22,9 +27,34 @@ from polycast.engine.actions import (CancelTimer, CloseStream, Complete, Copy, D
                                      Matched, Multicast, OpenStream, Region, Send, SetTimer,
                                      StreamData)
 from polycast.engine.engine import Engine, EngineConfig
-from polycast.engine.wire import MsgKind, parse_header, verify_mac
+from polycast.engine.wire import F_PULL, MsgKind, parse_header, verify_mac
 from polycast.memory import Buffers
 from polycast.reference import reference
+from polycast.runtime.lazy import LazyPayload
+
+
+class Pulled(LazyPayload):
+    """A pulled DATA's payload: the sender's bytes, read when the receiver wants them."""
+
+    piecewise = True
+
+    def __init__(self, src: int, data: bytes, token: int) -> None:
+        super().__init__(src, len(data))
+        self.data, self.token = np.frombuffer(data, np.uint8), token
+
+    def hold(self) -> bool:
+        if self.used or self.closed:
+            return False
+        self.holding = True
+        return True
+
+    def _read(self, ranges) -> None:
+        self._read_at(0, ranges)
+
+    def _read_at(self, offset: int, ranges) -> None:
+        for a, n in ranges:
+            ctypes.memmove(a, self.data[offset:offset + n].ctypes.data, n)
+            offset += n
 
 
 @dataclass
@@ -48,13 +78,17 @@ class Call:
 
 class World:
     def __init__(self, nranks: int, config: EngineConfig | None = None, net: Net | None = None,
-                 seed: int = 0, raw: bool = False, comm: int = 0) -> None:
+                 seed: int = 0, raw: bool = False, comm: int = 0, pull_nbytes: int = 0) -> None:
         self.P = nranks
         self.config = config or EngineConfig()
         self.net = net or Net()
         self.rng = random.Random(seed)
         self.raw = raw
         self.engines = [Engine(r, nranks, comm, self.config) for r in range(nranks)]
+        self.pulled: list[Pulled] = []
+        if pull_nbytes:
+            for r, eng in enumerate(self.engines):
+                eng.set_pull_peers({p: pull_nbytes for p in range(nranks) if p != r})
         self.mem = [Buffers() for _ in range(nranks)]
         self.now = 0.0
         self._heap: list = []
@@ -209,7 +243,11 @@ class World:
         else:
             payload = bytes(a.data)
         assert len(payload) == a.header.payload_nbytes, (a, len(payload))
-        self._push(self.now, self._send_done, rank, a.token)
+        if a.header.flags & F_PULL:     # done when the receiver has read it (_message)
+            payload = Pulled(rank, payload, a.token)
+            self.pulled.append(payload)
+        else:
+            self._push(self.now, self._send_done, rank, a.token)
         if a.peer in self.dead or rank in self.dead:
             return
         key = (rank, a.peer)
@@ -244,6 +282,13 @@ class World:
         if dst in self.dead:
             return
         self._execute(dst, self.engines[dst].on_message(src, header, payload, self.now))
+        if type(payload) is Pulled:
+            done = (lambda: self._push(self.now, self._send_done, src, payload.token))
+            if payload.holding:         # kept unread: the sender waits until it is read
+                payload.on_done = done
+            else:
+                payload.finish()
+                done()
 
     def _datagram(self, dst: int, header, payload, wire) -> None:
         if dst in self.dead:

@@ -79,6 +79,8 @@ class EngineStats:
     datagram_bytes_out: int = 0
     control_messages_out: int = 0           # FIN, RECOVER_REQ, ABORT, RTS, CTS
     rts_out: int = 0                        # rendezvous SENDs announced
+    pull_out: int = 0                       # rendezvous SENDs sent for the peer to pull
+    pull_held: int = 0                      # pulled DATAs held unread (RECV not started)
     cts_out: int = 0                        # RTS answered
     cts_granted_early: int = 0              # ... before their RECV started (bytes reserved)
     cts_ahead_out: int = 0                  # CTS sent unasked as a large RECV started

@@ -5,7 +5,9 @@ number), and those of a posted collective whose step has not started (kept in th
 ``Request.held`` and ``Stream.held``, but charged here), plus the payload bytes reserved by
 a rendezvous CTS granted early. All of it counts against ``max_early_nbytes``
 (``stats.early_nbytes`` is the running total, ``stats.early_peak_nbytes`` its peak); each
-entry costs its payload plus :data:`ENTRY_OVERHEAD_NBYTES`.
+entry costs its payload plus :data:`ENTRY_OVERHEAD_NBYTES`, except a pulled DATA held unread
+(``F_PULL``: its bytes are still in the sender's memory), which costs the overhead alone, as
+an RTS does (:func:`try_hold`, :func:`held_cost`).
 
 Datagrams may use only three quarters of the budget: they can be recovered, reliable
 messages cannot, so a flood of early datagrams never costs a FIN or a DATA. A reliable
@@ -16,7 +18,7 @@ message refused here can never be resent, so the collective it belongs to is mar
 from __future__ import annotations
 
 from .config import EngineStats
-from .wire import Header
+from .wire import F_PULL, Header
 
 ENTRY_OVERHEAD_NBYTES = 64          # what one held message costs beyond its payload
 
@@ -51,9 +53,9 @@ class EarlyBuffer:
         """Give back ``cost`` bytes taken by :meth:`charge`."""
         self.stats.early_nbytes -= cost
 
-    def release_entry(self, h: Header) -> None:
+    def release_entry(self, h: Header, payload) -> None:
         """Give back what one entry held by :meth:`hold` cost."""
-        self.stats.early_nbytes -= h.payload_nbytes + ENTRY_OVERHEAD_NBYTES
+        self.stats.early_nbytes -= held_cost(h, payload)
 
     def hold(self, is_msg: bool, src: int, h: Header, payload, nbytes: int,
              next_seq: int) -> None:
@@ -69,6 +71,12 @@ class EarlyBuffer:
         if seq in self._failed:
             self.stats.drop("early_overflow")
             return
+        if is_msg and h.flags & F_PULL and self.charge(ENTRY_OVERHEAD_NBYTES):
+            if try_hold(payload):               # the sender keeps the bytes until we read
+                self.stats.pull_held += 1
+                self._by_seq.setdefault(seq, []).append((is_msg, src, h, payload))
+                return
+            self.release(ENTRY_OVERHEAD_NBYTES)
         if not self.charge(nbytes + ENTRY_OVERHEAD_NBYTES, datagram=not is_msg):
             self.stats.drop("early_overflow")
             if is_msg:
@@ -83,6 +91,13 @@ class EarlyBuffer:
         """The entries held for ``seq`` (still charged: release each with
         :meth:`release_entry`)."""
         return self._by_seq.pop(seq, None) or []
+
+    def drop(self, seq: int) -> None:
+        """Give up the entries held for ``seq`` (its collective failed): their budget back,
+        and pulled payloads back to their senders unread."""
+        for _, _, h, payload in self.pop(seq):
+            self.release_entry(h, payload)
+            let_go(payload)
 
     def failure(self, seq: int) -> str | None:
         """Why ``seq``'s messages were lost before it was posted, if they were (once)."""
@@ -104,3 +119,30 @@ def own(payload):
     if keep is not None:
         return keep()
     return bytes(memoryview(payload).cast("B"))
+
+
+def try_hold(payload) -> bool:
+    """Keep a pulled DATA's payload unread (its bytes stay in the sender's memory until it
+    is delivered, :func:`own`-ed or :func:`let_go`); False when its transport cannot (it
+    must then be delivered or owned while the frame is handled, as any other)."""
+    hold = getattr(payload, "hold", None)
+    return hold is not None and hold()
+
+
+def holding(payload) -> bool:
+    """Whether ``payload`` is held unread (:func:`try_hold`)."""
+    return getattr(payload, "holding", False)
+
+
+def held_cost(h: Header, payload) -> int:
+    """What a held message costs the budget: its payload and the entry's overhead, or the
+    overhead alone while it is held unread."""
+    if holding(payload):
+        return ENTRY_OVERHEAD_NBYTES
+    return h.payload_nbytes + ENTRY_OVERHEAD_NBYTES
+
+
+def let_go(payload) -> None:
+    """A payload held unread will never be read: its sender may reuse its memory."""
+    if holding(payload):
+        payload.release()

@@ -38,7 +38,7 @@ from ..schedule.ir import Kind, Schedule
 from .actions import (Action, new_cancel_timer, new_complete, new_copy, new_deliver,
                       new_region, new_send, new_set_timer)
 from .config import MIB, EngineConfig, EngineStats
-from .early import ENTRY_OVERHEAD_NBYTES, EarlyBuffer, own
+from .early import ENTRY_OVERHEAD_NBYTES, EarlyBuffer, held_cost, let_go, own
 from .failure import Failure
 from .mcast import Pacer, ReliableMulticast
 from .p2p import P2P_TOKEN, PointToPoint
@@ -46,7 +46,7 @@ from .plan import Plan, make_plan
 from .request import DONE, PENDING, STARTED, Request
 from .rendezvous import Rendezvous
 from .replay import Replay
-from .wire import F_NO_PAYLOAD, AbortReason, Header, MsgKind, WireError, call_signature, \
+from .wire import F_NO_PAYLOAD, F_PULL, AbortReason, Header, MsgKind, WireError, call_signature, \
     make_header, parse_datagram
 
 _region = new_region
@@ -62,6 +62,7 @@ _DATA, _ABORT, _RTS, _CTS, _FIN, _RECOVER_REQ, _RECOVER_DATA = (
     MsgKind.DATA, MsgKind.ABORT, MsgKind.RTS, MsgKind.CTS, MsgKind.FIN, MsgKind.RECOVER_REQ,
     MsgKind.RECOVER_DATA)
 _P2P_DATA = MsgKind.P2P_DATA
+_F_PULL = F_PULL
 _SEND, _RECV, _COPY, _MCAST, _MRECV = Kind.SEND, Kind.RECV, Kind.COPY, Kind.MCAST, Kind.MRECV
 
 __all__ = ["Engine", "EngineConfig", "EngineStats", "MIB"]
@@ -118,6 +119,8 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         self._eager_base = [self.config.eager_max_nbytes] * nranks
         self._eager_of = self._eager_base
         self._eager_call_max = self.config.max_early_nbytes // 8
+        # Per peer, the smallest rendezvous message sent for it to pull (F_PULL), 0: none.
+        self._pull_min = [0] * nranks
         self._p2p_init()
 
     # -- public state ---------------------------------------------------------------------
@@ -138,6 +141,25 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         for peer, nbytes in limits.items():
             eager[peer] = nbytes
         self._eager_of = eager
+
+    def set_pull_peers(self, limits: dict[int, int]) -> None:
+        """A collective's SEND to local rank ``peer`` over the eager limit and of at least
+        ``limits[peer]`` bytes goes as a DATA flagged ``F_PULL`` at once, with no RTS: the
+        driver promises that such a DATA reaches ``peer`` as a payload the receiver may
+        hold unread (``hold()``, its bytes staying in our memory until it reads them or
+        lets go: the runtime's single-copy descriptors, runtime/cma.py). The receiver then
+        does what it does with an RTS (engine/rendezvous.py), reading where it would have
+        sent a CTS: one frame instead of three. A driver sets the same value on both ends
+        of a pair (a receiver whose peer pulls sends it no unasked CTS); a mismatch costs
+        frames, never data."""
+        for peer, nbytes in limits.items():
+            if not isinstance(nbytes, int) or nbytes < 1 or not isinstance(peer, int) \
+                    or not 0 <= peer < self.nranks or peer == self.rank:
+                raise InvalidArgument(f"pull limit {nbytes!r} for peer {peer!r}")
+        pull = [0] * self.nranks
+        for peer, nbytes in limits.items():
+            pull[peer] = nbytes
+        self._pull_min = pull
 
     def eager_max_nbytes(self, peer: int) -> int:
         """The largest message to or from ``peer`` sent eager (point to point, and the
@@ -212,16 +234,14 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         # for data that can never come (rank 0 of a ring when 1 and 3 fail here).
         for p in self._lost:
             if r.multicast or p in plan.peers:
-                for _, _, h, _ in self._early.pop(seq):
-                    self._early.release_entry(h)
+                self._early.drop(seq)
                 self._fail(r, PeerLost(p, f"rank {self.rank}: {r.desc} needs rank {p}, which "
                                           f"was lost earlier ({self._lost[p]})"), out,
                            abort=AbortReason.PEER_LOST, lost=p)
                 return out
         why = self._early.failure(seq)
         if why is not None:
-            for _, _, h, _ in self._early.pop(seq):
-                self._early.release_entry(h)
+            self._early.drop(seq)
             self._fail(r, ProtocolError(f"rank {self.rank}: {r.desc}: {why}"), out,
                        abort=AbortReason.OVERFLOW)
             return out
@@ -232,9 +252,10 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         early = self._early.pop(seq)
         if early:
             for is_msg, src, h, payload in early:
-                self._early.release_entry(h)
+                self._early.release_entry(h, payload)
                 if self._reqs.get(r.req) is not r:
-                    continue                    # failed meanwhile: drop (and release) the rest
+                    let_go(payload)             # failed meanwhile: drop (and release) the rest
+                    continue
                 if is_msg:
                     self._message(src, h, payload, now, out)
                 else:
@@ -456,6 +477,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
             self._on_abort(r, src, h, payload, now, out)
             return
         if h.sig != r.sig:
+            let_go(payload)     # (a pulled DATA held before its call was posted: never read)
             self._mismatch(r, f"rank {src}'s {kind} message carries call signature "
                               f"0x{h.sig:08x}, this call's is 0x{r.sig:08x}", now, out)
             return
@@ -481,10 +503,12 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         st = self.stats
         idx = r.plan.recv_index.get((src, h.tag))
         if idx is None:
+            let_go(payload)     # dropped: a pulled DATA held early is never read
             st.drop("unexpected_data")
             return
         nbytes = r.plan.nelems[idx] * r.itemsize
         if h.length != nbytes:
+            let_go(payload)
             self._mismatch(r, f"step {idx} expects {nbytes} bytes from rank {src} but "
                               f"its message (tag {h.tag}) carries {h.length}", now, out)
             return
@@ -503,6 +527,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
             self._maybe_complete(r, out)
         elif state == PENDING:
             if (src, h.tag) in r.held:
+                let_go(payload)
                 st.drop("duplicate")
                 return
             cost = nbytes + ENTRY_OVERHEAD_NBYTES
@@ -510,11 +535,15 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
                 r.held[(src, h.tag)] = (h, own(payload))
                 return
             if not self._early.charge(cost):
+                if h.flags & _F_PULL:   # treated as an RTS the buffer cannot grant yet
+                    self._hold_pulled(r, src, h, payload, out)
+                    return
                 self._overflow(r, out)
                 return
             r.held[(src, h.tag)] = (h, own(payload))
             r.held_nbytes += cost
         else:
+            let_go(payload)
             st.drop("duplicate")
 
     # -- steps ----------------------------------------------------------------------------
@@ -558,7 +587,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
             held = r.held.pop((step.peer, step.tag), None)
             if held is not None:
                 h, payload = held
-                cost = h.payload_nbytes + ENTRY_OVERHEAD_NBYTES
+                cost = held_cost(h, payload)
                 r.held_nbytes -= cost
                 self._early.release(cost)
                 if h.kind is MsgKind.RTS:       # a held rendezvous: clear it to send now
@@ -568,8 +597,11 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
                     out.append(_deliver(payload, _region(r.req, step.buf, plan.runs[idx],
                                                          h.length), step.reduce))
                 self._step_done(r, idx)
-            elif plan.nelems[idx] * r.itemsize > r.eager[step.peer]:
-                self._clear_ahead(r, step, out)
+            else:
+                nbytes = plan.nelems[idx] * r.itemsize
+                if nbytes > r.eager[step.peer] and not (
+                        self._pull_min[step.peer] and nbytes >= self._pull_min[step.peer]):
+                    self._clear_ahead(r, step, out)
         elif kind is _COPY:
             nbytes = plan.nelems[idx] * r.itemsize
             if nbytes:
@@ -641,6 +673,8 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
             self._early.release(r.held_nbytes)
             r.held_nbytes = 0
         if r.held:
+            for _, payload in r.held.values():
+                let_go(payload)
             r.held.clear()
         if r.streams:
             for s in r.streams.values():

@@ -55,8 +55,7 @@ class Failure:
         ``why``), so they raise too and every rank's next call still matches."""
         seq = self._next_seq & 0xFFFFFFFF
         self._next_seq += 1
-        for _, _, h, _ in self._early.pop(seq):     # what peers already sent for it
-            self._early.release_entry(h)
+        self._early.drop(seq)                       # what peers already sent for it
         self._early.failure(seq)
         self._remember(seq, 0, lambda: f"a call it refused ({why})")
         out: list[Action] = []

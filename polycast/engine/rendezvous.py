@@ -22,6 +22,17 @@ needs more of the buffer at once than there is (a single message larger than it,
 still waits, until ``op_timeout_s`` (the error names the CTS wait); eager, it would have
 failed at once with OVERFLOW.
 
+Pulled DATA (``F_PULL``, :meth:`Engine.set_pull_peers`). When the driver can hand the
+receiver a payload it may hold unread (the sender's memory, read single-copy when wanted), a
+large SEND sends its DATA at once and the receiver treats it as an RTS: read at once into its
+destination if the RECV started (the CTS it would have sent), held unread at the cost of a
+header if its collective is not posted yet, read into the early buffer if the RECV waits on
+its dependencies and the buffer has room (the grant), else held unread and read as soon as
+the buffer has room or the RECV starts (the held RTS). The sender's SEND completes when the
+receiver has read it (the driver's acknowledgement), as it would have after its CTS. A held
+payload that will never be read (its request failed) is let go, so the sender's memory is
+released.
+
 :class:`Rendezvous` is mixed into :class:`~polycast.engine.engine.Engine` (it uses the
 engine's ``rank``, ``comm``, ``config``, ``stats``, ``_early``, ``_reqs``, ``_grant_wait``,
 ``_send`` and ``_fail``).
@@ -29,10 +40,11 @@ engine's ``rank``, ``comm``, ``config``, ``stats``, ``_early``, ``_reqs``, ``_gr
 
 from __future__ import annotations
 
+from ..errors import PeerLost
 from .actions import new_region
-from .early import ENTRY_OVERHEAD_NBYTES
+from .early import ENTRY_OVERHEAD_NBYTES, holding, let_go, own, try_hold
 from .request import DONE, PENDING, STARTED, Request
-from .wire import F_NO_PAYLOAD, Header, MsgKind, make_header
+from .wire import F_NO_PAYLOAD, F_PULL, AbortReason, Header, MsgKind, make_header
 
 _region = new_region
 
@@ -45,6 +57,18 @@ class Rendezvous:
         """A SEND step over the eager limit starts: DATA if the receiver cleared it
         already, else an RTS (the DATA follows its CTS)."""
         key = (step.peer, step.tag)
+        pull = self._pull_min[step.peer]
+        if pull and nbytes >= pull:
+            # The receiver reads it when its RECV starts (it holds the DATA as an RTS):
+            # no RTS, CTS or their round trip.
+            if r.cts_early:
+                r.cts_early.discard(key)        # a CTS it sent anyway (pull limits differ)
+            h = make_header(MsgKind.DATA, self.comm, r.seq, self.rank, step.tag, 0,
+                            nbytes, r.sig, 0, F_PULL)
+            self.stats.pull_out += 1
+            self._send(r, step.peer, h, _region(r.req, step.buf, r.plan.runs[idx], nbytes),
+                       idx, out)
+            return
         if r.cts_early and key in r.cts_early:
             # the receiver's RECV started first and cleared us already: no RTS
             r.cts_early.discard(key)
@@ -151,15 +175,34 @@ class Rendezvous:
         # ours that waits on the peer's CTS (recursive doubling), which only grants end.
         self._grant_wait.append((r, key))
 
+    def _hold_pulled(self, r: Request, src: int, h: Header, payload, out: list) -> None:
+        """A pulled DATA (F_PULL) whose RECV waits on its dependencies, and the early buffer
+        has no room for its bytes: held unread, as an RTS would be, and read into the buffer
+        as soon as it has room (:meth:`_retry_grants`) or its RECV starts."""
+        if not self._early.charge(ENTRY_OVERHEAD_NBYTES):
+            let_go(payload)
+            self._overflow(r, out)
+            return
+        if not try_hold(payload):               # its transport cannot keep it unread
+            self._early.release(ENTRY_OVERHEAD_NBYTES)
+            self._overflow(r, out)
+            return
+        key = (src, h.tag)
+        self.stats.pull_held += 1
+        r.held[key] = (h, payload)
+        r.held_nbytes += ENTRY_OVERHEAD_NBYTES
+        self._grant_wait.append((r, key))
+
     def _retry_grants(self, out: list) -> None:
         """Grant held RTSs of posted requests, oldest first, while the early buffer
-        has room (called after any event that may have released some)."""
+        has room (called after any event that may have released some); a pulled DATA held
+        unread is read into the buffer then (its sender's SEND completes)."""
         wait = self._grant_wait
         early = self._early
         while wait:
             r, key = wait[0]
             held = r.held.get(key) if self._reqs.get(r.req) is r else None
-            if held is None or held[0].kind is not MsgKind.RTS:
+            if held is None or not (held[0].kind is MsgKind.RTS or holding(held[1])):
                 wait.popleft()                  # its RECV started, or the request ended
                 continue
             idx = r.plan.recv_index[key]
@@ -170,8 +213,14 @@ class Rendezvous:
                 early.release(-ENTRY_OVERHEAD_NBYTES)     # still held: as it was
                 return
             wait.popleft()
-            del r.held[key]
             r.held_nbytes += cost - ENTRY_OVERHEAD_NBYTES
+            if held[0].kind is not MsgKind.RTS:
+                try:
+                    r.held[key] = (held[0], own(held[1]))
+                except PeerLost as exc:         # its sender died before we read it
+                    self._fail(r, exc, out, abort=AbortReason.PEER_LOST, lost=key[0])
+                continue
+            del r.held[key]
             if r.granted is None:
                 r.granted = {}
             r.granted[key] = cost

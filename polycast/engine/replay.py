@@ -127,7 +127,7 @@ class Replay:
             taken.append((idx, src, h, payload))
         early.pop(seq)
         for t in taken:
-            early.release_entry(t[2])
+            early.release_entry(t[2], t[3])
         return taken
 
     def replay_give_back(self, held: list) -> None:

@@ -42,6 +42,11 @@ the sender announces it with an RTS (its length checked like a DATA's) and sends
 only once the receiver's CTS for the same (comm, seq, tag) came back. A receiver whose
 RECV starts first sends that CTS unasked (the sender then needs no RTS).
 
+A DATA with ``F_PULL`` is the RTS and the DATA in one: its payload stays in the sender's
+memory until the receiver reads it (a transport that can read a peer's memory, the runtime's
+single-copy descriptors), so a receiver whose RECV has not started may hold it unread, at
+the cost of a header, as it would hold an RTS (engine/rendezvous.py).
+
 The MAC (``flags & F_MAC``) is BLAKE2b(key=secret, digest_size=16) over the 44 header bytes
 followed by the payload. :func:`parse_header` verifies it when the payload is in the same
 buffer; a stream reader that gets the header first keeps ``header.mac`` and calls
@@ -67,6 +72,7 @@ MAX_PAYLOAD_NBYTES = 1 << 31        # one message never carries more (a sanity b
 
 F_MAC = 0x01            # a MAC follows the header
 F_NO_PAYLOAD = 0x02     # ``length`` is a count (RECOVER_REQ), no payload bytes follow
+F_PULL = 0x04           # a DATA its receiver may hold unread until its RECV starts
 
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
@@ -145,7 +151,7 @@ class Header:
         ``payload`` is a bytes-like object or a sequence of them (scatter-gather); it is
         only read for the MAC, and is not included in the result.
         """
-        flags = self.flags & F_NO_PAYLOAD
+        flags = self.flags & (F_NO_PAYLOAD | F_PULL)
         if not secret:
             return self._fixed(flags)
         fixed = self._fixed(flags | F_MAC)
@@ -223,8 +229,10 @@ def parse_header(data: bytes | bytearray | memoryview, secret: bytes | None = No
     if k is None:
         raise WireError("bad_kind", f"kind {kind}; valid kinds: "
                         + ", ".join(f"{int(x)}={x.name}" for x in MsgKind))
-    if flags & ~(F_MAC | F_NO_PAYLOAD):
+    if flags & ~(F_MAC | F_NO_PAYLOAD | F_PULL):
         raise WireError("bad_flags", f"unknown flag bits 0x{flags:02x}")
+    if flags & F_PULL and k is not MsgKind.DATA:
+        raise WireError("bad_flags", f"{k} cannot be pulled: F_PULL is for DATA only")
     if flags & F_NO_PAYLOAD and k not in _COUNT_KINDS:
         raise WireError("bad_flags", f"{k} carries a payload: F_NO_PAYLOAD is for "
                         "RECOVER_REQ and RTS only")

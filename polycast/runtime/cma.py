@@ -38,8 +38,9 @@ import numpy as np
 
 from .lazy import LazyPayload
 
-# Frames carrying a descriptor (seq, address, nbytes) followed by the engine header; the
-# acknowledgement carries the highest seq the reader is done with.
+# Frames carrying a descriptor (seq, address, nbytes) followed by the engine header; an
+# acknowledgement carries the seqs the reader is done with (not in order: a pulled DATA is
+# read when its RECV starts, engine/rendezvous.py).
 DESC = struct.Struct("<QQQ")
 ACK = struct.Struct("<Q")
 # Smaller messages go through the ring. One process_vm_readv beats the ring's two numpy copies
@@ -180,7 +181,8 @@ def address_of(view) -> int:
 
 class RemotePayload(LazyPayload):
     """``nbytes`` bytes at ``addr`` in process ``pid`` (rank ``src``), readable until
-    :meth:`finish`; after that only what was kept (``own``/finish's own read) is."""
+    :meth:`finish`, after that only what was kept (``own``/finish's own read) is; or, held
+    (:meth:`hold`), until read or released."""
 
     __slots__ = ("pid", "addr")
     piecewise = True
@@ -188,6 +190,13 @@ class RemotePayload(LazyPayload):
     def __init__(self, src: int, pid: int, addr: int, nbytes: int) -> None:
         super().__init__(src, nbytes)
         self.pid, self.addr = pid, addr
+
+    def hold(self) -> bool:
+        # The writer keeps its memory until our acknowledgement, sent when it is read.
+        if self.closed or self.used or self.error is not None:
+            return False
+        self.holding = True
+        return True
 
     def _read(self, ranges) -> None:
         read(self.pid, ranges, [(self.addr, self.nbytes)])

@@ -11,6 +11,12 @@ socket (:class:`polycast.runtime.tcp.SocketPayload`). ``Buffers.deliver`` calls
 calls :meth:`LazyPayload.finish` once the frame has been handled: what nobody read is read
 then, so nothing the engine keeps depends on the sender's memory or the socket any more.
 Each payload is read from its source at most once.
+
+A payload whose source stays readable past its frame (the sender keeps its memory until
+told, :class:`~polycast.runtime.cma.RemotePayload`) may be held unread: the engine's
+``hold()`` on a pulled DATA (engine/early.py). The transport then does not finish it when the
+frame has been handled; it hears (``on_done``) when the payload is read, or let go unread
+(:meth:`LazyPayload.release`), and only then lets the sender reuse its memory.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ class LazyPayload:
     """``nbytes`` bytes from rank ``src`` that are read on demand; subclasses provide
     ``_read(ranges)`` (raises OSError) and ``_why(exc)``."""
 
-    __slots__ = ("src", "nbytes", "used", "local", "closed", "error")
+    __slots__ = ("src", "nbytes", "used", "local", "closed", "error", "holding", "on_done")
     # True when ``_read_at`` reads from any offset (then :meth:`pieces` reads piecewise).
     piecewise = False
 
@@ -48,6 +54,24 @@ class LazyPayload:
         self.local = None           # bytes of our own, once read for keeping
         self.closed = False         # finished: the source is no longer ours to read
         self.error: str | None = None
+        self.holding = False        # kept unread past its frame (hold)
+        self.on_done = None         # fn() the transport sets on a held payload
+
+    def hold(self) -> bool:
+        """Keep the payload unread past its frame; False when the source cannot wait."""
+        return False
+
+    def release(self) -> None:
+        """A held payload will not be read: its source may go on."""
+        if self.holding:
+            self.closed = True
+            self._let_go()
+
+    def _let_go(self) -> None:
+        self.holding = False
+        done, self.on_done = self.on_done, None
+        if done is not None:
+            done()
 
     def __len__(self) -> int:
         return self.nbytes
@@ -87,6 +111,8 @@ class LazyPayload:
             self._read(ranges)
         except OSError as exc:
             raise self._lost(exc) from None
+        if self.holding:
+            self._let_go()
 
     def pieces(self, nbytes_max: int):
         """The payload in order, as byte arrays of at most ``nbytes_max`` bytes each (the
@@ -104,6 +130,8 @@ class LazyPayload:
                 self._read_at(off, [(addr, n)])
             except OSError as exc:
                 raise self._lost(exc) from None
+            if self.holding and off + n == self.nbytes:
+                self._let_go()              # all read: the source may go on
             yield buf[:n]
 
     def array(self) -> np.ndarray:

@@ -318,6 +318,7 @@ class Driver:
             raise PolycastError(f"communicator id {comm_id} already exists")
         engine = Engine(members.index(self.rank), len(members), comm_id, self.config)
         engine.set_eager_limits(self._eager_limits(members))
+        engine.set_pull_peers(self._pull_limits(members))
         cs = CommState(comm_id, engine, members)
         if self.replay_off is None and len(members) > 1:
             cs.replay = Replayer(self, cs)
@@ -353,6 +354,23 @@ class Driver:
                         - FRAME_OVERHEAD_NBYTES)
             if limit > cfg.eager_max_nbytes:
                 out[local] = limit
+        return out
+
+    def _pull_limits(self, members: list[int]) -> dict[int, int]:
+        """Local rank -> the smallest rendezvous message sent for it to pull (its DATA at
+        once, held by the receiver until its RECV starts: Engine.set_pull_peers): members
+        this process and they read single-copy both ways. Both ends work out the same value
+        (each ring's verdict is in the ring). None when POLYCAST_CMA_PULL=0 (RTS/CTS, for
+        comparison)."""
+        if os.environ.get("POLYCAST_CMA_PULL", "1").strip() == "0":
+            return {}
+        peers = self.peers
+        out = {}
+        for local, w in enumerate(members):
+            peer = self.world.peers.get(w)
+            if w != self.rank and peer is not None and peers.pulls_to(w) \
+                    and peer.ring_in is not None and peer.ring_in.cma_ok:
+                out[local] = peers.cma_min_nbytes
         return out
 
     def _free_comm(self, comm_id: int) -> None:

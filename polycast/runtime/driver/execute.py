@@ -15,6 +15,7 @@ import numpy as np
 
 from ...engine.actions import (CancelTimer, Complete, Copy, Deliver, Fail, Matched, Multicast,
                                Send, SetTimer)
+from ...engine.early import let_go
 from ...engine.wire import MsgKind
 from ...memory import Buffers
 from .datagrams import MulticastIO
@@ -81,7 +82,10 @@ class ActionRunner:
                     try:
                         bufs.deliver(a.region, a.payload, a.reduce)
                     except Exception as exc:        # fails the request, never the thread
+                        let_go(a.payload)
                         self._memory_failed(cs, a.region.req, exc)
+                else:
+                    let_go(a.payload)   # its request failed meanwhile: never to be read
             elif t is Send:
                 self._send(cs, a)
             elif t is Copy:

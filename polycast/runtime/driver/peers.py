@@ -19,7 +19,6 @@ same world (the offload process).
 
 from __future__ import annotations
 
-import collections
 import selectors
 
 from ...errors import PeerLost
@@ -61,16 +60,17 @@ class PeerIO:
         # Futex wake-ups work here (a sleeper may wait on the rings' counters).
         self.futex = bool(self.rings_in) and futex.available()
         # Single-copy: peers whose ring reader can read our memory; per peer the descriptors
-        # sent and not yet acknowledged [(seq, token, view kept alive)], and the highest
-        # seq we are done reading from each peer, not yet acknowledged.
+        # sent and not yet acknowledged {seq: (token, views kept alive)}, and the seqs we
+        # are done reading from each peer, not yet acknowledged (a held one is acknowledged
+        # when read, so out of order).
         self.cma_min_nbytes = cma.min_nbytes()
         self.cma_peers = {p.rank for p in peers if p.ring_out is not None and p.ring_out.cma_ok
                           and cma.disabled_reason() is None}
         self._cma_seq = dict.fromkeys(self.cma_peers, 0)
-        self._cma_wait: dict[int, collections.deque] = {
-            r: collections.deque() for r in self.cma_peers}
-        self._cma_acks: dict[int, int] = {}
+        self._cma_wait: dict[int, dict] = {r: {} for r in self.cma_peers}
+        self._cma_acks: dict[int, list] = {}
         self.cma_sent = self.cma_read = 0       # messages, for tests and benchmarks
+        self.cma_held = 0                       # ... of them held unread past their frame
         # Sent tokens and losses seen while pumping (the engine is in the middle of handing
         # a frame a payload being read from its socket): reported once that frame is done.
         self._pumping = False
@@ -121,13 +121,28 @@ class PeerIO:
         self._dirty.add(r)
         return True
 
+    def pulls_to(self, r: int) -> bool:
+        """Whether a DATA to ``r`` of at least cma_min_nbytes in one view (the driver
+        gathers every payload into one) goes single-copy, so ``r`` may hold it unread
+        (Engine.set_pull_peers)."""
+        return r in self.cma_peers
+
     def _send_single_copy(self, r: int, header: bytes, view, nbytes: int, token) -> None:
         seq = self._cma_seq[r] = self._cma_seq[r] + 1
-        self._cma_wait[r].append((seq, token, view))
+        self._cma_wait[r][seq] = (token, view)
         desc = cma.DESC.pack(seq, cma.address_of(view), nbytes) + header
-        self.world.peers[r].ring_out.enqueue(KIND_CMA, b"", [desc], len(desc), None)
-        self._dirty.add(r)
         self.cma_sent += 1
+        peer = self.world.peers[r]
+        ring = peer.ring_out
+        # Into the ring at once, as any frame: the reader may start reading while we go on
+        # (queued, it would leave only at the next flush, after the rest of the actions --
+        # a collective's own 8 MiB copy, say).
+        bell = ring.write_now(KIND_CMA, b"", [desc], len(desc))
+        if bell is None:
+            ring.enqueue(KIND_CMA, b"", [desc], len(desc), None)
+            self._dirty.add(r)
+        elif bell:
+            self._wake_reader(r, peer, bell)
 
     def say_bye(self) -> None:
         """Queue the orderly-close frame to every peer still up."""
@@ -171,9 +186,10 @@ class PeerIO:
         if r in self.lost or r in self.gone:
             return
         done = []
-        ack = self._cma_acks.pop(r, None)
-        if ack is not None:
-            peer.ring_out.enqueue(KIND_CMA_DONE, b"", [cma.ACK.pack(ack)], cma.ACK.size, None)
+        acks = self._cma_acks.pop(r, None)
+        if acks:
+            done_seqs = b"".join(cma.ACK.pack(seq) for seq in acks)
+            peer.ring_out.enqueue(KIND_CMA_DONE, b"", [done_seqs], len(done_seqs), None)
         if peer.ring_out is not None and peer.ring_out.want_write:
             toks, bell = peer.ring_out.flush()
             done.extend(toks)
@@ -343,7 +359,7 @@ class PeerIO:
             if hdr_len == KIND_CMA:
                 self._single_copy_frame(src, payload)
             elif hdr_len == KIND_CMA_DONE:
-                self._single_copy_done(src, cma.ACK.unpack_from(payload)[0])
+                self._single_copy_done(src, payload)
             elif hdr_len == KIND_DOORBELL:
                 self._dirty.add(src)            # the peer freed ring space for us
             elif hdr_len == KIND_BYE:
@@ -369,20 +385,33 @@ class PeerIO:
         header = bytes(frame[cma.DESC.size:])
         rp = cma.RemotePayload(src, self.world.peers[src].pid, addr, nbytes)
         self._on_frame(src, header, rp)
+        if rp.holding:
+            # The engine keeps it unread (a pulled DATA whose RECV has not started): the
+            # writer hears when it is read, or let go.
+            rp.on_done = lambda: self._single_copy_read(src, seq)
+            self.cma_held += 1
+            return
         try:
             rp.finish()
         except PeerLost:
             self.mark_lost(src, rp.error)
             return
+        self._single_copy_read(src, seq)
+
+    def _single_copy_read(self, src: int, seq: int) -> None:
         self.cma_read += 1
-        self._cma_acks[src] = seq
+        self._cma_acks.setdefault(src, []).append(seq)
         self._dirty.add(src)
 
-    def _single_copy_done(self, src: int, upto: int) -> None:
+    def _single_copy_done(self, src: int, frame) -> None:
         wait = self._cma_wait.get(src)
+        if not wait:
+            return
         tokens = []
-        while wait and wait[0][0] <= upto:
-            tokens.append(wait.popleft()[1])
+        for (seq,) in cma.ACK.iter_unpack(frame):
+            sent = wait.pop(seq, None)
+            if sent is not None:
+                tokens.append(sent[0])
         if tokens:
             self._on_sent(tokens)
 
@@ -402,7 +431,7 @@ class PeerIO:
         tokens = peer.tcp.discard_queued()
         wait = self._cma_wait.get(r)
         if wait:
-            tokens = [t for _, t, _ in wait] + tokens
+            tokens = [t for t, _ in wait.values()] + tokens
             wait.clear()
         if peer.ring_out is not None:
             tokens = peer.ring_out.discard_queued() + tokens

@@ -1,0 +1,169 @@
+"""Pulled DATA (F_PULL, Engine.set_pull_peers): a large SEND sends its DATA at once and the
+receiver treats it as an RTS, reading it where it would have sent a CTS. In the in-memory
+World with ``pull_nbytes``, whose payloads stay the sender's until read (tests/world.py
+``Pulled``): every collective right, no RTS or CTS, each case of the RTS's handling (RECV
+started, collective not posted, RECV waiting with and without room in the early buffer),
+and a held payload let go when its call fails, so its sender's memory is released."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from world import World, ring_allgather  # noqa: E402
+
+from polycast.collectives import Collective  # noqa: E402
+from polycast.engine.engine import EngineConfig  # noqa: E402
+from polycast.engine.wire import F_PULL, MsgKind  # noqa: E402
+from polycast.errors import InvalidArgument, MismatchError  # noqa: E402
+from polycast.schedule.builder import Builder  # noqa: E402
+from polycast.schedule.ir import Layout  # noqa: E402
+
+EAGER = 1024                    # rendezvous above 1 KiB
+PULL = 2048                     # ... and pulled from 2 KiB
+
+
+def all_read(w: World) -> bool:
+    """Every pulled payload was read or let go (its sender's SEND could complete)."""
+    return all(not p.holding and (p.used or p.closed) for p in w.pulled)
+
+
+def test_set_pull_peers_checks_its_input():
+    w = World(2, EngineConfig(eager_max_nbytes=EAGER))
+    for bad in ({5: 4096}, {0: 4096}, {1: 0}, {1: "big"}):
+        with pytest.raises(InvalidArgument, match="pull limit"):
+            w.engines[0].set_pull_peers(bad)
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_ring_allgather_pulls_with_no_rts_or_cts(raw):
+    """4 ranks, 8 KiB messages: each goes as one pulled DATA (the wire format carries the
+    flag when ``raw``); results exact; no RTS/CTS; every pulled payload read."""
+    P = 4
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER), raw=raw, pull_nbytes=PULL)
+    call = w.post_call(ring_allgather(P, 2048))
+    w.run()
+    w.check(call)
+    assert w.sends_of(MsgKind.RTS) == w.sends_of(MsgKind.CTS) == 0
+    pulled = [h for _, _, h in w.sent if h.kind is MsgKind.DATA and h.flags & F_PULL]
+    assert len(pulled) == P * (P - 1) == sum(e.stats.pull_out for e in w.engines)
+    assert all_read(w) and len(w.pulled) == len(pulled)
+
+
+def test_messages_under_the_pull_limit_keep_the_rts():
+    """A peer's pull limit is a floor: 1.5 KiB messages (over the eager limit, under the
+    pull limit) go by RTS/CTS as before."""
+    P = 4
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER), pull_nbytes=PULL)
+    call = w.post_call(ring_allgather(P, 384))
+    w.run()
+    w.check(call)
+    assert w.sends_of(MsgKind.RTS) > 0 and not w.pulled
+
+
+def test_a_late_rank_holds_pulled_data_unread():
+    """Rank 3 posts 1 s late with a 16 KiB early buffer, 64 KiB messages: it holds what was
+    sent to it as headers (pull_held), unread, its sender's SEND not done; then its post
+    reads them straight into place."""
+    P, count = 4, 16384
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER, max_early_nbytes=16384),
+              pull_nbytes=PULL)
+    call = w.post_call(ring_allgather(P, count, nchunks=2), ranks=range(P - 1))
+    w.advance(1.0)
+    late = w.engines[P - 1]
+    assert late.stats.pull_held > 0
+    assert 0 < late.stats.early_nbytes <= 16384
+    waiting = [p for p in w.pulled if p.holding]
+    assert waiting and not any(p.used for p in waiting)
+    assert (P - 2, call.reqs[P - 2]) not in w.done      # its SEND to rank 3: unread
+    call.reqs[P - 1] = w.post(P - 1, call.schedule, call.inputs[P - 1], call.recvs[P - 1])
+    w.run()
+    w.check(call)
+    assert late.stats.early_nbytes == 0 and all_read(w)
+    assert w.sends_of(MsgKind.RTS) == w.sends_of(MsgKind.CTS) == 0
+
+
+def exchange(count: int, P: int = 2):
+    """Every pair swaps buffers, each RECV waiting on the rank's own SEND to that peer (as
+    recursive doubling's does): the SEND must not wait for the peer's RECV to start."""
+    lay = Layout(count)
+    b = Builder(Collective.ALLGATHER, P, 0, count, "swap", {"send": lay, "recv": lay})
+    for r in range(P):
+        s = b.send(r, 1 - r, "send", (0,))
+        b.recv(r, 1 - r, "recv", (0,), deps=(s,))
+    return b.build()
+
+
+def run_exchange(w: World, count: int):
+    sched = exchange(count)
+    xs = [np.full(count, r + 1, np.float32) for r in range(2)]
+    ys = [np.zeros(count, np.float32) for _ in range(2)]
+    for r in range(2):
+        w.post(r, sched, xs[r], ys[r])
+    w.run(max_time_s=5.0)
+    return xs, ys
+
+
+def test_a_waiting_recv_reads_into_the_early_buffer_while_it_has_room():
+    """The RTS's grant: the pulled DATA is read at once into the early buffer (both SENDs
+    complete, so both RECVs start), not held."""
+    w = World(2, EngineConfig(eager_max_nbytes=EAGER), pull_nbytes=PULL)
+    xs, ys = run_exchange(w, 4096)
+    for r in range(2):
+        assert (ys[r] == xs[1 - r]).all()
+        assert w.engines[r].stats.early_peak_nbytes >= 4096 * 4
+        assert w.engines[r].stats.pull_held == 0 and w.engines[r].stats.early_nbytes == 0
+    assert all_read(w)
+
+
+def test_a_held_pulled_data_is_read_as_soon_as_the_buffer_has_room():
+    """Rank 1's early buffer takes one 8 KiB message. Ranks 0 and 2 each send it 8 KiB, and
+    a token to rank 3 once that SEND is done (read); rank 3 passes each on to rank 1, where
+    the RECV from rank s waits for s's token. So the first DATA to arrive is read into the
+    buffer at once, the second is held unread (no room), and it must be read as soon as the
+    first RECV starts and frees the buffer: else its sender's token never comes, and
+    nothing more happens."""
+    P, count = 4, 2048                                   # 8 KiB of float32
+    lays = {"send": Layout(count), "recv": Layout(P * count, P)}
+    b = Builder(Collective.ALLGATHER, P, 0, count, "held", lays)
+    for src in (0, 2):
+        big = b.send(src, 1, "send", (0,))
+        b.send(src, 3, deps=(big,))                      # its token, once it was read
+        b.send(3, 1, deps=(b.recv(3, src),))             # ... passed on to rank 1
+    for src in (0, 2):
+        b.recv(1, src, "recv", (src,), deps=(b.recv(1, 3),))
+    sched = b.build()
+    cfg = EngineConfig(eager_max_nbytes=EAGER, max_early_nbytes=count * 4 + 2 * 64)
+    w = World(P, cfg, pull_nbytes=PULL)
+    xs = [np.full(count, r + 1, np.float32) for r in range(P)]
+    ys = [np.zeros(P * count, np.float32) for _ in range(P)]
+    reqs = {r: w.post(r, sched, xs[r], ys[r]) for r in range(P)}
+    w.run(max_time_s=5.0)
+    assert all((r, reqs[r]) in w.done for r in range(P)), w.errors
+    assert w.engines[1].stats.pull_held == 1
+    for src in (0, 2):
+        assert (ys[1][src * count:(src + 1) * count] == src + 1).all()
+    assert all_read(w) and w.engines[1].stats.early_nbytes == 0
+
+
+def test_held_pulled_data_is_let_go_when_the_call_fails():
+    """The late rank posts a different call (a mismatch): every rank fails with
+    MismatchError and every payload it held unread is let go (its sender's memory free),
+    never read."""
+    P, count = 3, 4096
+    w = World(P, EngineConfig(eager_max_nbytes=EAGER, op_timeout_s=2.0), pull_nbytes=PULL)
+    call = w.post_call(ring_allgather(P, count), ranks=range(P - 1))
+    w.advance(0.5)
+    held = [p for p in w.pulled if p.holding]
+    assert held
+    other = ring_allgather(P, 2 * count)
+    w.post(P - 1, other, np.zeros(2 * count, np.float32), np.zeros(2 * P * count, np.float32))
+    w.run(max_time_s=10.0)
+    assert len(w.errors) == P and all(isinstance(e, MismatchError) for e in w.errors.values())
+    assert all(not p.holding and not p.used for p in held)
+    assert all(not p.holding for p in w.pulled)
+    assert all(e.stats.early_nbytes == 0 for e in w.engines)
