@@ -217,3 +217,42 @@ def test_a_mismatched_late_call_lets_its_held_pulled_data_go_across_processes():
         pytest.skip("single-copy reads between these processes are refused here: the "
                     "ranks used RTS/CTS (the mismatch and the next call were still checked)")
     assert res[2]["held"] >= 1 and res[1]["pulled"] >= 1, res
+
+
+_SENDER_DIES = r"""
+import json, os, time
+import numpy as np
+import polycast
+c = polycast.init()
+rank, P = c.Get_rank(), c.Get_size()
+n = 1 << 20                                     # 4 MiB of float32 per rank: pulled
+x = np.full(n, rank + 1.0, np.float32)
+y = np.zeros(P * n, np.float32)
+if rank == 1:
+    c.Iallgather(x, y, algorithm="ring")        # its DATA to rank 2 goes out, unread
+    time.sleep(0.5)
+    os._exit(17)
+if rank == P - 1:
+    time.sleep(1.5)                             # holds rank 1's descriptor meanwhile
+t0 = time.monotonic()
+try:
+    c.Allgather(x, y, algorithm="ring")
+    err = None
+except polycast.PolycastError as exc:
+    err = type(exc).__name__
+print("RESULT " + json.dumps({"err": err, "s": time.monotonic() - t0,
+                              "held": c._driver.peers.cma_held,
+                              "cma": bool(c._driver.peers.cma_peers)}), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_sender_that_dies_while_its_pulled_data_is_held_fails_the_call_in_time():
+    """Rank 1 posts a ring allgather of 4 MiB messages and dies; rank 2, posting late, held
+    its descriptor unread. Ranks 0 and 2 fail with PeerLost, well within the timeout; the
+    held descriptor is never read from a process that is gone."""
+    from test_runtime_helpers import rank_results, spawn_ranks
+    env = {"POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": "shm", "POLYCAST_TIMEOUT": "20"}
+    res = rank_results(spawn_ranks(3, ["-c", _SENDER_DIES], env=env, timeout=90), victim=1)
+    assert all(r["err"] == "PeerLost" and r["s"] < 10 for r in res), res
+    assert res[1]["held"] >= 1 or not res[1]["cma"], res          # rank 2 held it
