@@ -37,6 +37,11 @@ it; ``tests/world.py`` is a complete small driver):
   the same value. Drivers that model eager sends with an unbounded
   early buffer (the simulator) set ``eager_max_nbytes`` huge; the runtime honours
   ``POLYCAST_EAGER_MAX_NBYTES`` and ``POLYCAST_MAX_EARLY_NBYTES``.
+  ``Engine.set_pull_peers`` skips the RTS/CTS for a collective's large messages to peers
+  whose transport lets the receiver hold a payload unread (its ``hold()``; the runtime's
+  single-copy descriptors): the DATA goes at once, flagged ``F_PULL``, and the receiver
+  treats it as the RTS. The driver then reports such a Send done when the receiver read
+  it, and must ``release()`` a held payload whose Deliver it does not carry out.
 * ``post(..., dtype=, op=)``: pass the same strings on every rank (``str(array.dtype)``);
   they are part of the call signature that detects mismatched calls.
 """
