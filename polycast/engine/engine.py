@@ -46,8 +46,8 @@ from .plan import Plan, make_plan
 from .request import DONE, PENDING, STARTED, Request
 from .rendezvous import Rendezvous
 from .replay import Replay
-from .wire import F_NO_PAYLOAD, F_PULL, AbortReason, Header, MsgKind, WireError, call_signature, \
-    make_header, parse_datagram
+from .wire import F_NO_PAYLOAD, F_PULL, AbortReason, Header, MsgKind, WireError, \
+    call_signature, make_header, parse_datagram
 
 _region = new_region
 _deliver = new_deliver

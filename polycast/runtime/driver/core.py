@@ -360,7 +360,7 @@ class Driver:
         """Local rank -> the smallest rendezvous message sent for it to pull (its DATA at
         once, held by the receiver until its RECV starts: Engine.set_pull_peers): members
         this process and they read single-copy both ways. Both ends work out the same value
-        (each ring's verdict is in the ring). None when POLYCAST_CMA_PULL=0 (RTS/CTS, for
+        (each ring's verdict is in the ring). Empty when POLYCAST_CMA_PULL=0 (RTS/CTS, for
         comparison)."""
         if os.environ.get("POLYCAST_CMA_PULL", "1").strip() == "0":
             return {}

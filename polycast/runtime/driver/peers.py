@@ -60,7 +60,7 @@ class PeerIO:
         # Futex wake-ups work here (a sleeper may wait on the rings' counters).
         self.futex = bool(self.rings_in) and futex.available()
         # Single-copy: peers whose ring reader can read our memory; per peer the descriptors
-        # sent and not yet acknowledged {seq: (token, views kept alive)}, and the seqs we
+        # sent and not yet acknowledged {seq: (token, view kept alive)}, and the seqs we
         # are done reading from each peer, not yet acknowledged (a held one is acknowledged
         # when read, so out of order).
         self.cma_min_nbytes = cma.min_nbytes()
