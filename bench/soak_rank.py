@@ -126,7 +126,9 @@ def main() -> None:
         "fds_start": start["fds"], "fds_mid": mid["fds"], "fds_end": open_fds(),
         "mcast": mcast,
         "faults": faults.counts if faults else None, "drops": dict(st.drops),
-        "recovered_bytes": getattr(st, "recovered_bytes", 0)}), flush=True)
+        "recovered_bytes": getattr(st, "recovered_bytes", 0),
+        # how large engine messages went: RTS/CTS, or pulled (held unread while early)
+        "rts": st.rts_out, "pulled": st.pull_out, "pull_held": st.pull_held}), flush=True)
     polycast.finalize()
 
 
