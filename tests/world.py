@@ -37,16 +37,11 @@ class Pulled(LazyPayload):
     """A pulled DATA's payload: the sender's bytes, read when the receiver wants them."""
 
     piecewise = True
+    holdable = True
 
     def __init__(self, src: int, data: bytes, token: int) -> None:
         super().__init__(src, len(data))
         self.data, self.token = np.frombuffer(data, np.uint8), token
-
-    def hold(self) -> bool:
-        if self.used or self.closed:
-            return False
-        self.holding = True
-        return True
 
     def _read(self, ranges) -> None:
         self._read_at(0, ranges)

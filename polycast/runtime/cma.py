@@ -186,17 +186,11 @@ class RemotePayload(LazyPayload):
 
     __slots__ = ("pid", "addr")
     piecewise = True
+    holdable = True     # the writer keeps its memory until our acknowledgement
 
     def __init__(self, src: int, pid: int, addr: int, nbytes: int) -> None:
         super().__init__(src, nbytes)
         self.pid, self.addr = pid, addr
-
-    def hold(self) -> bool:
-        # The writer keeps its memory until our acknowledgement, sent when it is read.
-        if self.closed or self.used or self.error is not None:
-            return False
-        self.holding = True
-        return True
 
     def _read(self, ranges) -> None:
         read(self.pid, ranges, [(self.addr, self.nbytes)])

@@ -47,6 +47,8 @@ class LazyPayload:
     __slots__ = ("src", "nbytes", "used", "local", "closed", "error", "holding", "on_done")
     # True when ``_read_at`` reads from any offset (then :meth:`pieces` reads piecewise).
     piecewise = False
+    # True when the source stays readable past the frame until released (:meth:`hold`).
+    holdable = False
 
     def __init__(self, src: int, nbytes: int) -> None:
         self.src, self.nbytes = src, nbytes
@@ -58,8 +60,12 @@ class LazyPayload:
         self.on_done = None         # fn() the transport sets on a held payload
 
     def hold(self) -> bool:
-        """Keep the payload unread past its frame; False when the source cannot wait."""
-        return False
+        """Keep the payload unread past its frame; False when the source cannot wait (not
+        ``holdable``) or it was read or finished already."""
+        if not self.holdable or self.closed or self.used or self.error is not None:
+            return False
+        self.holding = True
+        return True
 
     def release(self) -> None:
         """A held payload will not be read: its source may go on."""
