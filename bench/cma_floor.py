@@ -8,9 +8,8 @@ read, and for a broadcast also write, the peers' arrays with the same kernel cop
 
 Large DATA between ranks of one host goes single-copy (runtime/cma.py: a descriptor in the
 shm ring, the receiver reads the sender's memory with ``process_vm_readv``, then
-acknowledges); a repeated call's messages up to 1 MiB (the eager limit between shm ranks)
-go through the rings in the compiled replay instead, so sizes whose messages are larger show
-the reads. Two parts, both printed as tables and written to JSON (default
+acknowledges); messages up to 1 MiB (the eager limit between shm ranks, in calls of up to
+8 MiB) go through the rings instead, so sizes whose messages are larger show the reads. Two parts, both printed as tables and written to JSON (default
 bench/results/cma_floor.json):
 
 * **ceilings** -- what this machine's copies cost with nothing else running: one process
@@ -32,7 +31,10 @@ The ranks wrap those functions for timing (a few us per call); use the split for
 where the time goes, and ``polycast bench`` / ``bench/peers.py`` for the busbw figures.
 ``auto``'s calls are split on its Python path: the compiled helper, which runs a repeated
 large allgather or broadcast whole (same copies, no Python between), is turned off for
-each timed call, as the wrappers could not see inside it.
+each timed call, as the wrappers could not see inside it. So are the engine's: the ranks run
+with POLYCAST_REPLAY=0, as the compiled replay (runtime/_replay.c) runs a repeated call of
+pulled DATA whole, its reads included; compare with ``bench/peers.py`` for what the replay
+saves.
 ``--realtime`` runs the ranks at ``chrt -r 1`` (root): the machine's other load stays out.
 """
 
@@ -300,7 +302,7 @@ def main(argv=None) -> int:
                         args.sizes, "--algos", args.algos, "--collective", args.collective,
                         "--iters", str(args.iters)]
         got = run_ranks(cmd, P, f"bcma{os.getpid()}_{P}", MARKER, args.timeout, REPO,
-                        extra_env={"POLYCAST_SYMM": "0"})
+                        extra_env={"POLYCAST_SYMM": "0", "POLYCAST_REPLAY": "0"})
         if got is None:
             return 1
         rows += got

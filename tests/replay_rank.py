@@ -7,7 +7,11 @@
   MismatchError, then every rank's next call works;
 * ``death``: warm calls, then the last rank exits mid-loop: every other rank raises PeerLost;
 * ``timeout``: warm calls, then the last rank waits without calling: the others raise
-  the engine's timeout.
+  the engine's timeout;
+* ``late``: pulled allgathers with rank 0 posting late.
+
+With ``REPLAY_WARM=pulled`` the warm calls (and the mismatched one) are allgathers of 1 MiB
+a rank: pulled DATA, whose descriptors the helper writes and reads.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ def _counts(comm) -> dict:
     cs = d._comms[comm.id]
     return {"replayed": st.replayed, "adopted": st.replay_adopted,
             "stops": cs.replay.counts() if cs.replay is not None else None,
-            "off": d.replay_off}
+            "off": d.replay_off, "by_case": _BY_CASE, "pull_out": st.pull_out,
+            "cma_sent": d.peers.cma_sent, "cma_read": d.peers.cma_read}
 
 
 def _cases(P: int, r: int):
@@ -86,7 +91,16 @@ def _cases(P: int, r: int):
         ("allgather-ring", allgather(2, "ring")),
         ("iallgather-ring", allgather(2, "ring", True)),
         ("barrier", barrier),
+        # Pulled DATA (single-copy descriptors, 1 MiB messages): the helper writes the
+        # descriptors and reads the peers' with process_vm_readv.
+        ("allgather-pulled-direct", allgather(PULLED_NELEMS, "direct")),
+        ("allgather-pulled-ring", allgather(PULLED_NELEMS, "ring")),
+        ("iallgather-pulled-direct", allgather(PULLED_NELEMS, "direct", True)),
+        ("bcast-pulled-binomial", bcast(2 * PULLED_NELEMS, "binomial")),
     ]
+
+
+PULLED_NELEMS = 1 << 17     # float64: 1 MiB, over the single-copy floor (512 KiB)
 
 
 def _wrap(P, r):
@@ -103,18 +117,34 @@ def calls() -> dict:
     limits = [int(k) for k in os.environ.get("REPLAY_STEP_LIMITS", "-1").split(",")]
     rp = comm._driver._comms[comm.id].replay
     out: dict = {}
+    by_case: dict = {}      # name -> calls replayed whole
     for limit in limits:
         if rp is not None:
             rp.step_limit = limit
         for name, f in _cases(comm.size, comm.rank):
             h = set(out.get(name, ()))
+            before = _counts(comm)["replayed"]
             for _ in range(reps):
                 h.add(hashlib.sha256(np.ascontiguousarray(f()).tobytes()).hexdigest())
             out[name] = sorted(h)
+            by_case[name] = by_case.get(name, 0) + _counts(comm)["replayed"] - before
+    _BY_CASE.update(by_case)
     return out
 
 
+_BY_CASE: dict = {}
+
+
 def _warm(n=30):
+    """``n`` replayed calls: small allreduces, or with REPLAY_WARM=pulled 1 MiB-a-rank
+    allgathers (pulled DATA)."""
+    if os.environ.get("REPLAY_WARM") == "pulled":
+        x = np.full(PULLED_NELEMS, comm.rank, np.float64)
+        y = np.empty(PULLED_NELEMS * comm.size, np.float64)
+        for _ in range(n):
+            comm.Allgather(x, y, algorithm="direct")
+        assert (y.reshape(comm.size, -1)[:, -1] == np.arange(comm.size)).all()
+        return
     x = np.ones(2, np.float32)
     y = np.empty_like(x)
     for _ in range(n):
@@ -125,10 +155,15 @@ def _warm(n=30):
 def mismatch() -> dict:
     _warm()
     before = _counts(comm)["replayed"]
-    n = 3 if comm.rank == 1 else 2
-    x = np.ones(n, np.float32)
     try:
-        comm.Allreduce(x, np.empty_like(x), algorithm="recdoubling")
+        if os.environ.get("REPLAY_WARM") == "pulled":
+            n = PULLED_NELEMS + (comm.rank == 1)
+            x = np.ones(n, np.float64)
+            comm.Allgather(x, np.empty(n * comm.size), algorithm="direct")
+        else:
+            n = 3 if comm.rank == 1 else 2
+            x = np.ones(n, np.float32)
+            comm.Allreduce(x, np.empty_like(x), algorithm="recdoubling")
         raised = "nothing"
     except MismatchError as exc:
         raised = "MismatchError: " + str(exc)[:200]
@@ -173,10 +208,28 @@ def timeout() -> dict:
     return {"raised": raised, "warm_replayed": before}
 
 
+def late() -> dict:
+    """Pulled allgathers where rank 0 posts 30 ms after its peers: their descriptors wait
+    in its early buffer and its replay reads them from there; the peers' replays wait for
+    its descriptors past their bound and the engine adopts their calls, sends written."""
+    P = comm.size
+    x = np.empty(PULLED_NELEMS, np.float64)
+    y = np.empty(PULLED_NELEMS * P, np.float64)
+    ok = 0
+    for i in range(8):
+        if comm.rank == 0:
+            time.sleep(0.03)
+        x[:] = comm.rank + i
+        comm.Allgather(x, y, algorithm="direct")
+        ok += bool((y.reshape(P, -1) == np.arange(P)[:, None] + i).all())
+    return {"ok": ok, "pull_held": comm._driver.stats(comm.id).pull_held}
+
+
 if __name__ == "__main__":
     comm = polycast.init()
     mode = sys.argv[1]
-    res = {"calls": calls, "mismatch": mismatch, "death": death, "timeout": timeout}[mode]()
+    res = {"calls": calls, "mismatch": mismatch, "death": death, "timeout": timeout,
+           "late": late}[mode]()
     res["counts"] = _counts(comm)
     print("RESULT " + json.dumps(res), flush=True)
     if mode in ("death", "timeout"):

@@ -65,7 +65,7 @@ def test_a_whole_call_writes_the_engines_frame_and_reduces_the_peers(tmp_path):
     recv = np.zeros(2, np.float32)
     _peer_frame(in_w, np.array([0.25, 4.0], np.float32).tobytes())
     plan = _plan(in_r, out_w, ALLREDUCE)
-    (done, reason, doorbell, blocked, nsent, sent_nb, nrecv, recv_nb), pos = \
+    (done, reason, doorbell, blocked, nsent, sent_nb, nrecv, recv_nb, *_), pos = \
         _run(plan, in_r, send, recv)
     assert replay.REASONS[reason] == "done" and done == 0b111
     assert (nsent, sent_nb, nrecv, recv_nb, doorbell, blocked) == (1, 8, 1, 8, 0, 0)
@@ -166,7 +166,11 @@ def test_the_dtype_and_op_table_leaves_float_min_max_to_numpy():
 
 # -- real ranks -----------------------------------------------------------------------------
 def _ranks(nranks, mode, env=None, per_rank=None, timeout=120, victim=None):
-    e = {"POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": "shm", "POLYCAST_TIMEOUT": "20"}
+    # An early buffer of 8 MiB: calls over 1 MiB keep the engine's 256 KiB eager limit
+    # (Engine.eager_limits), so the 1 MiB messages of the "pulled" cases go as pulled DATA
+    # at 2 ranks as at 4 (by default only calls over 8 MiB do).
+    e = {"POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": "shm", "POLYCAST_TIMEOUT": "20",
+         "POLYCAST_MAX_EARLY_NBYTES": str(8 << 20)}
     e.update(env or {})
     results = spawn_ranks(nranks, [WORKER, mode], env=e, per_rank=per_rank, timeout=timeout)
     return rank_results(results, victim)
@@ -195,9 +199,13 @@ def test_replayed_calls_reach_the_engines_results(engine_results):
     for rank, (res, want) in enumerate(zip(got, engine_results)):
         assert _hashes(res) == _hashes(want), f"rank {rank}"
         c = res["counts"]
-        # 15 cases x 20 calls, a few adopted (a peer late by more than the wait bound)
-        assert c["replayed"] >= 150, c
+        # 19 cases x 20 calls, a few adopted (a peer late by more than the wait bound)
+        assert c["replayed"] >= 190, c
         assert c["stops"]["done"] == c["replayed"]
+        # the pulled ones too: descriptors written and read by the helper
+        pulled = {k: n for k, n in c["by_case"].items() if "pulled" in k}
+        assert len(pulled) == 4 and min(pulled.values()) >= 10, pulled
+        assert c["pull_out"] == c["cma_sent"] > 0 and c["cma_read"] > 0, c
 
 
 @needs_replay
@@ -208,6 +216,8 @@ def test_a_replay_adopted_at_every_step_reaches_the_same_results(engine_results)
         c = res["counts"]
         # limits 1..(steps - 1) stop a replay part-way and the engine adopts the call
         assert c["adopted"] >= 20 and c["stops"]["limit"] >= c["adopted"], c
+        # pulled SENDs the helper wrote and the engine finished count once
+        assert c["pull_out"] == c["cma_sent"] > 0, c
 
 
 @needs_replay
@@ -228,8 +238,31 @@ def test_a_mismatch_after_replayed_calls_raises_on_every_rank():
 
 
 @needs_replay
-def test_a_dead_peer_during_replayed_calls_raises_peer_lost():
-    got = _ranks(3, "death", env={"POLYCAST_TIMEOUT": "10"}, victim=2)
+def test_a_mismatch_after_replayed_pulled_calls_raises_on_every_rank():
+    got = _ranks(3, "mismatch", env={"REPLAY_WARM": "pulled"})
+    for rank, res in enumerate(got):
+        assert res["warm_replayed"] > 0, res
+        assert res["raised"].startswith("MismatchError"), (rank, res)
+        assert res["counts"]["cma_sent"] == res["counts"]["pull_out"] > 0
+
+
+@needs_replay
+def test_a_late_rank_hands_its_held_descriptors_to_the_replay():
+    got = _ranks(3, "late")
+    for rank, res in enumerate(got):
+        assert res["ok"] == 8, (rank, res)
+        assert res["counts"]["cma_sent"] == res["counts"]["pull_out"], (rank, res)
+    # rank 0 came late: its peers' descriptors were held early, and its calls replayed
+    # whole (reading them from the early buffer)
+    assert got[0]["pull_held"] >= 8 and got[0]["counts"]["replayed"] >= 4, got[0]
+    # the others waited for rank 0 past their bound: adopted with their sends written
+    assert sum(r["counts"]["adopted"] for r in got[1:]) >= 4, got
+
+
+@needs_replay
+@pytest.mark.parametrize("warm", ["small", "pulled"])
+def test_a_dead_peer_during_replayed_calls_raises_peer_lost(warm):
+    got = _ranks(3, "death", env={"POLYCAST_TIMEOUT": "10", "REPLAY_WARM": warm}, victim=2)
     assert len(got) == 2
     for rank, res in enumerate(got):
         assert res["warm_replayed"] > 0, res
@@ -251,7 +284,7 @@ def test_a_frame_the_engine_held_early_is_delivered_when_its_step_starts(tmp_pat
     send, recv = np.ones(2, np.float32), np.zeros(2, np.float32)
     early = np.array([3.0, 5.0], np.float32).tobytes()
     pos = [in_r._read_pos]
-    done, reason, _, _, nsent, _, nrecv, _ = _plan(in_r, out_w, ALLREDUCE).run(
+    done, reason, _, _, nsent, _, nrecv, _, *_ = _plan(in_r, out_w, ALLREDUCE).run(
         SEQ, send, recv, None, pos, (0.05, 30e-6, 200e-6), True, -1, [(2, early)])
     assert replay.REASONS[reason] == "done" and done == 0b111
     assert (nsent, nrecv) == (1, 0) and recv.tolist() == [4.0, 6.0]

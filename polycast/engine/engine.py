@@ -184,11 +184,15 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
 
     # -- posting --------------------------------------------------------------------------
     def post(self, req: int, schedule: Schedule, itemsize: int, now: float, *,
-             dtype: str = "", op: str = "", replayed: int = 0) -> list[Action]:
+             dtype: str = "", op: str = "", replayed: int = 0,
+             written: int = 0) -> list[Action]:
         """Start a collective. Raises InvalidArgument (before anything is sent) when the
         schedule does not fit this engine; returns the first actions. ``replayed``: the
         steps (a bit per step index, a downward-closed set) a compiled replay of this call
-        already did (engine/replay.py): they complete without their actions."""
+        already did (engine/replay.py): they complete without their actions. ``written``:
+        pulled SENDs it wrote whose reader has not acknowledged them yet: they start without
+        their actions and complete on ``on_send_done`` of their tokens
+        (:meth:`replay_tokens`)."""
         plan = self._get_plan(schedule)     # checked against this engine when it was made
         if not isinstance(req, int) or req in self._reqs:
             raise InvalidArgument(f"request id {req!r} is already outstanding (or not an "
@@ -214,8 +218,10 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         r = Request(req, seq, schedule, plan, itemsize, sig, (dtype, op))
         r.prog = plan.prog
         r.eager = self.eager_limits(schedule, itemsize)
-        if replayed:
+        if replayed or written:
             r.replayed = replayed
+            if written:
+                r.written = dict.fromkeys(i for i in range(len(r.state)) if written >> i & 1)
             self.stats.replay_adopted += 1
         self._reqs[req] = r
         self._by_seq[seq] = r
@@ -574,6 +580,9 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         if r.replayed >> idx & 1:
             self._replayed_step(r, idx, kind)
             return
+        if r.written is not None and idx in r.written:
+            self._written_step(r, idx)
+            return
         if kind is _SEND:
             nbytes = plan.nelems[idx] * r.itemsize
             if nbytes > r.eager[step.peer]:
@@ -599,8 +608,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
                 self._step_done(r, idx)
             else:
                 nbytes = plan.nelems[idx] * r.itemsize
-                if nbytes > r.eager[step.peer] and not (
-                        self._pull_min[step.peer] and nbytes >= self._pull_min[step.peer]):
+                if nbytes > r.eager[step.peer] and not self._pulls(step.peer, nbytes):
                     self._clear_ahead(r, step, out)
         elif kind is _COPY:
             nbytes = plan.nelems[idx] * r.itemsize
@@ -619,12 +627,34 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         delivered (RECV), or its copy made; counted as the ordinary path counts it."""
         st = self.stats
         if kind is _SEND:
+            nbytes = r.plan.nelems[idx] * r.itemsize
             st.messages_out += 1
-            st.message_bytes_out += r.plan.nelems[idx] * r.itemsize
+            st.message_bytes_out += nbytes
+            peer = r.prog[idx].peer
+            if nbytes > r.eager[peer] and self._pulls(peer, nbytes):
+                st.pull_out += 1
         elif kind is _RECV:
             st.messages_in += 1
             st.message_bytes_in += r.plan.nelems[idx] * r.itemsize
         self._step_done(r, idx)
+
+    def _written_step(self, r: Request, idx: int) -> None:
+        """A pulled SEND the compiled replay wrote and its reader has not acknowledged: it
+        waits on its token, as :meth:`_send`'s do, with no action (its frame is out)."""
+        token = self._next_token
+        self._next_token += 1
+        step = r.prog[idx]
+        nbytes = r.plan.nelems[idx] * r.itemsize
+        h = make_header(_DATA, self.comm, r.seq, self.rank, step.tag, 0, nbytes, r.sig, 0,
+                        F_PULL)                 # what went (for diagnostics)
+        self._tokens[token] = (r, idx, step.peer, h)
+        r.outstanding += 1
+        r.tokens.add(token)
+        r.written[idx] = token
+        st = self.stats
+        st.messages_out += 1
+        st.message_bytes_out += nbytes
+        st.pull_out += 1
 
     def _send(self, r: Request, peer: int, h: Header, region, idx: int, out: list,
               data: bytes = b"") -> None:

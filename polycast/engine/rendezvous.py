@@ -52,13 +52,18 @@ _region = new_region
 class Rendezvous:
     """RTS/CTS for SEND/RECV steps larger than ``config.eager_max_nbytes``."""
 
+    def _pulls(self, peer: int, nbytes: int) -> bool:
+        """Whether a collective's message over the eager limit between us and ``peer`` goes
+        as a pulled DATA (:meth:`Engine.set_pull_peers`)."""
+        pull = self._pull_min[peer]
+        return bool(pull) and nbytes >= pull
+
     # -- the sender -----------------------------------------------------------------------
     def _start_large_send(self, r: Request, idx: int, step, nbytes: int, out: list) -> None:
         """A SEND step over the eager limit starts: DATA if the receiver cleared it
         already, else an RTS (the DATA follows its CTS)."""
         key = (step.peer, step.tag)
-        pull = self._pull_min[step.peer]
-        if pull and nbytes >= pull:
+        if self._pulls(step.peer, nbytes):
             # The receiver reads it when its RECV starts (it holds the DATA as an RTS):
             # no RTS, CTS or their round trip.
             if r.cts_early:

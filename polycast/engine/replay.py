@@ -1,14 +1,17 @@
-"""The engine's side of a replayed call: a small collective it has seen before, carried out
-by a compiled helper (polycast/runtime/_replay.c, driven by runtime/driver/replay.py)
-instead of one engine event per message.
+"""The engine's side of a replayed call: a collective it has seen before, carried out by a
+compiled helper (polycast/runtime/_replay.c, driven by runtime/driver/replay.py) instead of
+one engine event per message.
 
 The engine still decides everything. Once per (schedule, itemsize, dtype, op) it exports
 what this rank's program does (:meth:`Replay.replay_program`: steps with kind, peer, tag,
-byte run, reduce flag, dependencies; and the call signature), or None when the program is
-not one a replay may run (multicast, rendezvous-sized messages, more than one run per
-step, a MAC secret). Per call, the driver asks :meth:`Replay.replay_begin` (nothing else
+byte run, reduce flag, pulled or not, dependencies; and the call signature), or None when
+the program is not one a replay may run (multicast, messages over the eager limit that go
+by RTS/CTS or reduce a pulled DATA, more than one run per step, a MAC secret). A pulled DATA
+(engine/rendezvous.py) is one frame each way, the helper's: a SEND the helper wrote but
+whose reader has not acknowledged it is adopted as written (``post(..., written=mask)``,
+its token from :meth:`Replay.replay_tokens`). Per call, the driver asks :meth:`Replay.replay_begin` (nothing else
 is going on in this engine: no request, no point-to-point, no lost peer, nothing held early
-but DATA of this very call, which it hands over), takes :attr:`Engine.next_seq` as the
+but DATA of this very call, which it hands over, pulled ones unread), takes :attr:`Engine.next_seq` as the
 call's sequence number, and then either
 
 * the whole call ran: :meth:`Replay.replayed` accounts for it as a post and its completion
@@ -25,8 +28,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from ..schedule.ir import Kind
+from .early import holding
 from .request import describe
-from .wire import MsgKind, call_signature
+from .wire import F_PULL, MsgKind, call_signature
 
 MAX_STEPS = 64          # the helper keeps a program's done steps in one u64
 
@@ -44,6 +48,7 @@ class ReplayStep:
     reduce: bool
     ndeps: int
     successors: tuple[int, ...]
+    pull: bool = False          # SEND/RECV: a pulled DATA (F_PULL: the driver's single copy)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class ReplayProgram:
     peers: tuple[int, ...]      # local ranks it sends to or receives from, in order
     nsend: int
     nrecv: int
+    npull: int = 0              # SENDs of pulled DATA
 
 
 class Replay:
@@ -75,15 +81,25 @@ class Replay:
             return None
         steps = []
         eager = self.eager_limits(schedule, itemsize)
-        nsend = nrecv = 0
+        nsend = nrecv = npull = 0
         for idx, st in enumerate(prog):
             kind = st.kind
             if kind not in (Kind.SEND, Kind.RECV, Kind.COPY):
                 return None
             runs, nbytes = plan.runs[idx], plan.nelems[idx] * itemsize
-            if len(runs) > 1 or kind is not Kind.COPY and nbytes > min(
-                    max_message_nbytes, eager[st.peer]):
-                return None             # (a rendezvous message: the engine's)
+            if len(runs) > 1:
+                return None
+            pull = False
+            if kind is not Kind.COPY and nbytes > eager[st.peer]:
+                # A pulled DATA is one descriptor frame each way (no RTS/CTS): the
+                # helper's, unless it reduces (read in place only). Other rendezvous
+                # messages are the engine's.
+                if not self._pulls(st.peer, nbytes) or st.reduce:
+                    return None
+                pull = True
+                npull += kind is Kind.SEND
+            elif kind is not Kind.COPY and nbytes > max_message_nbytes:
+                return None
             offset = runs[0][0] * itemsize if runs else 0
             dst, dst_offset = "", 0
             if kind is Kind.COPY:
@@ -96,9 +112,9 @@ class Replay:
                 nrecv += kind is Kind.RECV
             steps.append(ReplayStep(kind, st.peer if kind is not Kind.COPY else -1, st.tag,
                                     st.buf, offset, nbytes, dst, dst_offset, bool(st.reduce),
-                                    plan.ndeps[idx], tuple(plan.succ[idx])))
+                                    plan.ndeps[idx], tuple(plan.succ[idx]), pull))
         return ReplayProgram(self._signature(schedule, itemsize, dtype, op), tuple(steps),
-                             tuple(sorted(plan.peers)), nsend, nrecv)
+                             tuple(sorted(plan.peers)), nsend, nrecv, npull)
 
     def replay_begin(self, schedule, prog: ReplayProgram) -> list | None:
         """Whether a replay of the next call may start: None when something else is going
@@ -121,7 +137,8 @@ class Replay:
         taken = []
         for is_msg, src, h, payload in entries:
             idx = recv_index.get((src, h.tag)) if is_msg else None
-            if idx is None or h.kind is not MsgKind.DATA or h.flags or h.sig != prog.sig \
+            if idx is None or h.kind is not MsgKind.DATA or h.sig != prog.sig \
+                    or h.flags != (F_PULL if steps[idx].pull else 0) \
                     or h.length != steps[idx].nbytes or payload is None and h.length:
                 return None
             taken.append((idx, src, h, payload))
@@ -134,7 +151,16 @@ class Replay:
         """Messages :meth:`replay_begin` took and the replay did not use: held early again,
         in their order, for the call's post."""
         for _, src, h, payload in held:
+            if holding(payload):
+                self.stats.pull_held -= 1       # counted as it came; held again here
             self._early.hold(True, src, h, payload, h.payload_nbytes, self._next_seq)
+
+    def replay_tokens(self, req: int) -> dict[int, int]:
+        """Step index -> send token of the pulled SENDs an adopting post found written
+        (``post(..., written=mask)``): the driver reports each done (``on_send_done``) when
+        the receiver acknowledges it, as it does for the engine's own."""
+        r = self._reqs.get(req)
+        return dict(r.written) if r is not None and r.written else {}
 
     def replayed(self, schedule, prog: ReplayProgram, itemsize: int, dtype: str, op: str,
                  req: int, sent_nbytes: int, nrecv: int, recv_nbytes: int) -> int:
@@ -148,6 +174,7 @@ class Replay:
         st.message_bytes_out += sent_nbytes
         st.messages_in += nrecv
         st.message_bytes_in += recv_nbytes
+        st.pull_out += prog.npull
         st.completed += 1
         st.replayed += 1
         # (a partial, not a closure: made on every replayed call, read only on a late abort)

@@ -19,7 +19,7 @@ class Request:
                  "rec_timer", "pace_timers", "eos_timers", "rto", "mcast_bytes_in",
                  "recovered_nbytes", "mcast_bytes_out", "served_own_nbytes", "tokens",
                  "mismatch", "mis_timer", "rts_wait", "rdv", "granted", "cts_early",
-                 "cts_ahead", "replayed", "eager")
+                 "cts_ahead", "replayed", "written", "eager")
 
     def __init__(self, req, seq, sched, plan, itemsize, sig, desc):
         self.req, self.seq, self.sched, self.plan = req, seq, sched, plan
@@ -55,6 +55,7 @@ class Request:
         self.cts_early = None           # (peer, tag): CTS that came before the SEND started
         self.cts_ahead = None           # (src, tag): CTS sent unasked as the RECV started
         self.replayed = 0               # steps a compiled replay did (a bit per step)
+        self.written = None             # step -> token: pulled SENDs it wrote, not yet read
 
     @property
     def desc(self) -> str:

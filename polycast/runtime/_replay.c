@@ -1,7 +1,7 @@
-/* The compiled replay of a memoized small call (optional; runtime/driver/replay.py uses it).
+/* The compiled replay of a memoized call (optional; runtime/driver/replay.py uses it).
  *
- * The engine (polycast/engine) decides what a call does; for a small collective it has seen
- * before, on a rank whose every peer is on a compiled shm ring, it hands this module the
+ * The engine (polycast/engine) decides what a call does; for a collective it has seen
+ * before (small, or whose large messages are all pulled DATA), on a rank whose every peer is on a compiled shm ring, it hands this module the
  * rank's program once (a Plan: steps with kind, ring, tag, one byte run per buffer, reduce
  * flag, dependencies) and then, per call, only the call's sequence number and arrays. Run
  * carries the steps out as the engine would, with the GIL released:
@@ -11,12 +11,20 @@
  *   - then a ready RECV's frame, checked field by field (magic, version, kind DATA, flags,
  *     comm, seq, src, tag, stream, offset, length, signature), delivered or reduced into
  *     the destination;
+ *   - a pulled DATA (a large message between ranks that read each other single-copy,
+ *     engine/rendezvous.py) is the driver's descriptor frame, also byte-identical
+ *     (driver/peers.py): a pulled SEND writes where its bytes lie and is done when the
+ *     peer's acknowledgement names its seq; a pulled RECV reads the peer's bytes straight
+ *     into place with process_vm_readv and writes the acknowledgement. A pulled DATA the
+ *     engine held early comes in as (address, nbytes, seq) and is read when its RECV starts.
+ *     Python keeps the seqs (passed in, handed back) and takes a run's written SENDs over;
  *   - waiting: the rings are polled with sched_yield between looks (4 ranks on 2 cores:
  *     the peer we wait for needs our core).
  * Anything else stops the run with the frame UNCONSUMED and says why: a frame that is not
  * the expected DATA of this call (an ABORT, another signature, a driver frame, a frame for
- * a RECV that has not started), a full ring, a reader that sleeps on a doorbell frame, a
- * reducing copy onto overlapping memory, no progress within the caller's bound (a dead or
+ * a RECV that has not started, an acknowledgement of something else, a descriptor it
+ * cannot read), a full ring, a reader that sleeps on a doorbell frame, a reducing copy onto
+ * overlapping memory, no progress within the caller's bound (a dead or
  * stopped peer, a late one). The caller hands the engine the steps done (a downward-closed
  * set: a step starts only after its dependencies) and the engine carries on from there,
  * so every error is still raised by the Python engine, on every rank.
@@ -28,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <linux/futex.h>
 
 #include "_ring.h"
@@ -44,6 +53,12 @@ struct waitv {                  /* the kernel's struct futex_waitv */
     uint32_t flags, reserved;
 };
 #define WAKE_ALL (1 << 30)      /* driver/peers.py WAKE_ALL */
+/* Single-copy frames (runtime/frames.py, runtime/cma.py): a descriptor "<QQQ" (seq,
+ * address, nbytes) followed by the engine header; an acknowledgement, the "<Q" seqs read. */
+#define KIND_CMA (KIND_BASE + 5)
+#define KIND_CMA_DONE (KIND_BASE + 6)
+#define DESC_NBYTES 24
+#define F_PULL 0x04             /* wire.F_PULL: a DATA its receiver reads when it wants */
 
 enum { K_SEND = 0, K_RECV = 1, K_COPY = 2 };
 enum { R_DONE = 0, R_WAIT = 1, R_FRAME = 2, R_FULL = 3, R_DOORBELL = 4, R_OVERLAP = 5,
@@ -53,6 +68,7 @@ enum { OP_SUM = 0, OP_PROD = 1, OP_MIN = 2, OP_MAX = 3, OP_NONE = -1 };
 
 typedef struct {
     int kind, reduce, buf, dst, slot;
+    int pull;                           /* SEND/RECV: a pulled DATA (a descriptor frame) */
     uint32_t tag;
     uint64_t off, nbytes, doff;         /* byte offsets into buf / dst */
     uint32_t ndeps;
@@ -66,6 +82,7 @@ typedef struct {
     Step steps[MAX_STEPS];
     RingMap *in[MAX_SLOTS], *out[MAX_SLOTS];
     uint32_t peer[MAX_SLOTS];           /* the slot's peer (local rank: the header's src) */
+    long pid[MAX_SLOTS];                /* its process, read by process_vm_readv (0: none) */
     uint64_t need[3];                   /* bytes of send, recv, tmp the steps reach */
     int writes[3];                      /* whether the steps write that buffer */
     unsigned long long runs, full;      /* calls run, calls that ran to the end */
@@ -179,12 +196,14 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
     for (Py_ssize_t s = 0; s < ns; s++) {
         PyObject *in, *out;
         unsigned long peer;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(slots, s), "O!O!k", &RingMapType, &in,
-                              &RingMapType, &out, &peer))
+        long pid = 0;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(slots, s), "O!O!k|l", &RingMapType, &in,
+                              &RingMapType, &out, &peer, &pid))
             return -1;
         Py_INCREF(in); Py_INCREF(out);
         self->in[s] = (RingMap *)in; self->out[s] = (RingMap *)out;
         self->peer[s] = peer;
+        self->pid[s] = pid;
         self->nslots = s + 1;
     }
     for (Py_ssize_t i = 0; i < nt; i++) {
@@ -192,9 +211,10 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
         unsigned long tag;
         unsigned long long off, nbytes, doff, succ;
         unsigned int ndeps;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(steps, i), "iikiKKiKpIK", &st->kind, &st->slot,
-                              &tag, &st->buf, &off, &nbytes, &st->dst, &doff, &st->reduce,
-                              &ndeps, &succ))
+        st->pull = 0;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(steps, i), "iikiKKiKpIK|p", &st->kind,
+                              &st->slot, &tag, &st->buf, &off, &nbytes, &st->dst, &doff,
+                              &st->reduce, &ndeps, &succ, &st->pull))
             return -1;
         st->tag = tag; st->off = off; st->nbytes = nbytes; st->doff = doff;
         st->ndeps = ndeps; st->succ = succ;
@@ -202,7 +222,10 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
                 || (st->kind == K_COPY && (st->dst < 0 || st->dst > 2))
                 || (st->kind != K_COPY && (st->slot < 0 || st->slot >= ns))
                 || (st->reduce && (dt == DT_NONE || op == OP_NONE))
-                || (nt < 64 && (succ >> nt))) {
+                || (nt < 64 && (succ >> nt))
+                /* a pulled step: a peer we can read, no reduction (read in place) */
+                || (st->pull && (st->kind == K_COPY || st->reduce
+                                 || self->pid[st->slot] <= 0))) {
             PyErr_Format(PyExc_ValueError, "replay step %zd is malformed", i);
             return -1;
         }
@@ -222,11 +245,14 @@ static int Plan_init(Plan *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-/* Write step ``st``'s DATA frame into ``r``: 0 written, -1 the ring lacks the space. */
-static int write_frame(RingMap *r, const unsigned char *hdr, const char *payload,
-                       uint64_t nbytes) {
+/* Write a frame into ``r``: prefix (``kind``, ``plen``), then ``hdr_n`` bytes of ``hdr``,
+ * then ``nbytes`` of ``payload``. A DATA: kind HEADER_NBYTES, plen its payload's length; a
+ * driver frame (KIND_CMA, KIND_CMA_DONE): its bytes all in ``hdr``, plen = hdr_n. 0 written,
+ * -1 the ring lacks the space. */
+static int write_frame(RingMap *r, uint32_t kind, uint64_t plen, const unsigned char *hdr,
+                       uint64_t hdr_n, const char *payload, uint64_t nbytes) {
     uint64_t cap = r->cap;
-    uint64_t total = pad16(PREFIX_NBYTES + HEADER_NBYTES + nbytes);
+    uint64_t total = pad16(PREFIX_NBYTES + hdr_n + nbytes);
     uint64_t head = __atomic_load_n(slot(r, SLOT_HEAD), __ATOMIC_RELAXED);     /* ours */
     uint64_t tail = __atomic_load_n(slot(r, SLOT_TAIL), __ATOMIC_ACQUIRE);
     uint64_t pos = head & (cap - 1);
@@ -239,10 +265,10 @@ static int write_frame(RingMap *r, const unsigned char *hdr, const char *payload
         pos = 0;
     }
     char *p = r->data + pos;
-    put_prefix(p, HEADER_NBYTES, nbytes);
-    memcpy(p + PREFIX_NBYTES, hdr, HEADER_NBYTES);
+    put_prefix(p, kind, plen);
+    memcpy(p + PREFIX_NBYTES, hdr, hdr_n);
     if (nbytes)
-        memcpy(p + PREFIX_NBYTES + HEADER_NBYTES, payload, nbytes);
+        memcpy(p + PREFIX_NBYTES + hdr_n, payload, nbytes);
     __atomic_store_n(slot(r, SLOT_HEAD), head + total, __ATOMIC_RELEASE);
     return 0;
 }
@@ -262,7 +288,64 @@ typedef struct {
     int reason, nsent, nrecv;
     uint64_t sent_nbytes, recv_nbytes;
     uint64_t looks, yields, sleeps;
+    uint64_t written;                   /* pulled SENDs written, not yet acknowledged */
+    uint64_t seq[MAX_STEPS];            /* a pulled SEND's single-copy seq (written ones) */
+    int nread, nowed;                   /* pulled RECVs read; their acks left to Python */
+    int owed_slot[MAX_STEPS];
+    uint64_t owed_seq[MAX_STEPS];
 } Outcome;
+
+/* A pulled DATA the engine holds early: where its bytes are (runtime/cma.RemotePayload). */
+typedef struct {
+    uint64_t addr, nbytes, seq;
+} Remote;
+
+static inline void le64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }  /* "<Q" */
+static inline uint64_t rd_le64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+/* Copy ``nbytes`` at ``addr`` in process ``pid`` into ``dst`` (process_vm_readv): 0, or -1
+ * when the kernel refuses or the writer is gone (Python's reader then says why). */
+static int read_remote(long pid, char *dst, uint64_t addr, uint64_t nbytes) {
+    uint64_t done = 0;
+    while (done < nbytes) {
+        struct iovec lo = {dst + done, nbytes - done};
+        struct iovec re = {(void *)(uintptr_t)(addr + done), nbytes - done};
+        ssize_t got = process_vm_readv((pid_t)pid, &lo, 1, &re, 1, 0);
+        if (got <= 0)
+            return -1;
+        done += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* A frame went into ``r`` (slot ``s``): bump its data counter and wake a reader asleep on
+ * it; a reader asleep in select needs a doorbell frame from Python: 1 (the slot marked). */
+static int ring_bell(Outcome *o, RingMap *r, int s, int can_futex) {
+    uint64_t sleeping = bump_and_check(r, SLOT_DATA_BELL, SLOT_READER_SLEEPING);
+    if (!sleeping)
+        return 0;
+    if (sleeping == SLEEP_FUTEX && can_futex) {
+        syscall(SYS_futex, (void *)slot(r, SLOT_DATA_BELL), FUTEX_WAKE, WAKE_ALL, NULL, NULL,
+                0);
+        return 0;
+    }
+    o->doorbell |= (uint64_t)1 << s;
+    o->reason = R_DOORBELL;
+    return 1;
+}
+
+/* We read the peer's single-copy payload ``seq``: say so in its ring (as driver/peers.py's
+ * acknowledgement), or leave it to Python when the ring is full. */
+static void acknowledge(Plan *pl, Outcome *o, int s, uint64_t seq, int can_futex) {
+    unsigned char ack[8];
+    le64(ack, seq);
+    if (write_frame(pl->out[s], KIND_CMA_DONE, 8, ack, 8, NULL, 0) < 0) {
+        o->owed_slot[o->nowed] = s;
+        o->owed_seq[o->nowed++] = seq;
+        return;
+    }
+    ring_bell(o, pl->out[s], s, can_futex);
+}
 
 /* Step i is done: its successors whose last dependency it was become ready (queued in
  * order, as the engine's ready deque). */
@@ -328,7 +411,8 @@ static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double 
  * replay at every step this way (POLYCAST_REPLAY_STEP_LIMIT). */
 static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double wait_s,
                       double spin_s, double spin_wall_s, int can_futex, int limit,
-                      const char **held, Outcome *o) {
+                      const char **held, Remote *const *remote, uint64_t *cseq,
+                      Outcome *o) {
     int ndone = 0;
     double own = 0;             /* spinning on a core nobody else wanted (see below) */
     int n = pl->nsteps;
@@ -336,7 +420,8 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
     int queue[MAX_STEPS], qh = 0, qt = 0;
     uint64_t all = n == 64 ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1);
     uint64_t waiting = 0;               /* RECVs started, not done */
-    unsigned char hdr[HEADER_NBYTES], expect[MAX_SLOTS][24];
+    unsigned char hdr[HEADER_NBYTES], expect[MAX_SLOTS][24], expect_pull[MAX_SLOTS][24];
+    unsigned char desc[DESC_NBYTES + HEADER_NBYTES];
     for (int i = 0; i < n; i++) {
         ndeps[i] = pl->steps[i].ndeps;
         if (!ndeps[i])
@@ -346,6 +431,8 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
         /* what a frame from the slot's peer must start with, up to its tag */
         pack_header(hdr, pl->comm, seq, pl->peer[s], 0, 0, pl->sig);
         memcpy(expect[s], hdr, 20);
+        hdr[4] = F_PULL;
+        memcpy(expect_pull[s], hdr, 20);
     }
     double last = mono(), spun_from = last;
     for (;;) {
@@ -357,26 +444,42 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
                 return;
             }
             qh++;
-            if (st->kind == K_SEND) {
+            if (st->kind == K_SEND && st->pull) {
+                /* A pulled DATA (driver/peers.py _send_single_copy): the descriptor of our
+                 * bytes and the header flagged F_PULL; done on the peer's acknowledgement,
+                 * our memory untouched until then. */
+                RingMap *r = pl->out[st->slot];
+                uint64_t cs = cseq[st->slot] + 1;
+                le64(desc, cs);
+                le64(desc + 8, (uint64_t)(uintptr_t)(base[st->buf] + st->off));
+                le64(desc + 16, st->nbytes);
+                pack_header(desc + DESC_NBYTES, pl->comm, seq, pl->rank, st->tag,
+                            (uint32_t)st->nbytes, pl->sig);
+                desc[DESC_NBYTES + 4] = F_PULL;
+                if (write_frame(r, KIND_CMA, sizeof desc, desc, sizeof desc, NULL, 0) < 0) {
+                    o->reason = R_FULL;
+                    return;
+                }
+                cseq[st->slot] = cs;
+                o->seq[i] = cs;
+                o->written |= (uint64_t)1 << i;
+                o->nsent++;
+                o->sent_nbytes += st->nbytes;
+                if (ring_bell(o, r, st->slot, can_futex))
+                    return;     /* written, not done: the engine adopts it as written */
+                continue;
+            } else if (st->kind == K_SEND) {
                 RingMap *r = pl->out[st->slot];
                 pack_header(hdr, pl->comm, seq, pl->rank, st->tag, (uint32_t)st->nbytes,
                             pl->sig);
-                if (write_frame(r, hdr, base[st->buf] + st->off, st->nbytes) < 0) {
+                if (write_frame(r, HEADER_NBYTES, st->nbytes, hdr, HEADER_NBYTES,
+                                base[st->buf] + st->off, st->nbytes) < 0) {
                     o->reason = R_FULL;
                     return;
                 }
                 o->nsent++;
                 o->sent_nbytes += st->nbytes;
-                uint64_t sleeping = bump_and_check(r, SLOT_DATA_BELL, SLOT_READER_SLEEPING);
-                if (sleeping) {
-                    if (sleeping == SLEEP_FUTEX && can_futex) {
-                        syscall(SYS_futex, (void *)slot(r, SLOT_DATA_BELL), FUTEX_WAKE,
-                                WAKE_ALL, NULL, NULL, 0);
-                    } else {
-                        o->doorbell |= (uint64_t)1 << st->slot;
-                        o->reason = R_DOORBELL;
-                    }
-                }
+                ring_bell(o, r, st->slot, can_futex);
             } else if (st->kind == K_COPY) {
                 if (st->nbytes) {
                     char *src = base[st->buf] + st->off, *dst = base[st->dst] + st->doff;
@@ -390,6 +493,17 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
                         memmove(dst, src, st->nbytes);
                     }
                 }
+            } else if (remote[i] != NULL) {
+                /* a pulled DATA held early, unread: read it now, as the engine's _start
+                 * does (a refused read stops the run; Python's read then says why) */
+                const Remote *rm = remote[i];
+                if (read_remote(pl->pid[st->slot], base[st->buf] + st->off, rm->addr,
+                                st->nbytes) < 0) {
+                    o->reason = R_FRAME;
+                    return;
+                }
+                o->nread++;
+                acknowledge(pl, o, st->slot, rm->seq, can_futex);
             } else if (held[i] != NULL) {
                 /* its frame came before the call (the engine's early buffer): as the
                  * engine's _start does with a held message */
@@ -417,15 +531,19 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
             return;
         }
         int progressed = 0;
-        uint64_t wanted = 0;            /* slots with a started RECV */
+        uint64_t wanted = 0;            /* slots with a started RECV or an awaited ack */
         for (int s = 0; s < pl->nslots; s++) {
-            uint64_t mine = 0;
-            for (uint64_t m = waiting; m; m &= m - 1) {
+            uint64_t mine = 0, acks = 0;
+            for (uint64_t m = waiting | o->written; m; m &= m - 1) {
                 int j = __builtin_ctzll(m);
-                if (pl->steps[j].slot == s)
-                    mine |= (uint64_t)1 << j;
+                if (pl->steps[j].slot == s) {
+                    if (pl->steps[j].kind == K_RECV)
+                        mine |= (uint64_t)1 << j;
+                    else
+                        acks |= (uint64_t)1 << j;
+                }
             }
-            if (!mine)
+            if (!mine && !acks)
                 continue;
             wanted |= (uint64_t)1 << s;
             RingMap *r = pl->in[s];
@@ -444,12 +562,54 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
                         o->blocked |= (uint64_t)1 << s;
                     continue;
                 }
-                const unsigned char *h = p + PREFIX_NBYTES;
+                const unsigned char *body = p + PREFIX_NBYTES;
+                uint64_t hl = hdr_len >= KIND_BASE ? 0 : hdr_len;
+                if (plen > cap / 4 || at + pad16(PREFIX_NBYTES + hl + plen) > cap) {
+                    o->reason = R_FRAME;
+                    return;
+                }
+                uint64_t next = pos[s] + pad16(PREFIX_NBYTES + hl + plen);
+                if (hdr_len == KIND_CMA_DONE) {
+                    /* acknowledgements: each must name a SEND of ours awaiting it (else
+                     * the frame is Python's, whole) */
+                    uint64_t hit = 0;
+                    if (!plen || plen % 8) {
+                        o->reason = R_FRAME;
+                        return;
+                    }
+                    for (uint64_t k = 0; k < plen; k += 8) {
+                        uint64_t sq = rd_le64(body + k);
+                        int found = -1;
+                        for (uint64_t m = acks & ~hit; m; m &= m - 1) {
+                            int j = __builtin_ctzll(m);
+                            if (o->seq[j] == sq) {
+                                found = j;
+                                break;
+                            }
+                        }
+                        if (found < 0) {
+                            o->reason = R_FRAME;
+                            return;
+                        }
+                        hit |= (uint64_t)1 << found;
+                    }
+                    pos[s] = next;
+                    if (give_back(r, pos[s]))
+                        o->blocked |= (uint64_t)1 << s;
+                    o->written &= ~hit;
+                    for (uint64_t m = hit; m; m &= m - 1) {
+                        int j = __builtin_ctzll(m);
+                        step_done(o, &pl->steps[j], j, ndeps, queue, &qt, &ndone);
+                    }
+                    progressed = 1;
+                    break;
+                }
+                int pulled = hdr_len == KIND_CMA;
+                const unsigned char *h = pulled ? body + DESC_NBYTES : body;
                 static const unsigned char zeros[12];
-                if (hdr_len != HEADER_NBYTES || plen > cap / 4
-                        || at + pad16(PREFIX_NBYTES + HEADER_NBYTES + plen) > cap
-                        || memcmp(h, expect[s], 20) || memcmp(h + 24, zeros, 12)
-                        || rd32(h + 40) != pl->sig) {
+                if ((pulled ? plen != DESC_NBYTES + HEADER_NBYTES : hdr_len != HEADER_NBYTES)
+                        || memcmp(h, pulled ? expect_pull[s] : expect[s], 20)
+                        || memcmp(h + 24, zeros, 12) || rd32(h + 40) != pl->sig) {
                     o->reason = R_FRAME;
                     return;
                 }
@@ -463,11 +623,19 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
                     }
                 }
                 Step *st = i >= 0 ? &pl->steps[i] : NULL;
-                if (st == NULL || length != st->nbytes || plen != length) {
+                if (st == NULL || length != st->nbytes || st->pull != pulled
+                        || (pulled ? rd_le64(body + 16) != length : plen != length)) {
                     o->reason = R_FRAME;        /* not started yet, or wrong: Python's */
                     return;
                 }
-                if (length) {
+                if (pulled) {
+                    if (length && read_remote(pl->pid[s], base[st->buf] + st->off,
+                                              rd_le64(body + 8), length) < 0) {
+                        o->reason = R_FRAME;    /* Python reads it again, and says why */
+                        return;
+                    }
+                    o->nread++;
+                } else if (length) {
                     char *dst = base[st->buf] + st->off;
                     const char *src = (const char *)h + HEADER_NBYTES;
                     if (st->reduce)
@@ -475,9 +643,12 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
                     else
                         memcpy(dst, src, length);
                 }
-                pos[s] += pad16(PREFIX_NBYTES + HEADER_NBYTES + plen);
+                uint64_t sq = pulled ? rd_le64(body) : 0;
+                pos[s] = next;
                 if (give_back(r, pos[s]))
                     o->blocked |= (uint64_t)1 << s;
+                if (pulled)
+                    acknowledge(pl, o, s, sq, can_futex);
                 o->nrecv++;
                 o->recv_nbytes += length;
                 waiting &= ~((uint64_t)1 << i);
@@ -486,6 +657,8 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
                 break;          /* its successors first, as the engine's pump does */
             }
         }
+        if (progressed && o->reason == R_DOORBELL)
+            return;             /* the peer sleeps until the caller sends it a doorbell */
         double now = mono();
         if (progressed) {
             last = spun_from = now;
@@ -528,11 +701,16 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
     PyObject *objs[3], *positions;
     double wait_s, spin_s, spin_wall_s;
     int can_futex, limit = -1, disjoint = 0;
-    PyObject *held_list = Py_None;
-    if (!PyArg_ParseTuple(args, "kOOOO!(ddd)p|iOp", &seq, &objs[0], &objs[1], &objs[2],
+    PyObject *held_list = Py_None, *cseq_list = Py_None;
+    if (!PyArg_ParseTuple(args, "kOOOO!(ddd)p|iOpO", &seq, &objs[0], &objs[1], &objs[2],
                           &PyList_Type, &positions, &wait_s, &spin_s, &spin_wall_s,
-                          &can_futex, &limit, &held_list, &disjoint))
+                          &can_futex, &limit, &held_list, &disjoint, &cseq_list))
         return NULL;
+    if (cseq_list != Py_None && (!PyList_Check(cseq_list)
+                                 || PyList_GET_SIZE(cseq_list) != self->nslots)) {
+        PyErr_SetString(PyExc_ValueError, "one single-copy seq per peer ring, or None");
+        return NULL;
+    }
     if (held_list != Py_None && !PyList_Check(held_list)) {
         PyErr_SetString(PyExc_TypeError, "held must be a list of (step, payload) or None");
         return NULL;
@@ -541,11 +719,16 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "one read position per peer ring");
         return NULL;
     }
-    uint64_t pos[MAX_SLOTS];
+    uint64_t pos[MAX_SLOTS], cseq[MAX_SLOTS] = {0};
     for (int s = 0; s < self->nslots; s++) {
         pos[s] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, s));
         if (PyErr_Occurred())
             return NULL;
+        if (cseq_list != Py_None) {
+            cseq[s] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(cseq_list, s));
+            if (PyErr_Occurred())
+                return NULL;
+        }
         if (!self->in[s]->held || !self->out[s]->held) {
             PyErr_SetString(PyExc_ValueError, "ring mapping released");
             return NULL;
@@ -554,7 +737,15 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
     Py_buffer views[3], hviews[MAX_STEPS];
     char *base[3] = {NULL, NULL, NULL};
     const char *held[MAX_STEPS] = {NULL};
-    int got[3] = {0, 0, 0}, nheld = 0;
+    Remote remotes[MAX_STEPS];
+    Remote *remote[MAX_STEPS] = {NULL};
+    int got[3] = {0, 0, 0}, nheld = 0, has_pull = 0;
+    for (int i = 0; i < self->nsteps; i++)
+        has_pull |= self->steps[i].pull;
+    if (has_pull && cseq_list == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "a plan with pulled steps needs the single-copy seqs");
+        return NULL;
+    }
     PyObject *result = NULL;
     Py_ssize_t nh = held_list == Py_None ? 0 : PyList_GET_SIZE(held_list);
     if (nh > MAX_STEPS) {
@@ -566,9 +757,25 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
         PyObject *obj;
         if (!PyArg_ParseTuple(PyList_GET_ITEM(held_list, k), "iO", &i, &obj))
             goto out;
-        if (i < 0 || i >= self->nsteps || self->steps[i].kind != K_RECV || held[i] != NULL) {
+        if (i < 0 || i >= self->nsteps || self->steps[i].kind != K_RECV || held[i] != NULL
+                || remote[i] != NULL) {
             PyErr_Format(PyExc_ValueError, "held frame for step %d, not a RECV of the plan", i);
             goto out;
+        }
+        if (PyTuple_Check(obj)) {
+            /* (address, nbytes, seq): a pulled DATA held unread (runtime/cma.py) */
+            Remote *rm = &remotes[i];
+            unsigned long long a, n, sq;
+            if (!PyArg_ParseTuple(obj, "KKK", &a, &n, &sq))
+                goto out;
+            if (!self->steps[i].pull || n != self->steps[i].nbytes) {
+                PyErr_Format(PyExc_ValueError, "held pulled DATA for step %d does not fit it",
+                             i);
+                goto out;
+            }
+            rm->addr = a; rm->nbytes = n; rm->seq = sq;
+            remote[i] = rm;
+            continue;
         }
         if (PyObject_GetBuffer(obj, &hviews[nheld], PyBUF_SIMPLE) < 0)
             goto out;
@@ -605,10 +812,12 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "replay send and recv buffers overlap");
         goto out;
     }
-    Outcome o = {0, 0, 0, R_WAIT, 0, 0, 0, 0, 0, 0, 0};
+    Outcome o;
+    memset(&o, 0, sizeof o);
+    o.reason = R_WAIT;
     Py_BEGIN_ALLOW_THREADS
     run_steps(self, (uint32_t)seq, base, pos, wait_s, spin_s, spin_wall_s, can_futex, limit,
-              held, &o);
+              held, remote, cseq, &o);
     Py_END_ALLOW_THREADS
     self->runs++;
     self->looks += o.looks;
@@ -621,10 +830,45 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
         if (v == NULL || PyList_SetItem(positions, s, v) < 0)
             goto out;
     }
-    result = Py_BuildValue("(KiKKiKiK)", (unsigned long long)o.done, o.reason,
+    if (cseq_list != Py_None)
+        for (int s = 0; s < self->nslots; s++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(cseq[s]);
+            if (v == NULL || PyList_SetItem(cseq_list, s, v) < 0)
+                goto out;
+        }
+    PyObject *written = NULL, *owed = NULL;
+    /* None when empty (the common case: a whole call) */
+    if ((o.written && (written = PyList_New(0)) == NULL)
+            || (o.nowed && (owed = PyList_New(0)) == NULL))
+        goto lists_failed;
+    {
+        for (uint64_t m = o.written; m; m &= m - 1) {
+            int j = __builtin_ctzll(m);
+            PyObject *t = Py_BuildValue("(iK)", j, (unsigned long long)o.seq[j]);
+            if (t == NULL || PyList_Append(written, t) < 0) {
+                Py_XDECREF(t);
+                goto lists_failed;
+            }
+            Py_DECREF(t);
+        }
+        for (int k = 0; k < o.nowed; k++) {
+            PyObject *t = Py_BuildValue("(iK)", o.owed_slot[k],
+                                        (unsigned long long)o.owed_seq[k]);
+            if (t == NULL || PyList_Append(owed, t) < 0) {
+                Py_XDECREF(t);
+                goto lists_failed;
+            }
+            Py_DECREF(t);
+        }
+    }
+    result = Py_BuildValue("(KiKKiKiKOOi)", (unsigned long long)o.done, o.reason,
                            (unsigned long long)o.doorbell, (unsigned long long)o.blocked,
                            o.nsent, (unsigned long long)o.sent_nbytes, o.nrecv,
-                           (unsigned long long)o.recv_nbytes);
+                           (unsigned long long)o.recv_nbytes, written ? written : Py_None,
+                           owed ? owed : Py_None, o.nread);
+lists_failed:
+    Py_XDECREF(written);
+    Py_XDECREF(owed);
 out:
     for (int b = 0; b < 3; b++)
         if (got[b])
@@ -642,10 +886,9 @@ static PyObject *Plan_counts(Plan *self, PyObject *unused) {
 static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)Plan_run, METH_VARARGS,
      "run(seq, send, recv, tmp, positions, (wait_seconds, spin_seconds, spin_wall_seconds), "
-     "can_futex, step_limit=-1, "
-     "held=None, disjoint=False) -> "
-     "(done_mask, reason, "
-     "doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv, recv_nbytes)"},
+     "can_futex, step_limit=-1, held=None, disjoint=False, cma_seqs=None) -> "
+     "(done_mask, reason, doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv, "
+     "recv_nbytes, written, owed, nread)"},
     {"counts", (PyCFunction)Plan_counts, METH_NOARGS,
      "(calls run, calls run to the end, looks at the rings that found nothing, yields, "
      "futex sleeps)"},

@@ -184,13 +184,21 @@ class RemotePayload(LazyPayload):
     :meth:`finish`, after that only what was kept (``own``/finish's own read) is; or, held
     (:meth:`hold`), until read or released."""
 
-    __slots__ = ("pid", "addr")
+    __slots__ = ("pid", "addr", "seq")
     piecewise = True
     holdable = True     # the writer keeps its memory until our acknowledgement
 
-    def __init__(self, src: int, pid: int, addr: int, nbytes: int) -> None:
+    def __init__(self, src: int, pid: int, addr: int, nbytes: int, seq: int = 0) -> None:
         super().__init__(src, nbytes)
         self.pid, self.addr = pid, addr
+        self.seq = seq      # the writer's number for it, which our acknowledgement names
+
+    def read_elsewhere(self) -> None:
+        """A held payload the compiled replay (runtime/_replay.c) read and acknowledged
+        itself: nothing is left to read or to say."""
+        self.used = self.closed = True
+        self.holding = False
+        self.on_done = None
 
     def _read(self, ranges) -> None:
         read(self.pid, ranges, [(self.addr, self.nbytes)])

@@ -20,7 +20,7 @@ KIND_BYE = KIND_BASE + 2           # orderly close: not a lost peer
 KIND_FRAG_FIRST = KIND_BASE + 3    # shm: first piece of a message too big for one ring slot
 KIND_FRAG_MORE = KIND_BASE + 4     # shm: a further piece
 KIND_CMA = KIND_BASE + 5           # shm: a payload to read single-copy (runtime/cma.py)
-KIND_CMA_DONE = KIND_BASE + 6      # shm: "done reading your single-copy payloads up to seq"
+KIND_CMA_DONE = KIND_BASE + 6      # shm: "done reading your single-copy payloads" (their seqs)
 
 
 def is_driver_kind(hdr_len: int) -> bool:

@@ -122,7 +122,7 @@ class DirectCall:
             got = self.rp.replay(self.ent, send, recv, self.tmp, disjoint)
             if got is None:
                 return False
-            reason, done, sent_nb, nrecv, recv_nb = got
+            reason, done, sent_nb, nrecv, recv_nb, written = got
             req_id = d.new_request_id()
             if reason == _DONE:
                 cs.engine.replayed(self.schedule, self.ent.prog, self.itemsize, self.dtname,
@@ -133,7 +133,7 @@ class DirectCall:
                 request = self._request(req_id)
                 request._finish()
                 return request
-            request = self._adopt(req_id, send, recv, done)
+            request = self._adopt(req_id, send, recv, done, written)
         if nonblocking:
             return request
         request.Wait()
@@ -144,9 +144,9 @@ class DirectCall:
         return Request(req_id, self.cs.id, lambda: f"rank {rank}: {sched.describe()}",
                        self.timeout_seconds)
 
-    def _adopt(self, req_id: int, send, recv, done: int) -> Request:
+    def _adopt(self, req_id: int, send, recv, done: int, written) -> Request:
         """The helper stopped part-way: the call becomes an ordinary request, in the state
-        the ``done`` steps left it (progress lock held)."""
+        the ``done`` steps and ``written`` pulled SENDs left it (progress lock held)."""
         d, cs, sched, rank = self.d, self.cs, self.schedule, self.rank
         request = self._request(req_id)
         request.driver = d
@@ -157,9 +157,9 @@ class DirectCall:
         except (PolycastError, ValueError, TypeError) as exc:
             # Not expected (the kept shape passed these checks); the call still has to end
             # on every rank: adopted, then failed as a memory operation that could not run.
-            self.rp.adopt(req_id, sched, self.itemsize, self.dtname, self.op, done)
+            self.rp.adopt(req_id, sched, self.itemsize, self.dtname, self.op, done, written)
             d.runner._memory_failed(cs, req_id, exc)
         else:
-            self.rp.adopt(req_id, sched, self.itemsize, self.dtname, self.op, done)
+            self.rp.adopt(req_id, sched, self.itemsize, self.dtname, self.op, done, written)
         d.peers.flush_all()
         return request

@@ -383,7 +383,7 @@ class PeerIO:
         handling the frame is read now; then the writer may reuse its buffer."""
         seq, addr, nbytes = cma.DESC.unpack_from(frame)
         header = bytes(frame[cma.DESC.size:])
-        rp = cma.RemotePayload(src, self.world.peers[src].pid, addr, nbytes)
+        rp = cma.RemotePayload(src, self.world.peers[src].pid, addr, nbytes, seq)
         self._on_frame(src, header, rp)
         if rp.holding:
             # The engine keeps it unread (a pulled DATA whose RECV has not started): the
@@ -400,8 +400,18 @@ class PeerIO:
 
     def _single_copy_read(self, src: int, seq: int) -> None:
         self.cma_read += 1
+        self.acknowledge(src, seq)
+
+    def acknowledge(self, src: int, seq: int) -> None:
+        """Tell ``src`` at the next flush that its single-copy payload ``seq`` was read."""
         self._cma_acks.setdefault(src, []).append(seq)
         self._dirty.add(src)
+
+    def await_ack(self, r: int, seq: int, token, keep) -> None:
+        """A single-copy payload ``seq`` to ``r`` went out without us (the compiled replay,
+        driver/replay.py): its ``token`` is reported sent on ``r``'s acknowledgement;
+        ``keep`` (the array it lies in) is kept alive until then."""
+        self._cma_wait[r][seq] = (token, keep)
 
     def _single_copy_done(self, src: int, frame) -> None:
         wait = self._cma_wait.get(src)
