@@ -16,7 +16,9 @@ from polycast.engine.wire import F_PULL, MsgKind, make_header
 from polycast.runtime import cma, native
 from polycast.runtime.driver import replay
 from polycast.runtime.frames import KIND_CMA, KIND_CMA_DONE
-from polycast.runtime.shm import Ring
+
+# our rings with rank 1 (this very process, as far as reads go)
+from test_replay import _rings
 
 pytestmark = [
     pytest.mark.skipif(replay.unavailable_reason() is not None,
@@ -29,16 +31,6 @@ COMM, SIG, SEQ = 5, 0xA1B2C3D4, 77
 SEND, RECV = 0, 1
 NBYTES = 1 << 20
 WAITS = (0.05, 30e-6, 200e-6)
-
-
-def _rings(tmp_path):
-    """We are rank 0 and talk to rank 1 (this very process, as far as reads go)."""
-    cap = 1 << 16
-    in_r = Ring.create(str(tmp_path / "in"), cap, native=True)
-    in_w = Ring.attach(str(tmp_path / "in"), cap, native=True)
-    out_r = Ring.create(str(tmp_path / "out"), cap, native=True)
-    out_w = Ring.attach(str(tmp_path / "out"), cap, native=True)
-    return in_r, in_w, out_r, out_w
 
 
 def _plan(in_r, out_w, kind):
