@@ -9,10 +9,11 @@ the program is not one a replay may run (multicast, messages over the eager limi
 by RTS/CTS or reduce a pulled DATA, more than one run per step, a MAC secret). A pulled DATA
 (engine/rendezvous.py) is one frame each way, the helper's: a SEND the helper wrote but
 whose reader has not acknowledged it is adopted as written (``post(..., written=mask)``,
-its token from :meth:`Replay.replay_tokens`). Per call, the driver asks :meth:`Replay.replay_begin` (nothing else
-is going on in this engine: no request, no point-to-point, no lost peer, nothing held early
-but DATA of this very call, which it hands over, pulled ones unread), takes :attr:`Engine.next_seq` as the
-call's sequence number, and then either
+its token from :meth:`Replay.replay_tokens`). Per call, the driver asks
+:meth:`Replay.replay_begin` (nothing else is going on in this engine: no request, no
+point-to-point, no lost peer, nothing held early but DATA of this very call, which it hands
+over, pulled ones unread), takes :attr:`Engine.next_seq` as the call's sequence number, and
+then either
 
 * the whole call ran: :meth:`Replay.replayed` accounts for it as a post and its completion
   would (the sequence number, the stats, the finished call remembered for late aborts); or

@@ -1,10 +1,11 @@
 /* The compiled replay of a memoized call (optional; runtime/driver/replay.py uses it).
  *
  * The engine (polycast/engine) decides what a call does; for a collective it has seen
- * before (small, or whose large messages are all pulled DATA), on a rank whose every peer is on a compiled shm ring, it hands this module the
- * rank's program once (a Plan: steps with kind, ring, tag, one byte run per buffer, reduce
- * flag, dependencies) and then, per call, only the call's sequence number and arrays. Run
- * carries the steps out as the engine would, with the GIL released:
+ * before (small, or whose large messages are all pulled DATA), on a rank whose every peer
+ * is on a compiled shm ring, it hands this module the rank's program once (a Plan: steps
+ * with kind, ring, tag, one byte run per buffer, reduce and pull flags, dependencies) and
+ * then, per call, only the call's sequence number and arrays. Run carries the steps out as
+ * the engine would, with the GIL released:
  *   - ready SENDs and COPYs first (in the engine's order: roots, then successors as their
  *     dependencies complete): a SEND is one DATA frame written into the peer's ring, its
  *     header byte-identical to wire.Header.pack (a peer on the Python path cannot tell);

@@ -15,19 +15,20 @@ Large calls too, when every message over the eager limit is a pulled DATA (betwe
 that read each other single-copy, engine/rendezvous.py): the helper writes the descriptors,
 reads the peers' with process_vm_readv and acknowledges them, so a repeated 16 MiB allgather
 runs its reads and copies with no Python between them (4 ranks on 2 cores, ``direct``:
-3.0-3.3 ms a call against 3.8-4.3 ms with POLYCAST_REPLAY=0, runs alternated). Python keeps the
-single-copy seqs (``PeerIO._cma_seq``, passed in and advanced), takes over the
+3.0-3.3 ms a call against 3.8-4.3 ms with POLYCAST_REPLAY=0, runs alternated). Python keeps
+the single-copy seqs (``PeerIO._cma_seq``, passed in and advanced), takes over the
 acknowledgements a full ring could not take, and maps a stopped run's written SENDs to their
 engine tokens (``PeerIO.await_ack``). Such a run waits longer without input before it stops:
 its peers may be reading its memory (``PULL_GBPS``).
 
 Blocking and non-blocking calls alike run here, inside ``Driver.post`` (the inline post
-of a small call; a large one's, on the progress thread): a call whose peers are there completes before post returns (Wait finds it
-done); one whose peers are not stops after ``POLYCAST_REPLAY_WAIT_US`` (2000) without input
-and is adopted. Waiting, the helper looks at the rings and yields the core (4 ranks on 2
-cores: the peer it waits for may need it); after ``POLYCAST_REPLAY_SPIN_US`` (30) of looks
-that came straight back, or ``POLYCAST_REPLAY_SPIN_WALL_US`` (200) of yielding to others, it
-sleeps on the rings' futex counters, woken by the peer's frame.
+of a small call; a large one's, on the progress thread): a call whose peers are there
+completes before post returns (Wait finds it done); one whose peers are not stops after
+``POLYCAST_REPLAY_WAIT_US`` (2000) without input and is adopted. Waiting, the helper looks
+at the rings and yields the core (4 ranks on 2 cores: the peer it waits for may need it);
+after ``POLYCAST_REPLAY_SPIN_US`` (30) of looks that came straight back, or
+``POLYCAST_REPLAY_SPIN_WALL_US`` (200) of yielding to others, it sleeps on the rings' futex
+counters, woken by the peer's frame.
 Off with ``POLYCAST_REPLAY=0`` (or ``POLYCAST_NATIVE=0``, or no compiler).
 """
 
@@ -37,11 +38,11 @@ import operator
 import os
 import time
 
+from ...engine.early import holding
 from ...errors import PolycastError
 from ...schedule.ir import Kind
 from .. import native
 from ..shm import SLEEP_SELECT
-from ...engine.early import holding
 
 # Why a replay stopped (runtime/_replay.c's reasons, in order).
 REASONS = ("done", "wait", "frame", "full", "doorbell", "overlap", "limit")
