@@ -96,7 +96,7 @@ def _cases(P: int, r: int):
         ("allgather-pulled-direct", allgather(PULLED_NELEMS, "direct")),
         ("allgather-pulled-ring", allgather(PULLED_NELEMS, "ring")),
         ("iallgather-pulled-direct", allgather(PULLED_NELEMS, "direct", True)),
-        ("bcast-pulled-binomial", bcast(2 * PULLED_NELEMS, "binomial")),
+        ("bcast-pulled-direct", bcast(2 * PULLED_NELEMS, "direct")),
     ]
 
 

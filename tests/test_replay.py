@@ -6,6 +6,7 @@ every step, mixed with ranks on the Python path, and with it off."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -122,6 +123,58 @@ def test_no_frame_stops_within_the_bound_and_a_step_limit_stops_early(tmp_path):
         (done, reason, *_), _ = _run(plan, in_r, np.ones(2, np.float32),
                                      np.zeros(2, np.float32), limit=limit)
         assert replay.REASONS[reason] == "limit" and done == mask
+
+
+# Two RECVs of 8 bytes from rank 1, the second (tag 1) after the first (tag 0).
+CHAINED = [(RECV, 0, 0, 1, 0, 8, 0, 0, False, 0, 0b10),
+           (RECV, 0, 1, 1, 8, 8, 0, 0, False, 1, 0)]
+
+
+@needs_replay
+def test_a_frame_for_a_recv_not_started_waits_at_the_rings_head(tmp_path):
+    # rank 1's two frames come over two rings (two slots, both rank 1's): the second
+    # RECV's frame first. It stays where it is until its RECV starts, as the engine would
+    # hold it, and the call runs whole.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    in_r, in_w, out_r, out_w = _rings(tmp_path / "a")
+    in2_r, in2_w, _, out2_w = _rings(tmp_path / "b")
+    plan = native.ring.ReplayPlan(COMM, 0, SIG, -1, -1, [(in_r._nat, out_w._nat, 1),
+                                                        (in2_r._nat, out2_w._nat, 1)],
+                                  [CHAINED[0], (RECV, 1) + CHAINED[1][2:]])
+    _peer_frame(in2_w, np.full(2, 2.0, np.float32).tobytes(), tag=1)
+
+    def later():
+        time.sleep(0.05)
+        _peer_frame(in_w, np.full(2, 1.0, np.float32).tobytes(), tag=0)
+    t = threading.Thread(target=later)
+    t.start()
+    recv = np.zeros(4, np.float32)
+    pos = [in_r._read_pos, in2_r._read_pos]
+    done, reason, *_ = plan.run(SEQ, None, recv, None, pos, (5.0, 30e-6, 200e-6), True)
+    t.join()
+    assert replay.REASONS[reason] == "done" and done == 0b11
+    assert recv.tolist() == [1.0, 1.0, 2.0, 2.0]
+
+
+@needs_replay
+def test_a_waiting_frame_with_another_behind_it_is_the_engines(tmp_path):
+    # On one ring the second RECV's frame, then the first's: the helper cannot take the
+    # one behind without the one ahead, so it stops and leaves both to the engine.
+    in_r, in_w, out_r, out_w = _rings(tmp_path)
+    _peer_frame(in_w, np.full(2, 2.0, np.float32).tobytes(), tag=1)
+    _peer_frame(in_w, np.full(2, 1.0, np.float32).tobytes(), tag=0)
+    pos0 = in_r._read_pos
+    recv = np.zeros(4, np.float32)
+    (done, reason, *_), pos = _run(_plan(in_r, out_w, CHAINED), in_r, None, recv)
+    assert replay.REASONS[reason] == "frame" and done == 0 and pos == pos0
+    assert recv.tolist() == [0.0] * 4 and len(_frames_of(in_r)) == 2
+
+
+def _frames_of(ring) -> list:
+    got: list = []
+    ring.poll(got)
+    return got
 
 
 @needs_replay
@@ -317,7 +370,6 @@ def test_the_engine_hands_over_what_it_held_early_for_the_next_call_only():
 
 @needs_replay
 def test_a_waiting_replay_sleeps_on_the_ring_and_the_peers_frame_wakes_it(tmp_path):
-    import threading
     from polycast.runtime import futex
     from polycast.runtime.shm import SLEEP_FUTEX
     if not futex.available():

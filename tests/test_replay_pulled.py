@@ -126,6 +126,18 @@ def test_a_pulled_recv_reads_the_peers_memory_and_acknowledges_it(tmp_path):
     assert _frames(out_r) == [(KIND_CMA_DONE, b"", cma.ACK.pack(7))]
 
 
+def test_a_plan_that_only_receives_needs_no_seqs(tmp_path):
+    # a broadcast's leaf: pulled RECVs only (no descriptors of its own to number)
+    in_r, in_w, out_r, out_w = _rings(tmp_path)
+    src = np.full(NBYTES, 5, np.uint8)
+    d = _descriptor(3, cma.address_of(src), NBYTES)
+    assert in_w.write_now(KIND_CMA, b"", [d], len(d)) is not None
+    recv = np.zeros(NBYTES, np.uint8)
+    pos = [in_r._read_pos]
+    done, reason, *_ = _plan(in_r, out_w, RECV).run(SEQ, None, recv, None, pos, WAITS, True)
+    assert replay.REASONS[reason] == "done" and done == 1 and (recv == 5).all()
+
+
 def test_a_held_pulled_data_is_read_when_its_step_starts(tmp_path):
     in_r, in_w, out_r, out_w = _rings(tmp_path)
     src = np.full(NBYTES, 3, np.uint8)

@@ -21,10 +21,12 @@
  *     Python keeps the seqs (passed in, handed back) and takes a run's written SENDs over;
  *   - waiting: the rings are polled with sched_yield between looks (4 ranks on 2 cores:
  *     the peer we wait for needs our core).
+ * A frame for a RECV of this call that has not started yet (its dependencies first) stays at
+ * its ring's head until the RECV starts, as the engine would hold it; with nothing else
+ * moving and a frame behind it, the run stops (the engine holds frames, the helper cannot).
  * Anything else stops the run with the frame UNCONSUMED and says why: a frame that is not
- * the expected DATA of this call (an ABORT, another signature, a driver frame, a frame for
- * a RECV that has not started, an acknowledgement of something else, a descriptor it
- * cannot read), a full ring, a reader that sleeps on a doorbell frame, a reducing copy onto
+ * the expected DATA of this call (an ABORT, another signature, a driver frame, an
+ * acknowledgement of something else, a descriptor it cannot read), a full ring, a reader that sleeps on a doorbell frame, a reducing copy onto
  * overlapping memory, no progress within the caller's bound (a dead or
  * stopped peer, a late one). The caller hands the engine the steps done (a downward-closed
  * set: a step starts only after its dependencies) and the engine carries on from there,
@@ -423,6 +425,7 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
     uint64_t waiting = 0;               /* RECVs started, not done */
     unsigned char hdr[HEADER_NBYTES], expect[MAX_SLOTS][24], expect_pull[MAX_SLOTS][24];
     unsigned char desc[DESC_NBYTES + HEADER_NBYTES];
+    uint64_t behind[MAX_SLOTS];         /* a parked slot: where the frame after it starts */
     for (int i = 0; i < n; i++) {
         ndeps[i] = pl->steps[i].ndeps;
         if (!ndeps[i])
@@ -533,6 +536,7 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
         }
         int progressed = 0;
         uint64_t wanted = 0;            /* slots with a started RECV or an awaited ack */
+        uint64_t parked = 0;            /* slots whose next frame waits for its RECV */
         for (int s = 0; s < pl->nslots; s++) {
             uint64_t mine = 0, acks = 0;
             for (uint64_t m = waiting | o->written; m; m &= m - 1) {
@@ -623,10 +627,31 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
                         break;
                     }
                 }
-                Step *st = i >= 0 ? &pl->steps[i] : NULL;
-                if (st == NULL || length != st->nbytes || st->pull != pulled
+                if (i < 0) {
+                    /* A RECV of this call that has not started (its dependencies first:
+                     * the engine would hold the frame): leave it at the ring's head and
+                     * look at this ring again once the step starts. */
+                    for (int j = 0; j < n && i < 0; j++) {
+                        Step *sj = &pl->steps[j];
+                        if (sj->kind == K_RECV && sj->slot == s && sj->tag == tag
+                                && !(o->done >> j & 1) && !(waiting >> j & 1)
+                                && remote[j] == NULL && held[j] == NULL)
+                            i = j;
+                    }
+                    Step *sp = i >= 0 ? &pl->steps[i] : NULL;
+                    if (sp != NULL && length == sp->nbytes && sp->pull == pulled
+                            && (pulled ? rd_le64(body + 16) == length : plen == length)) {
+                        parked |= (uint64_t)1 << s;
+                        behind[s] = next;
+                        break;
+                    }
+                    o->reason = R_FRAME;        /* wrong: Python's */
+                    return;
+                }
+                Step *st = &pl->steps[i];
+                if (length != st->nbytes || st->pull != pulled
                         || (pulled ? rd_le64(body + 16) != length : plen != length)) {
-                    o->reason = R_FRAME;        /* not started yet, or wrong: Python's */
+                    o->reason = R_FRAME;        /* wrong: Python's */
                     return;
                 }
                 if (pulled) {
@@ -666,6 +691,18 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
             own = 0;
             continue;
         }
+        /* Nothing moved. A frame may wait behind a parked one (an acknowledgement, the
+         * DATA that would start the parked RECV): the engine's, which can hold frames. */
+        for (uint64_t m = parked; m; m &= m - 1) {
+            int s = __builtin_ctzll(m);
+            if (__atomic_load_n(slot(pl->in[s], SLOT_HEAD), __ATOMIC_ACQUIRE) > behind[s]) {
+                o->reason = R_FRAME;
+                return;
+            }
+        }
+        uint64_t look[MAX_SLOTS];           /* where new input would start, per ring */
+        for (int s = 0; s < pl->nslots; s++)
+            look[s] = parked >> s & 1 ? behind[s] : pos[s];
         if (now - last > wait_s) {
             o->reason = R_WAIT;
             return;
@@ -676,7 +713,7 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
              * elsewhere, or is not running), or yielded long enough to others (a loaded
              * machine: a yielding task waits its turn; a woken one runs at once). Sleep,
              * so an idle core can take a waiting rank, and be woken by the peer's frame. */
-            if (sleep_on_rings(pl, wanted, pos, wait_s - (now - last)))
+            if (sleep_on_rings(pl, wanted, look, wait_s - (now - last)))
                 o->sleeps++;
             own = 0;
             spun_from = mono();
@@ -740,11 +777,11 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
     const char *held[MAX_STEPS] = {NULL};
     Remote remotes[MAX_STEPS];
     Remote *remote[MAX_STEPS] = {NULL};
-    int got[3] = {0, 0, 0}, nheld = 0, has_pull = 0;
+    int got[3] = {0, 0, 0}, nheld = 0, pull_sends = 0;
     for (int i = 0; i < self->nsteps; i++)
-        has_pull |= self->steps[i].pull;
-    if (has_pull && cseq_list == Py_None) {
-        PyErr_SetString(PyExc_ValueError, "a plan with pulled steps needs the single-copy seqs");
+        pull_sends |= self->steps[i].pull && self->steps[i].kind == K_SEND;
+    if (pull_sends && cseq_list == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "a plan with pulled SENDs needs the single-copy seqs");
         return NULL;
     }
     PyObject *result = NULL;
