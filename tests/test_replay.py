@@ -399,3 +399,34 @@ def test_a_waiting_replay_sleeps_on_the_ring_and_the_peers_frame_wakes_it(tmp_pa
     assert bells == [SLEEP_FUTEX]               # it slept, flagged as a futex sleeper
     assert plan.counts()[4] >= 1 and took < 10  # and the frame's wake-up ended the sleep
     assert in_r._get(16) == 0                   # its sleeping flag is cleared again
+
+
+@needs_replay
+def test_a_sleeping_flag_another_sleeper_clears_costs_a_slice_not_the_wait(tmp_path):
+    # The progress thread sleeps on the same rings and sets and clears their sleeping flag
+    # as it likes (driver/progress.py). Cleared while the replay sleeps, the peer's frame
+    # wakes nobody: the replay must look again within its sleep slice (~1 ms), not sleep
+    # out its whole wait bound (20 s here).
+    from polycast.runtime import futex
+    from polycast.runtime.shm import SLEEP_FUTEX
+    if not futex.available():
+        pytest.skip(f"no futexes: {futex.unavailable_reason()}")
+    in_r, in_w, out_r, out_w = _rings(tmp_path)
+    plan = _plan(in_r, out_w, ALLREDUCE)
+    in_r.set_sleeping(SLEEP_FUTEX)              # the other sleeper's flag, set first
+
+    def peer():
+        time.sleep(0.05)                        # the replay is asleep by now
+        in_r.set_sleeping(0)                    # the other sleeper woke and cleared it
+        h = make_header(MsgKind.DATA, COMM, SEQ, 1, 0, 0, 8, SIG).pack()
+        assert in_w.write_now(len(h), h, [np.ones(2, np.float32).tobytes()], 8) == 0
+    t = threading.Thread(target=peer)
+    t.start()
+    t0 = time.monotonic()
+    pos = [in_r._read_pos]
+    done, reason, *_ = plan.run(SEQ, np.ones(2, np.float32), np.zeros(2, np.float32), None,
+                                pos, (20.0, 0.0, 0.0), True)
+    took = time.monotonic() - t0
+    t.join()
+    assert replay.REASONS[reason] == "done" and done == 0b111
+    assert took < 5, took                       # no wake-up came: the slice ended the sleep

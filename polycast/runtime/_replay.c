@@ -49,6 +49,12 @@
 #define HEADER_NBYTES 44
 #define SLEEP_FUTEX 2           /* shm.SLEEP_FUTEX: the reader waits on the data counter */
 #define YIELD_RAN_OTHERS 10e-6  /* a yield longer than this ran another task (progress.py) */
+/* The longest futex sleep before looking again. Another sleeper of this process (the
+ * progress thread, runtime/driver/progress.py) sets and clears the rings' sleeping flag
+ * without asking: cleared while we sleep, the writer's next frame wakes nobody. So we sleep
+ * in slices, re-flagging each time, and in short ones while the flag is someone else's. */
+#define SLEEP_SLICE_S 1e-3
+#define SLEEP_SHARED_S 200e-6
 #define FUTEX2_SIZE_U32 0x02
 
 struct waitv {                  /* the kernel's struct futex_waitv */
@@ -372,7 +378,7 @@ static inline void step_done(Outcome *o, const Step *st, int i, uint32_t *ndeps,
 static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double timeout_s) {
     struct waitv w[MAX_SLOTS];
     uint64_t mine = 0;
-    int n = 0, ready = 0;
+    int n = 0, ready = 0, shared = 0;
     for (uint64_t m = slots; m; m &= m - 1) {
         int s = __builtin_ctzll(m);
         RingMap *r = pl->in[s];
@@ -387,7 +393,11 @@ static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double 
             mine |= (uint64_t)1 << s;
         else if (expected != SLEEP_FUTEX)
             ready = 1;          /* a select sleeper's flag: not ours to change; stay awake */
+        else
+            shared = 1;         /* another futex sleeper's: it may clear it under us */
     }
+    if (timeout_s > (shared ? SLEEP_SHARED_S : SLEEP_SLICE_S))
+        timeout_s = shared ? SLEEP_SHARED_S : SLEEP_SLICE_S;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     for (uint64_t m = slots; m && !ready; m &= m - 1) {
         int s = __builtin_ctzll(m);
