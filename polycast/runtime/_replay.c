@@ -723,10 +723,10 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
              * elsewhere, or is not running), or yielded long enough to others (a loaded
              * machine: a yielding task waits its turn; a woken one runs at once). Sleep,
              * so an idle core can take a waiting rank, and be woken by the peer's frame. */
+            /* Asleep until input or the slice's end; the spin is not begun again (only
+             * progress resets it): a slice that ended with nothing new sleeps on. */
             if (sleep_on_rings(pl, wanted, look, wait_s - (now - last)))
                 o->sleeps++;
-            own = 0;
-            spun_from = mono();
             continue;
         }
         o->yields++;
