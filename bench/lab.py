@@ -167,7 +167,7 @@ def run_group(plan, where: str, calls: list[str], nbytes: int, iters: int,
     import io
 
     from polycast.lab import counters, runner
-    hosts = runner.placement(plan, where)
+    hosts = runner.placement(plan, where).hosts
     cmd = [sys.executable, os.path.abspath(__file__), "worker", "--nbytes", str(nbytes),
            "--iters", str(iters)] + sum((["--call", c] for c in calls), [])
     out = io.BytesIO()
