@@ -53,6 +53,31 @@ def test_plan_sim_topology_is_the_same_network():
     assert len(tree) == 1 + 3 + 2 + 4
 
 
+def test_plan_sim_topology_several_ranks_per_host():
+    """R rank slots per host joined through a host node (the lab's shared-memory rings);
+    the hierarchical algorithms simulate on it; unshaped host links need a stand-in rate."""
+    from polycast.algorithms import build
+    from polycast.sim.driver import SimConfig, Simulation
+    p = LabPlan.parse(name="x", hosts=4, leaves=2, link="100Mbps", uplink="2:1")
+    topo = p.sim_topology(ranks_per_host=2, intra_host_bps=8e9)
+    assert topo.nranks == 8 and topo.ranks_per_host == 2
+    assert [topo.link_layer[l] for l in topo.route(0, 1)[0]] == ["intra-host"] * 2
+    assert [topo.link_layer[l] for l in topo.route(1, 7)[0]] == [
+        "intra-host", "host-leaf", "leaf-spine", "leaf-spine", "host-leaf", "intra-host"]
+    sim = Simulation(topo, SimConfig(engine={"line_rate_gbps": 0.1}))
+    req = sim.post(build("allgather", "hring", 8, 1 << 16, hosts=4, ranks_per_host=2), 4)
+    sim.run()
+    assert sim.completion_time(req) > 0
+    with pytest.raises(InvalidArgument, match="intra_host_bps"):
+        p.sim_topology(ranks_per_host=2)
+    unshaped = LabPlan.parse(name="x", hosts=4, leaves=2, link="none", uplink="100Mbps")
+    with pytest.raises(InvalidArgument, match="unshaped"):
+        unshaped.sim_topology()
+    up = unshaped.sim_topology(link_bps=1e9)
+    assert {up.link_bw[l] for l in range(len(up.link_bw))
+            if up.link_layer[l] == "leaf-spine"} == {100e6 / 8}
+
+
 @pytest.mark.parametrize("kw,msg", [
     ({"link": "fast"}, "--link"),
     ({"uplink": "4:0"}, "oversubscription"),

@@ -221,26 +221,52 @@ class LabPlan:
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
     # -- the simulator's view --------------------------------------------------------------
-    def sim_topology(self, latency_s: float = 0.0, switch_latency_s: float = 0.0):
-        """The simulator's :class:`~polycast.sim.topology.Topology` of this lab: rank slot k
-        is host k, the same leaves, one spine with one uplink per leaf at the uplink rate,
-        link rates in payload bytes/s equal to the shaped rates."""
+    def sim_topology(self, latency_s: float = 0.0, switch_latency_s: float = 0.0,
+                     ranks_per_host: int = 1, intra_host_bps: float | None = None,
+                     link_bps: float | None = None):
+        """The simulator's :class:`~polycast.sim.topology.Topology` of this lab: host k
+        holds rank slots ``k*R .. k*R+R-1`` (``R = ranks_per_host``; with R > 1 they are
+        joined by ``intra_host_bps`` links through a host node, the lab's shared-memory
+        rings), the same leaves, one spine with one uplink per leaf at the uplink rate,
+        link rates in payload bytes/s equal to the shaped rates. ``link_bps`` stands in for
+        unshaped host links (a rate the hosts' CPUs sustain, measured by the caller)."""
         from ..sim.topology import Topology
-        if self.link_bps is None:
-            raise InvalidArgument("an unshaped lab has no rates to simulate; give --link")
-        topo = Topology("lab", self.hosts, self.describe(), switch_latency_s)
+        host_bps = self.link_bps if self.link_bps is not None else link_bps
+        if host_bps is None:
+            raise InvalidArgument("the lab's host links are unshaped: give the simulator a "
+                                  "host link rate (link_bps) or build the lab with --link")
+        R = ranks_per_host
+        if not isinstance(R, int) or R < 1:
+            raise InvalidArgument(f"ranks_per_host must be a positive integer, got {R!r}")
+        if R > 1 and not (intra_host_bps and intra_host_bps > 0):
+            raise InvalidArgument("several ranks per host need intra_host_bps > 0 (the rate "
+                                  "between ranks of one host)")
+        topo = Topology("lab", self.hosts * R, self.describe(), switch_latency_s)
+        topo.ranks_per_host = R
         for k in range(self.hosts):
-            topo.add_node("rank", f"h{k}")
+            for j in range(R):
+                topo.add_node("rank", f"h{k}" if R == 1 else f"h{k}r{j}")
+        attach = list(range(self.hosts))
+        if R > 1:
+            attach = []
+            for k in range(self.hosts):
+                node = topo.add_node("host", f"h{k}")
+                for j in range(R):
+                    topo.connect(k * R + j, node, intra_host_bps / 8.0, 0.0, "intra-host")
+                attach.append(node)
         leaves = [topo.add_node("switch", f"leaf{i}", switch_latency_s)
                   for i in range(self.leaves)]
-        bw = self.link_bps / 8.0
+        bw = host_bps / 8.0
         topo.host_link_bw = bw
         for k in range(self.hosts):
-            topo.connect(k, leaves[self.leaf_of(k)], bw, latency_s, "host-leaf")
+            topo.connect(attach[k], leaves[self.leaf_of(k)], bw, latency_s, "host-leaf")
         if self.leaves > 1:
+            up = self.uplink_rate_bps
+            if up is None:                 # unshaped uplinks: 1:1 with the stand-in rate
+                up = host_bps * self.hosts_per_leaf
             spine = topo.add_node("switch", "spine", switch_latency_s)
             for leaf in leaves:
-                topo.connect(leaf, spine, self.uplink_rate_bps / 8.0, latency_s, "leaf-spine")
+                topo.connect(leaf, spine, up / 8.0, latency_s, "leaf-spine")
         return topo.finish()
 
 
