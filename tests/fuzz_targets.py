@@ -349,3 +349,108 @@ class EngineCase:
                     np.testing.assert_array_equal(self.recvs[r], want[r])
             return "exact"
         return "failed" if failed else "done"
+
+
+# -- the compiled datagram path (runtime/transport/_dgram.c) ----------------------------------
+
+class DgramTarget:
+    """The compiled helper's parser and placement, checked datagram by datagram against the
+    Python reference (engine/wire.py's parse_datagram, engine/mcast.py's Stream).
+
+    One Placer (with or without the secret) with two open streams over one buffer of bytes
+    with guards around and a gap between the first stream's runs. Each input is fed; the
+    helper must consume exactly what the reference places or drops as a duplicate, write
+    exactly the reference's element runs with the payload (nothing else: not the gap, not
+    the guards, not on a handed-up datagram), and hand everything else up untouched. Under
+    a secret a datagram is consumed only when its MAC verifies."""
+
+    ISZ = 4
+    GUARD_NBYTES = 64
+    # (comm, seq, src, stream), sig, runs (elements), chunk elements
+    STREAMS = (((7, 3, 1, 0), 0xABCD1234, ((0, 50), (60, 100)), 16),
+               ((7, 3, 2, 1), 0x01020304, ((100, 164),), 10))
+
+    def __init__(self, secret: bytes | None) -> None:
+        from polycast.runtime.transport import dgram
+        self.dgram = dgram
+        self.secret = secret
+        self.nbytes = 164 * self.ISZ
+        self.buf = np.zeros(self.GUARD_NBYTES * 2 + self.nbytes, np.uint8)
+        self.inputs = 0
+        self.outcomes: dict[str, int] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        from polycast.engine.mcast import Stream
+        self.placer = self.dgram._dgram.Placer(self.secret)
+        self.buf[:] = 0xAB
+        self.ref = {}
+        for h, (key, sig, runs, ce) in enumerate(self.STREAMS):
+            nelems = sum(b - a for a, b in runs)
+            s = Stream(h, key[2], key[3], False, runs, nelems, self.ISZ, ce * self.ISZ)
+            s.start("recv", 0.0)
+            self.placer.open(h, *key, sig, self.buf, self.GUARD_NBYTES,
+                             self.dgram.runs_bytes(runs), self.ISZ, ce, s.nchunks, nelems)
+            self.ref[key] = (s, sig)
+
+    def corpus(self, rng: random.Random) -> list[bytes]:
+        """Every chunk and the EOS of both streams (and of a foreign and a stale one)."""
+        out = []
+        for key, sig, runs, ce in self.STREAMS + (((8, 3, 1, 0), 5, ((0, 20),), 16),
+                                                 ((7, 2, 1, 0), 0xABCD1234, ((0, 90),), 16)):
+            nelems = sum(b - a for a, b in runs)
+            nchunks = -(-nelems // ce)
+            for i in range(nchunks + 1):
+                if i < nchunks:
+                    n = min(ce, nelems - i * ce) * self.ISZ
+                    payload = rng.randbytes(n)
+                    h = wire.make_header(wire.MsgKind.MCAST_DATA, key[0], key[1], key[2], i,
+                                         i * ce * self.ISZ, n, sig, key[3])
+                else:
+                    payload = b""
+                    h = wire.make_header(wire.MsgKind.MCAST_EOS, key[0], key[1], key[2],
+                                         nchunks, nelems * self.ISZ, 0, sig, key[3])
+                out.append(h.pack(self.secret, payload) + payload)
+        return out
+
+    def check(self, data: bytes) -> str:
+        self.inputs += 1
+        before = self.buf.copy()
+        _, up, consumed, _, _, _ = self.placer.feed(data)
+        expect, runs, payload = self._reference(data)
+        g = self.GUARD_NBYTES
+        if expect in ("placed", "duplicate", "eos", "duplicate_eos"):
+            assert consumed == 1 and not up, (expect, data)
+            want = before.copy()
+            if runs:
+                pos = 0
+                for a, b in runs:
+                    n = (b - a) * self.ISZ
+                    want[g + a * self.ISZ:g + a * self.ISZ + n] = np.frombuffer(
+                        payload[pos:pos + n], np.uint8)
+                    pos += n
+            assert np.array_equal(self.buf, want), (expect, data)
+        else:
+            assert consumed == 0 and len(up) == 1 and up[0][0] == data, (expect, data)
+            assert np.array_equal(self.buf, before), (expect, data)
+        self.outcomes[expect] = self.outcomes.get(expect, 0) + 1
+        return expect
+
+    def _reference(self, data: bytes):
+        try:
+            h, payload = wire.parse_datagram(data, self.secret)
+        except wire.WireError as e:
+            return e.reason, None, None
+        ent = self.ref.get((h.comm, h.seq, h.src, h.stream))
+        if ent is None:
+            return "not_open", None, None
+        s, sig = ent
+        if h.sig != sig:
+            return "bad_sig", None, None
+        if h.kind is wire.MsgKind.MCAST_DATA:
+            r = s.place(h, 0.0)
+            if isinstance(r, str):
+                return ("duplicate" if r == "duplicate" else r), None, None
+            return "placed", r, bytes(payload)
+        why = s.eos(h)
+        return (why or "eos"), None, None

@@ -3,10 +3,19 @@ and reading.
 
 Fire and forget, as the engine's reliable-multicast protocol expects: a datagram the
 kernel refuses (ENOBUFS) is simply lost and recovered by the protocol. A datagram the
-engine paces (``not_before`` in the future) waits in a heap and leaves when due. Received
-datagrams go to ``on_datagram(comm_id, data)``; :meth:`MulticastIO.read` is the one place
-datagrams are read, and where ``POLYCAST_FAULTS`` (:mod:`polycast.runtime.faults`) injects
-loss, duplicates, reordering and replays.
+engine paces (``not_before`` in the future) waits in a heap and leaves when due; what is due
+leaves in one batch. :meth:`MulticastIO.read` is the one place datagrams are read, and
+where ``POLYCAST_FAULTS`` (:mod:`polycast.runtime.faults`) injects loss, duplicates,
+reordering and replays.
+
+Two ways, chosen once per driver (runtime/transport/dgram.py):
+
+* with the compiled helper (``placer``): the engines run with ``external_streams``; the
+  helper places the chunks of the streams they opened and reports them
+  (``on_progress(comm_id, [(key, ranges, eos)], consumed, nbytes, drops)``), batches
+  of datagrams leave with one sendmmsg (UDP GSO), and only the datagrams the helper does not
+  consume reach ``on_datagram(comm_id, data)``;
+* without: every datagram goes to ``on_datagram``, one sendmsg each.
 """
 
 from __future__ import annotations
@@ -19,8 +28,9 @@ import time
 
 from .. import faults as _faults
 from ..mcast import MulticastUnavailable, drop_own_datagrams, open_group
+from ..transport import dgram
 
-READ_BATCH = 256            # datagrams read per readable event before other work
+READ_BATCH = dgram.READ_BATCH   # datagrams read per readable event before other work
 DATAGRAM_MAX_NBYTES = 65536
 PACE_SLACK_SECONDS = 20e-6  # a datagram due this soon leaves now
 
@@ -36,9 +46,12 @@ class _Group:
 class MulticastIO:
     """One multicast socket per communicator; selector keys are ``("mcast", comm_id)``."""
 
-    def __init__(self, sel: selectors.BaseSelector, on_datagram) -> None:
+    def __init__(self, sel: selectors.BaseSelector, on_datagram, placer=None,
+                 on_progress=None) -> None:
         self._sel = sel
         self._on_datagram = on_datagram
+        self.placer = placer                  # transport.dgram.Placer, or None: Python path
+        self._on_progress = on_progress
         self._groups: dict[int, _Group] = {}
         self._paced: list = []                  # (not_before, n, comm id, datagram)
         self._counter = itertools.count()
@@ -52,6 +65,8 @@ class MulticastIO:
         except MulticastUnavailable as exc:
             return str(exc)
         drop_own_datagrams(sock, own_rank)
+        if self.placer is not None:
+            self.placer.watch(sock)             # UDP GRO where the kernel offers it
         if not self._faults_read:
             self._faults_read = True
             self.faults = _faults.from_env(own_rank)
@@ -96,7 +111,14 @@ class MulticastIO:
 
     def _flush(self, g: _Group) -> None:
         q = g.out
-        while q:
+        if self.placer is not None and q:
+            items = [(hdr, views[0] if len(views) == 1 else
+                      (b"".join(views) if views else None)) for hdr, views in q]
+            for _ in range(dgram.send(g.sock, g.addr, items)):
+                q.popleft()
+            if q:
+                _own_queued(q)
+        while self.placer is None and q:
             hdr, views = q[0]
             try:
                 g.sock.sendmsg([hdr, *views], [], 0, g.addr)
@@ -132,12 +154,20 @@ class MulticastIO:
 
     # -- input -------------------------------------------------------------------------------
     def read(self, comm_id: int) -> None:
-        """Hand up to READ_BATCH waiting datagrams of a communicator to ``on_datagram``."""
+        """Take up to READ_BATCH waiting datagrams of a communicator: placed by the helper
+        and reported, or handed to ``on_datagram``."""
         g = self._groups.get(comm_id)
         if g is None:
             return
         on_datagram = self._on_datagram
         faults = self.faults
+        placer = self.placer
+        if placer is not None:
+            if faults is None:
+                self._placed(comm_id, placer.recv(g.sock, READ_BATCH))
+                return
+            # Faults act on what is read, before the helper sees it: read in Python.
+            on_datagram = self._feed
         for _ in range(READ_BATCH):
             try:
                 data = g.sock.recv(DATAGRAM_MAX_NBYTES)
@@ -149,6 +179,28 @@ class MulticastIO:
                 faults.feed(comm_id, data, on_datagram)
         if faults is not None:
             faults.release(comm_id, on_datagram)
+
+
+    def _feed(self, comm_id: int, data) -> None:
+        self._placed(comm_id, self.placer.feed(data))
+
+    def _placed(self, comm_id: int, got) -> None:
+        progress, up, consumed, nbytes, drops = got
+        if consumed or progress:
+            self._on_progress(comm_id, progress, consumed, nbytes, drops)
+        for data, _ in up:
+            self._on_datagram(comm_id, data)
+
+    # -- streams the helper places (the engines' OpenStream / StreamData / CloseStream) -------
+    def open_stream(self, key: tuple, sig: int, array, runs, chunk_elems: int,
+                    nchunks: int) -> None:
+        self.placer.open(key, sig, array, runs, chunk_elems, nchunks)
+
+    def stream_data(self, key: tuple, offset: int, payload) -> tuple[int, int] | None:
+        return self.placer.write(key, offset, payload)
+
+    def close_stream(self, key: tuple) -> None:
+        self.placer.close(key)
 
 
 def _own_queued(q) -> None:
