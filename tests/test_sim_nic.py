@@ -23,7 +23,8 @@ SLOW = "clock=1GHz,cores=1,cycles=1000,chunk=4KiB"
 
 
 def _switch(P: int, link: str = "400Gbps"):
-    return single_switch(P, link=link, latency_s=LAT, switch_latency_s=SW)
+    # closed forms of the ideal link (no headers)
+    return single_switch(P, link=link, latency_s=LAT, switch_latency_s=SW, framing="none")
 
 
 # -- the queue alone ------------------------------------------------------------------

@@ -29,6 +29,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "each with optional ,ranks_per_host=8,nvlink=3600Gbps,nics=8,"
                         "latency=250ns,switch_latency=300ns (default fattree:radix=32)")
     p.add_argument("--link", default="400Gbps", help="host link rate (default 400Gbps)")
+    p.add_argument("--framing", default=None, metavar="tcp|udp|ib|none",
+                   help="per-packet headers on every link (default tcp: Ethernet+IPv4+TCP "
+                        "messages and UDP datagrams, MTU 9000; none: the ideal link); "
+                        "the topology's framing= and mtu= override it")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -127,6 +131,8 @@ def add_parser(sub) -> None:
                    help="semicolon-separated --topology strings")
     w.add_argument("--link", default="400Gbps",
                    help="comma-separated host link rates (default 400Gbps)")
+    w.add_argument("--framing", default=None, metavar="tcp|udp|ib|none",
+                   help="per-packet headers (default tcp; see sim COLLECTIVE --framing)")
     w.add_argument("--nic", default="none", metavar="NIC[;NIC...]",
                    help="semicolon-separated receiver NICs, as sim COLLECTIVE --nic "
                         "(bf3-dpa, host-python, bf3-dpa:cores=8, PARAMS) or none (receivers "
@@ -191,7 +197,7 @@ def run_collective(args: argparse.Namespace) -> int:
         nic = parse_nic(args.nic)
     notes: list[str] = []
     _, nbytes = checks.sized(coll, args.nodes, args.size, args.dtype, notes)
-    topo = parse_topology(args.topology, args.nodes, link=args.link)
+    topo = parse_topology(args.topology, args.nodes, link=args.link, framing=args.framing)
     auto = None
     if "auto" in names:
         from ..planner import choose_on_topology
@@ -293,7 +299,7 @@ def run_fsdp(args: argparse.Namespace) -> int:
     if not args.compare:
         checks.algorithm_names(Collective.ALLGATHER, [args.ag], args.nodes)
         checks.algorithm_names(Collective.REDUCE_SCATTER, [args.rs], args.nodes)
-    topo = parse_topology(args.topology, args.nodes, link=args.link)
+    topo = parse_topology(args.topology, args.nodes, link=args.link, framing=args.framing)
     nic = None
     if args.nic is not None:
         from ..models.nic import parse_nic
@@ -356,12 +362,13 @@ def run_sweep(args: argparse.Namespace) -> int:
     nics = _nics(args.nic)
     for t in topologies:        # syntax and names; capacity per node count is per point
         for link in links:
-            parse_topology(t, min(nodes or [1]), link=link)
+            parse_topology(t, min(nodes or [1]), link=link, framing=args.framing)
     for n in nodes:
         for a in algos:
             if get(coll, a).unsupported_reason(n) is None:
                 checks.schedule_fits(coll, a, n)
-    points = grid(args.collective, algos, nodes, sizes, topologies, links, nics)
+    points = grid(args.collective, algos, nodes, sizes, topologies, links, nics,
+                  framing=args.framing)
     rows = run_grid(points, workers=args.workers, ray=args.ray)
     if args.out:
         write_table(rows, args.out)

@@ -109,16 +109,24 @@ def default_engine_config(**overrides):
     return EngineConfig(**base)
 
 
-def pacing_gbps_for(schedules, link_gbps: float) -> float:
+def pacing_gbps_for(schedules, link_gbps: float, framing=None) -> float:
     """The multicast pacing the simulator gives the engines: the host link rate split over
     the streams that run at once (specs/mcast-protocol.md: link rate / roots), so a
     stream's MCAST step completes, and hands its token on, when its datagrams could have
-    left, and concurrent streams do not flood the receivers."""
+    left, and concurrent streams do not flood the receivers. The engine paces its
+    datagrams' payload and own header; with ``framing`` (the topology's) the rate is
+    lowered so that a stream of full datagrams takes exactly link rate / roots on the
+    wire, headers of every packet included."""
     roots = 1
     for s in schedules:
         if s.uses_multicast:
             roots = max(roots, int(s.options.get("roots", 1) or 1))
-    return link_gbps / roots
+    rate = link_gbps / roots
+    if framing is not None and not framing.ideal:
+        from ..engine.wire import HEADER_NBYTES
+        mtu = default_engine_config().mtu_nbytes
+        rate *= (mtu + HEADER_NBYTES) / framing.datagram_wire(mtu)
+    return rate
 
 
 class Simulation:
@@ -167,6 +175,7 @@ class Simulation:
         self.net = Network(topology, record=cfg.record,
                            host_bw=None if cfg.host_gbps is None else cfg.host_gbps * 1e9 / 8)
         self._host_links: dict = {}              # (src, dst|-1) -> links incl. host ports
+        self._framing = topology.framing         # wire bytes per message / datagrams
         self.rng = np.random.default_rng(self.cfg.seed)
         self.now = 0.0
         self.events = 0
@@ -462,8 +471,10 @@ class Simulation:
                 links, lat = self._route(self._ep_rank[src],
                                          self._comm_group[comm][act.peer] if comm else act.peer)
                 if nbytes:
-                    self.net.add_flow(links, nbytes, now, ("send", key, act, lat),
-                                      cap=self._rx_cap)
+                    wire = self._framing.message_wire(nbytes)
+                    self.net.add_flow(links, wire, now, ("send", key, act, lat),
+                                      cap=self._rx_cap * wire / nbytes,
+                                      goodput=nbytes / wire)
                     self._busy.add(key)
                     return
                 self._send_drained(key, act, lat, now, now)
@@ -484,11 +495,15 @@ class Simulation:
             self.datagrams += len(acts)
             if nbytes:
                 cap = math.inf
+                fr = self._framing
+                sizes = [a.header.payload_nbytes for a in acts]
+                wire = fr.datagram_wire(sizes)
                 span = acts[-1].not_before - act.not_before
                 if len(acts) > 1 and span > 0:
-                    cap = (nbytes - acts[-1].header.payload_nbytes) / span
+                    cap = (wire - fr.datagram_wire(sizes[-1])) / span
                 links = self._tree(src)
-                f = self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None), cap=cap)
+                f = self.net.add_flow(links, wire, now, ("mcast", key, acts, None), cap=cap,
+                                      goodput=nbytes / wire)
                 if self.nic is not None:
                     if comm:
                         raise SimulationError("the NIC model (SimConfig.nic) covers multicast "
@@ -664,9 +679,10 @@ class Simulation:
                     links, lat = self.topo.mcast_tree(self._node[dst])
                     lat_max = float(lat.max())
                 rev = links ^ 1                       # the reverse (aggregation) tree
-                self.net.add_flow(rev, nbytes, self.now,
+                wire = self._framing.message_wire(nbytes)
+                self.net.add_flow(rev, wire, self.now,
                                   ("innet", None, dst, (waiting, lat_max)),
-                                  cap=self._rx_cap)
+                                  cap=self._rx_cap * wire / nbytes, goodput=nbytes / wire)
             return True
         return False
 

@@ -120,7 +120,7 @@ def _rank_link_bytes(topo, link_bytes) -> tuple[int, int]:
 
 def _run(topo, scheds, itemsize, engine, seed=0, nic=None):
     link_gbps = float(topo.host_link_bw * 8 / 1e9)
-    engine = {"pacing_gbps": pacing_gbps_for(scheds, link_gbps), **engine}
+    engine = {"pacing_gbps": pacing_gbps_for(scheds, link_gbps, topo.framing), **engine}
     cfg = SimConfig(seed=seed, engine=engine, nic=nic)
     sim = Simulation(topo, cfg)
     reqs = [sim.post(s, itemsize) for s in scheds]
