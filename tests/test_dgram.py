@@ -273,3 +273,39 @@ def test_runtime_multicast_exact_with_and_without_the_helper(native, secret):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count("SELFTEST mcast OK") == 3 and "mcast=yes" in p.stdout
+
+
+OFFLOAD_RANK = """
+import json, numpy as np, polycast
+comm = polycast.init(progress="offload")
+P, r = comm.size, comm.rank
+n = (4 << 20) // 4 // P * P
+full = np.arange(n, dtype=np.float32)
+recv, send = comm.empty(n, np.float32), comm.empty(n // P, np.float32)
+send[:] = full.reshape(P, -1)[r]
+for _ in range(3):
+    comm.Allgather(send, recv, algorithm="mcast")
+    assert np.array_equal(recv, full)
+if r == 0:
+    print("STATS " + json.dumps(comm._driver.offload_stats()["workers"]), flush=True)
+polycast.finalize()
+"""
+
+
+def test_offload_receive_workers_place_with_the_helper(tmp_path):
+    """The offload process's receive worker reads and places with the helper: on one host
+    (no loss) every chunk of 3 allgathers is placed by it, the early ones after their
+    stream opened, none recovered."""
+    script = tmp_path / "rank.py"
+    script.write_text(OFFLOAD_RANK)
+    p = subprocess.run([sys.executable, "-m", "polycast.cli.main", "run", "-n", "2",
+                        "--timeout", "120", str(script)], capture_output=True, text=True,
+                       timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    import json
+    workers = json.loads(p.stdout.split("STATS ", 1)[1].splitlines()[0])
+    native = workers[0]["native"]
+    assert native is not None, workers
+    chunks = 3 * 2 * -(-(2 << 20) // 60000)     # 3 calls, 2 streams of 2 MiB, 60000 B chunks
+    assert native["placed"] + workers[0]["recovered_placed"] == chunks, workers
+    assert native["placed"] >= chunks * 0.9, workers

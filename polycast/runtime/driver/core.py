@@ -78,12 +78,14 @@ class Driver:
     """Owns the engines and the I/O of one process; runs the progress thread."""
 
     def __init__(self, world: World, config: EngineConfig | None = None, *,
-                 mcast_io=MulticastIO, on_action=None, native_datagrams: bool = True) -> None:
+                 mcast_io=MulticastIO, on_action=None, native_datagrams: bool | None = None
+                 ) -> None:
         """``mcast_io``: the multicast I/O class (the offload process sends on one group per
         root); ``on_action(comm_state, action)``: what to do with actions this driver does
         not carry out itself (the offload's OpenStream, StreamData, CloseStream).
-        ``native_datagrams``: place received multicast chunks with the compiled helper when
-        it is built (runtime/transport/dgram.py; False: the Python path, for comparisons)."""
+        ``native_datagrams``: place received multicast chunks with the compiled helper
+        (runtime/transport/dgram.py; None: where it is built, unless its test hook says
+        otherwise; False: the Python path)."""
         self.world = world
         self.rank = world.rank
         self.config = env_engine_config(config or EngineConfig(
@@ -92,6 +94,8 @@ class Driver:
         # The helper places what this driver's own sockets receive (not when someone else
         # places the streams: the offload's receive workers).
         placer = None
+        if native_datagrams is None:
+            native_datagrams = dgram.native_wanted()
         if native_datagrams and dgram.available() and on_action is None and \
                 mcast_io is MulticastIO:
             placer = dgram.Placer(self.secret)

@@ -24,6 +24,16 @@ _dgram, why_not = load("polycast.runtime.transport._dgram", "the datagram helper
 #: Datagrams one read takes before the progress thread does other work.
 READ_BATCH = 256
 
+#: Test hook: True makes the drivers (and offload processes) this process starts run the
+#: Python path, for same-run comparisons (bench/mcast_path.py, bench/nic.py). Not a user
+#: setting: the compiled path, where built, is the datagram path.
+force_python = False
+
+
+def native_wanted() -> bool:
+    """The compiled path is built and not switched off by the test hook."""
+    return _dgram is not None and not force_python
+
 
 def available() -> bool:
     return _dgram is not None
@@ -58,8 +68,9 @@ def ranges_of(packed: bytes) -> list[tuple[int, int]]:
 class Placer:
     """The streams this process's engines opened, placed by the helper.
 
-    Keys are ``(comm, seq, root, ordinal)`` (the header's fields); each open stream has a
-    handle, and keeps its buffer alive until it is closed."""
+    A key starts with ``(comm, seq, root, ordinal)`` (the header's fields); more items tell
+    copies of one stream apart (the offload worker's local rank: each rank's copy goes to
+    its own arena). Each open copy has a handle, and keeps its buffer alive until closed."""
 
     def __init__(self, secret: bytes | None) -> None:
         self._p = _dgram.Placer(secret)
@@ -75,7 +86,7 @@ class Placer:
              base_nbytes: int = 0, itemsize: int | None = None) -> int:
         """Place stream ``key``'s chunks into ``buffer`` (a numpy array, or a writable
         buffer with ``itemsize``) from now on; returns its handle."""
-        comm, seq, root, ordinal = key
+        comm, seq, root, ordinal = key[:4]
         handle = self._next
         self._next += 1
         isz = itemsize or buffer.itemsize
