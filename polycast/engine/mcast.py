@@ -211,15 +211,17 @@ class Stream:
         """Chunks [c0, c1) are held now (written by recovery, or by an external placer):
         mark them; returns the bytes that were new."""
         bm = self.bitmap
+        fresh = bm.count(0, c0, c1)     # at C speed: a placer reports thousands at a time
+        if not fresh:
+            return 0
         ce, isz, nelems = self.chunk_elems, self.itemsize, self.nelems
-        new = 0
-        for i in range(c0, c1):
-            if not bm[i]:
-                bm[i] = 1
-                self.have += 1
-                new += min(ce, nelems - i * ce) * isz
-        if new:
-            self.last_progress = now
+        new = fresh * ce * isz
+        last = self.nchunks - 1
+        if c0 <= last < c1 and not bm[last]:
+            new -= (ce - (nelems - last * ce)) * isz     # the last chunk may be short
+        bm[c0:c1] = b"\x01" * (c1 - c0)
+        self.have += fresh
+        self.last_progress = now
         return new
 
     def slice(self, offset: int, nbytes: int) -> tuple:

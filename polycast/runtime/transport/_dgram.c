@@ -38,6 +38,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <poll.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 
@@ -271,6 +273,8 @@ typedef struct {
     Dest **dirty;
     size_t ndirty, dirty_cap;
     int busy;                         /* recv running without the GIL */
+    int ended;                        /* a stream completed or saw its EOS (this batch) */
+    int streaming;                    /* a chunk went to a stream still incomplete */
     int gro;                          /* UDP_GRO asked of the sockets (set_gro) */
     /* recv buffers */
     uint8_t *slots;
@@ -416,6 +420,10 @@ static int place(Placer *p, Dest *d, const Hdr *h) {
         copy_elems(d, e0, e0 + nel, h->payload);
         d->bitmap[i] = 1;
         d->have++;
+        if (d->have == d->nchunks)
+            p->ended = 1;
+        else
+            p->streaming = 1;
         if (add_range(d, i, i + 1) < 0 || mark_dirty(p, d) < 0)
             return -2;
         return 1;
@@ -425,6 +433,7 @@ static int place(Placer *p, Dest *d, const Hdr *h) {
     if (d->eos_seen)
         return 0;
     d->eos_seen = d->eos_pending = 1;
+    p->ended = 1;
     if (mark_dirty(p, d) < 0)
         return -2;
     return 1;
@@ -790,15 +799,92 @@ static PyObject *Placer_feed(Placer *self, PyObject *arg) {
                          self->c_duplicate_eos - de0);
 }
 
-/* Placer.recv(fd, max_datagrams): read and handle up to max datagrams (fewer when the socket
- * runs dry); returns (progress, up, consumed, consumed_nbytes, duplicates, duplicate_eos): the streams'
- * reports, [(datagram bytes, placed)] for the engine (placed: a holding stream's copy,
- * already written for the open ranks), the datagrams (and their payload bytes) this call
- * consumed, and how many of those were duplicate chunks and repeated EOS, dropped. */
+static double mono_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+/* Sleep ``us`` microseconds (no GIL held); 0 when there is no time left. */
+static int nap(double us) {
+    if (us < 1)
+        return 0;
+    struct timespec ts = {(time_t)(us / 1e6), (long)((us - (time_t)(us / 1e6) * 1e6) * 1e3)};
+    nanosleep(&ts, NULL);
+    return 1;
+}
+
+/* One recvmmsg batch into the slots and its handling; the datagrams to hand up are noted in
+ * p->up. Returns the messages read (0: none waiting), -2 on a memory error. No GIL. */
+static int read_batch(Placer *p, int fd, int vlen) {
+    for (int i = 0; i < vlen; i++) {
+        p->iov[i].iov_base = p->slots + (size_t)i * SLOT_NBYTES;
+        p->iov[i].iov_len = SLOT_NBYTES;
+        memset(&p->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+        p->msgs[i].msg_hdr.msg_iov = &p->iov[i];
+        p->msgs[i].msg_hdr.msg_iovlen = 1;
+        if (p->gro) {
+            p->msgs[i].msg_hdr.msg_control = p->cmsg[i];
+            p->msgs[i].msg_hdr.msg_controllen = sizeof(p->cmsg[i]);
+        }
+    }
+    int n = recvmmsg(fd, p->msgs, (unsigned)vlen, MSG_DONTWAIT, NULL);
+    p->c_syscalls++;
+    if (n <= 0)
+        return 0;                   /* EAGAIN: drained; other errors: the engine's timers */
+    for (int i = 0; i < n; i++) {
+        uint8_t *buf = p->slots + (size_t)i * SLOT_NBYTES;
+        size_t len = p->msgs[i].msg_len, seg = len;
+        if (p->gro) {
+            struct msghdr *mh = &p->msgs[i].msg_hdr;
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c))
+                if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+                    int gs;
+                    memcpy(&gs, CMSG_DATA(c), sizeof(int));
+                    if (gs > 0 && (size_t)gs < len) {
+                        seg = (size_t)gs;
+                        p->c_gro_buffers++;
+                    }
+                }
+        }
+        for (size_t off = 0; off < len; off += seg) {
+            size_t m = len - off < seg ? len - off : seg;
+            int r = handle_one(p, buf + off, m);
+            if (r == -2)
+                return -2;
+            if (r == 1)
+                continue;
+            if (p->nup >= sizeof(p->up) / sizeof(p->up[0])) {
+                p->c_up_lost++;             /* bounded: a flood of tiny GRO segments */
+                continue;
+            }
+            p->up[p->nup].slot = (uint32_t)i;
+            p->up[p->nup].off = (uint32_t)off;
+            p->up[p->nup].len = (uint32_t)m;
+            p->up[p->nup].placed = r == 2;
+            p->nup++;
+        }
+    }
+    return n;
+}
+
+/* Placer.recv(fd, max_datagrams, linger_us=0, gap_us=0): read and handle up to max
+ * datagrams; returns (progress, up, consumed, consumed_nbytes, duplicates, duplicate_eos):
+ * the streams' reports, [(datagram bytes, placed)] for the engine (placed: a holding
+ * stream's copy, already written for the open ranks), the datagrams (and their payload
+ * bytes) this call consumed, and how many of those were duplicate chunks and repeated EOS,
+ * dropped.
+ *
+ * Without linger it stops when the socket runs dry. With linger_us, while a stream is
+ * mid-way (chunks placed, none completed, no EOS seen), it naps gap_us (without the GIL)
+ * and reads what came meanwhile, up to linger_us in all, and stops at a nap that brought
+ * nothing: a paced stream trickles in, and a wake-up per datagram (the caller's loop, or a
+ * poll here) costs more than the datagram. */
 static PyObject *Placer_recv(Placer *self, PyObject *args) {
     int fd;
     Py_ssize_t max;
-    if (!PyArg_ParseTuple(args, "in", &fd, &max))
+    double linger_us = 0, gap_us = 0;
+    if (!PyArg_ParseTuple(args, "in|dd", &fd, &max, &linger_us, &gap_us))
         return NULL;
     if (not_busy(self) < 0)
         return NULL;
@@ -808,71 +894,26 @@ static PyObject *Placer_recv(Placer *self, PyObject *args) {
     Py_ssize_t total = 0;
     unsigned long long dup0 = self->c_duplicates, n0 = self->c_consumed,
         nb0 = self->c_consumed_nbytes, de0 = self->c_duplicate_eos;
-    int memerr = 0;
+    double t0 = 0;
+    self->ended = self->streaming = 0;
     while (total < max) {
-        int vlen = (int)(max - total < BATCH ? max - total : BATCH);
-        int n, err = 0;
+        int vlen = (int)(max - total < BATCH ? max - total : BATCH), n;
         self->busy = 1;
         self->nup = 0;
         Py_BEGIN_ALLOW_THREADS
-        for (int i = 0; i < vlen; i++) {
-            self->iov[i].iov_base = self->slots + (size_t)i * SLOT_NBYTES;
-            self->iov[i].iov_len = SLOT_NBYTES;
-            memset(&self->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
-            self->msgs[i].msg_hdr.msg_iov = &self->iov[i];
-            self->msgs[i].msg_hdr.msg_iovlen = 1;
-            if (self->gro) {
-                self->msgs[i].msg_hdr.msg_control = self->cmsg[i];
-                self->msgs[i].msg_hdr.msg_controllen = sizeof(self->cmsg[i]);
-            }
-        }
-        n = recvmmsg(fd, self->msgs, (unsigned)vlen, MSG_DONTWAIT, NULL);
-        err = errno;
-        self->c_syscalls++;
-        for (int i = 0; i < n && !memerr; i++) {
-            uint8_t *buf = self->slots + (size_t)i * SLOT_NBYTES;
-            size_t len = self->msgs[i].msg_len;
-            size_t seg = len;
-            if (self->gro) {
-                struct msghdr *mh = &self->msgs[i].msg_hdr;
-                for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c))
-                    if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
-                        int gs;
-                        memcpy(&gs, CMSG_DATA(c), sizeof(int));
-                        if (gs > 0 && (size_t)gs < len) {
-                            seg = (size_t)gs;
-                            self->c_gro_buffers++;
-                        }
-                    }
-            }
-            for (size_t off = 0; off < len; off += seg) {
-                size_t m = len - off < seg ? len - off : seg;
-                int r = handle_one(self, buf + off, m);
-                if (r == -2) {
-                    memerr = 1;
-                    break;
-                }
-                if (r != 1 && self->nup >= sizeof(self->up) / sizeof(self->up[0])) {
-                    self->c_up_lost++;      /* bounded: a flood of tiny GRO segments */
-                } else if (r != 1) {
-                    self->up[self->nup].slot = (uint32_t)i;
-                    self->up[self->nup].off = (uint32_t)off;
-                    self->up[self->nup].len = (uint32_t)m;
-                    self->up[self->nup].placed = r == 2;
-                    self->nup++;
-                }
-            }
+        n = read_batch(self, fd, vlen);
+        if (n == 0 && total > 0 && linger_us > 0 && self->streaming && !self->ended) {
+            /* a fixed nap, not a wake-up per datagram: what arrives meanwhile is read in
+             * one batch (interrupt moderation, as NICs do it) */
+            double left = linger_us - (mono_us() - t0);
+            if (nap(left < gap_us ? left : gap_us))
+                n = read_batch(self, fd, vlen);
         }
         Py_END_ALLOW_THREADS
         self->busy = 0;
-        if (memerr) {
-            PyErr_NoMemory();
+        if (n == -2) {
             Py_DECREF(up);
-            return NULL;
-        }
-        if (n <= 0) {
-            (void)err;              /* EAGAIN: drained; other errors: the engine's timers */
-            break;
+            return PyErr_NoMemory();
         }
         for (size_t j = 0; j < self->nup; j++) {
             const uint8_t *b = self->slots + (size_t)self->up[j].slot * SLOT_NBYTES
@@ -883,9 +924,11 @@ static PyObject *Placer_recv(Placer *self, PyObject *args) {
                 return NULL;
             }
         }
-        total += n;
-        if (n < vlen)
+        if (n == 0)
             break;
+        if (total == 0)
+            t0 = mono_us();
+        total += n;
     }
     PyObject *prog = take_progress(self);
     if (!prog) {
@@ -942,7 +985,8 @@ static PyMethodDef Placer_methods[] = {
      "write(handle, offset, payload): recovered bytes; (c0, c1) or None"},
     {"feed", (PyCFunction)Placer_feed, METH_O, "feed(datagram): (progress, up, consumed, consumed_nbytes, duplicates, duplicate_eos)"},
     {"recv", (PyCFunction)Placer_recv, METH_VARARGS,
-     "recv(fd, max_datagrams): (progress, up, consumed, consumed_nbytes, duplicates, duplicate_eos)"},
+     "recv(fd, max_datagrams, linger_us=0, gap_us=0): (progress, up, consumed, "
+     "consumed_nbytes, duplicates, duplicate_eos)"},
     {"set_gro", (PyCFunction)Placer_set_gro, METH_O,
      "set_gro(fd): ask for UDP GRO on that socket; True if the kernel took it"},
     {"counters", (PyCFunction)Placer_counters, METH_NOARGS, "what was read, placed, handed up"},
