@@ -11,6 +11,7 @@ must be equal, not close. Prints one JSON line: the number of checks and the fai
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -333,6 +334,21 @@ class Matrix:
             return (cm if a else None), lambda what: self.same(what, outs, gw)
         self.case(f"all_gather_into_tensor coalesced {dtype}", allgather)
 
+        # dist.all_gather_coalesced: one output list per rank, each with one tensor per
+        # input (2-D and empty inputs too), as gloo reads it.
+        cshapes = [(2, 3), (0,), (7,)]
+        cw = [[torch.full(s, 9, dtype=dtype) for s in cshapes] for _ in range(P)]
+        dist.all_gather_coalesced(cw, [self.data(math.prod(s), dtype, 50 + i).reshape(s)
+                                       for i, s in enumerate(cshapes)], group=self.gloo)
+
+        def gather_coalesced(g, a):
+            outs = [[torch.full(s, 9, dtype=dtype) for s in cshapes] for _ in range(P)]
+            ins = [self.data(math.prod(s), dtype, 50 + i).reshape(s)
+                   for i, s in enumerate(cshapes)]
+            w = dist.all_gather_coalesced(outs, ins, group=g, async_op=a)
+            return w, lambda what: self.same(what, sum(outs, []), sum(cw, []))
+        self.case(f"all_gather_coalesced {dtype}", gather_coalesced)
+
         rw = []
         for i, k in enumerate(shapes):
             full = self.data(P * k, dtype, 30 + i)
@@ -417,6 +433,9 @@ class Matrix:
             ("split sizes that do not add up", lambda g: dist.all_to_all_single(
                 torch.empty(P), torch.ones(P), [1] * P, [2] * P, group=g),
              ("input_split_sizes",)),
+            ("all_gather_coalesced with one list too few", lambda g: dist.all_gather_coalesced(
+                [[torch.empty(2)] for _ in range(P - 1)], [torch.ones(2)], group=g),
+             ("one list per rank",)),
         ]
         # Bad on one rank only: that rank names the property, the others name that rank;
         # nobody waits for the timeout, and the calls after it pair up right.

@@ -333,14 +333,46 @@ def allgather(group, output_lists, inputs, submit: bool = True) -> Work:
 
 
 def allgather_coalesced(group, output_lists, inputs, submit: bool = True) -> Work:
+    """torch's ``all_gather_coalesced``: ``output_lists[r][k]`` receives rank r's
+    ``inputs[k]`` (one list per rank, as gloo reads it). The inputs' bytes travel as one
+    all-gather (dtypes may differ), then land in the outputs."""
     call = Call(group, "all_gather_coalesced")
-    inps = check_list(inputs, "inputs")
-    if len(output_lists) != len(inps):
-        raise InvalidArgument(f"{call.what}: {len(output_lists)} output lists but "
-                              f"{len(inps)} inputs")
-    lists = [check_list(lst, f"outputs[{k}]") for k, lst in enumerate(output_lists)]
-    for outs, inp in zip(lists, inps):
-        _allgather_list(call, outs, inp)
+    P = call.comm.size
+    inps = check_list(inputs, f"{call.what} inputs")
+    if not isinstance(output_lists, (list, tuple)) or len(output_lists) != P:
+        n = len(output_lists) if isinstance(output_lists, (list, tuple)) else None
+        raise InvalidArgument(f"{call.what}: output_tensor_lists needs one list per rank "
+                              f"({P}), got {n if n is not None else type(output_lists).__name__}")
+    lists = [check_list(lst, f"{call.what} outputs[{r}]") for r, lst in enumerate(output_lists)]
+    for r, outs in enumerate(lists):
+        if len(outs) != len(inps):
+            raise InvalidArgument(f"{call.what}: outputs[{r}] has {len(outs)} tensors, "
+                                  f"there are {len(inps)} inputs")
+        for k, (o, i) in enumerate(zip(outs, inps)):
+            if o.dtype != i.dtype or o.numel() != i.numel():
+                raise InvalidArgument(f"{call.what}: outputs[{r}][{k}] is {o.dtype}"
+                                      f"{list(o.shape)}, inputs[{k}] is {i.dtype}"
+                                      f"{list(i.shape)}")
+    nbytes = [i.numel() * i.element_size() for i in inps]
+    total = sum(nbytes)
+    send = torch.empty(total, dtype=torch.uint8)
+    at = 0
+    for i, n in zip(inps, nbytes):
+        if n:
+            send[at:at + n].copy_(i.contiguous().reshape(-1).view(torch.uint8))
+        at += n
+    flat = torch.empty(P * total, dtype=torch.uint8)
+    call.post(call.comm.Iallgather, raw(send), raw(flat),
+              algorithm=call.algorithm(Collective.ALLGATHER))
+
+    def copy_out():
+        for r, outs in enumerate(lists):
+            at = r * total
+            for o, n in zip(outs, nbytes):
+                if n:
+                    o.copy_(flat[at:at + n].view(o.dtype).view(o.shape))
+                at += n
+    call.then(copy_out)
     return call.work(lists, submit)
 
 

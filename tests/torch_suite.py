@@ -1,0 +1,151 @@
+"""Run PyTorch's own distributed test suite (``DistributedTest._DistTestBase`` from
+``torch/testing/_internal/distributed/distributed_test.py``, the class PyTorch's
+``test/distributed/test_distributed_spawn.py`` runs for gloo) against one backend, and
+write every test's outcome as JSON.
+
+    python tests/torch_suite.py --backend polycast --world-size 3 --out outcomes.json
+    python tests/torch_suite.py --backend gloo --world-size 3 --out gloo.json -k all_gather
+
+The suite gates tests by backend name (``DistTestCases.backend_feature``). A plugin
+backend declares what it has by adding its name to those sets before the suite's module
+is imported (its decorators read them at import): polycast declares "ddp", "subgroup" and
+"plugin" (the suite's word for "a registered third-party backend is available"), and not
+"gpu"/"cuda". The runner does that here, in the parent and again in every rank process
+(spawned ranks re-import this file as their main module).
+
+Outcomes: passed, failed, error, skipped (with torch's reason), expected_failure,
+unexpected_success. tests/test_torch_suite.py compares them with the expectations list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import unittest
+
+BACKEND_FEATURES = {"polycast": ("ddp", "subgroup", "plugin")}
+
+
+def _configure(backend: str, world_size: int) -> None:
+    """What the suite's module reads at import: the backend's name, the world size, and
+    the features a plugin backend declares."""
+    os.environ["BACKEND"] = backend
+    os.environ["WORLD_SIZE"] = str(world_size)
+    os.environ.setdefault("TEMP_DIR", "/tmp")
+    if backend == "polycast":
+        import polycast.torch  # noqa: F401  (registers the backend)
+    from torch.testing._internal.common_distributed import DistTestCases
+    for feature in BACKEND_FEATURES.get(backend, ()):
+        DistTestCases.backend_feature[feature].add(backend)
+
+
+def _args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default=os.environ.get("BACKEND", "polycast"))
+    p.add_argument("--world-size", type=int,
+                   default=int(os.environ.get("WORLD_SIZE", "3")))
+    p.add_argument("--out", help="write the outcomes here (JSON)")
+    p.add_argument("-k", dest="patterns", action="append", default=[],
+                   help="only tests whose name contains this (repeatable)")
+    p.add_argument("--tests", nargs="*", default=[], help="exactly these test names")
+    return p.parse_args(argv)
+
+
+if __name__ in ("__main__", "__mp_main__"):
+    # In the parent: from the command line. In a spawned rank (re-imported as
+    # __mp_main__): from the environment the parent set.
+    _ARGS = _args([] if __name__ == "__mp_main__" else None)
+    _configure(_ARGS.backend, _ARGS.world_size)
+
+    from torch.testing._internal.distributed.distributed_test import (
+        DistributedTest, TestDistBackend)
+
+    class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+        def setUp(self):
+            super().setUp()
+            if os.environ.get("TORCH_SUITE_START", "fork") == "spawn":
+                self._spawn_processes()
+            else:
+                # Forked ranks start from this process, which has imported torch, the
+                # suite and polycast and run nothing else: ~5 CPU-seconds less per rank
+                # and test than spawn's re-import (PyTorch ran this class forked, as
+                # test_distributed_fork.py, for years).
+                import torch.multiprocessing as tmp
+                self._start_processes(tmp.get_context("fork").Process)
+
+
+class _Outcomes(unittest.TextTestResult):
+    """Every test's outcome, its detail (skip reason, last lines of the traceback) and
+    its wall seconds."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.outcomes: dict = {}
+        self._t0 = 0.0
+
+    def startTest(self, test):
+        self._t0 = time.monotonic()
+        super().startTest(test)
+
+    def _put(self, test, outcome, detail=""):
+        name = test.id().rsplit(".", 1)[-1]
+        self.outcomes[name] = {"outcome": outcome, "detail": detail[-1500:],
+                               "seconds": round(time.monotonic() - self._t0, 2)}
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._put(test, "passed")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._put(test, "failed", self._exc_info_to_string(err, test))
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._put(test, "error", self._exc_info_to_string(err, test))
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._put(test, "skipped", str(reason))
+
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self._put(test, "expected_failure", self._exc_info_to_string(err, test))
+
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self._put(test, "unexpected_success")
+
+
+def main() -> int:
+    args = _ARGS
+    loader = unittest.TestLoader()
+    names = loader.getTestCaseNames(TestDistBackendWithSpawn)
+    if args.tests:
+        names = [n for n in names if n in set(args.tests)]
+    if args.patterns:
+        names = [n for n in names if any(p in n for p in args.patterns)]
+    suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in names)
+    t0 = time.monotonic()
+    runner = unittest.TextTestRunner(resultclass=_Outcomes, verbosity=1, stream=sys.stderr)
+    result = runner.run(suite)
+    seconds = time.monotonic() - t0
+    counts: dict = {}
+    for o in result.outcomes.values():
+        counts[o["outcome"]] = counts.get(o["outcome"], 0) + 1
+    doc = {"backend": args.backend, "world_size": args.world_size,
+           "torch": __import__("torch").__version__, "seconds": round(seconds, 1),
+           "counts": counts, "tests": result.outcomes}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+    print(json.dumps({"backend": args.backend, "seconds": round(seconds, 1),
+                      "counts": counts}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
