@@ -258,6 +258,32 @@ class Topology:
         self._trees[root] = out
         return out
 
+    def mcast_tree_within(self, root: int, members) -> tuple[np.ndarray, np.ndarray]:
+        """(link ids, latency from root per rank) of root's multicast tree pruned to the
+        ranks ``members`` (a communicator's group, root among them): the links of
+        :meth:`mcast_tree` that lead to a member, climbing only to the first node that
+        covers every member. Latencies are the full tree's (valid for members). Cached."""
+        m = np.unique(np.asarray(members, dtype=np.int64))
+        key = (root, m.tobytes())
+        cache = self.__dict__.setdefault("_group_trees", {})
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        links, lat = self.mcast_tree(root)
+        lo = np.asarray(self.node_lo)
+        hi = np.asarray(self.node_hi)
+        src = np.asarray(self.link_src)[links]
+        dst = np.asarray(self.link_dst)[links]
+        down = (lo[src] <= lo[dst]) & (hi[dst] <= hi[src]) & (hi[dst] - lo[dst] < hi[src] - lo[src])
+        # a down link is kept when a member lies below it; an up link while the node it
+        # leaves does not yet cover every member
+        below = np.searchsorted(m, hi[dst]) > np.searchsorted(m, lo[dst])
+        covers_all = (lo[src] <= m[0]) & (m[-1] < hi[src])
+        keep = np.where(down, below, ~covers_all)
+        out = (links[keep], lat)
+        cache[key] = out
+        return out
+
     def summary(self) -> str:
         by_layer: dict[str, int] = {}
         for x in self.link_layer:
