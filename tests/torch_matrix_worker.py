@@ -100,6 +100,7 @@ class Matrix:
                 self.all_to_all(tag, dtype, n)
             self.coalesced(dtype)
         self.non_contiguous()
+        self.sparse()
         self.fused()
         self.case("barrier", lambda g, a: (dist.barrier(group=g, async_op=a),
                                            lambda what: None))
@@ -364,6 +365,23 @@ class Matrix:
             return (cm if a else None), lambda what: self.same(what, outs, rw)
         self.case(f"reduce_scatter_tensor coalesced {dtype}", reduce_scatter)
 
+    def sparse(self) -> None:
+        """Sparse COO all_reduce SUM (gloo's): rank r holds rows 0..r, with a dense tail."""
+        me = self.rank
+
+        def make():
+            idx = torch.arange(me + 1).reshape(1, -1)
+            return torch.sparse_coo_tensor(idx, torch.full((me + 1, 2), float(me + 1)),
+                                           (self.P + 1, 2))
+        want = make()
+        dist.all_reduce(want, group=self.gloo)
+
+        def fn(g, a):
+            t = make()
+            return dist.all_reduce(t, group=g, async_op=a), \
+                lambda what: self.same(what, t.to_dense(), want.to_dense())
+        self.case("all_reduce sparse", fn)
+
     def non_contiguous(self) -> None:
         """Strided tensors are staged through contiguous copies, in and out."""
         P = self.P
@@ -418,8 +436,10 @@ class Matrix:
     def bad_input(self, only_uneven: bool = False) -> None:
         P, me = self.P, self.rank
         cases = [
-            ("sparse", lambda g: dist.all_reduce(torch.ones(4).to_sparse(), group=g),
+            ("sparse", lambda g: dist.broadcast(torch.ones(4).to_sparse(), 0, group=g),
              ("sparse",)),
+            ("sparse MAX", lambda g: dist.all_reduce(torch.ones(4).to_sparse(), R.MAX,
+                                                     group=g), ("sparse", "SUM only")),
             ("device", lambda g: dist.all_reduce(torch.empty(4, device="meta"), group=g),
              ("meta", "CPU tensors")),
             ("unsupported op", lambda g: dist.all_reduce(torch.ones(4), R.BAND, group=g),

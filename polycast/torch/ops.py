@@ -150,9 +150,42 @@ def _allreduce_into(call: Call, t: torch.Tensor, op_obj) -> None:
 
 def allreduce(group, tensors, op_obj, submit: bool = True) -> Work:
     call = Call(group, "all_reduce")
+    if (isinstance(tensors, (list, tuple)) and len(tensors) == 1
+            and isinstance(tensors[0], torch.Tensor) and tensors[0].layout == torch.sparse_coo):
+        return _sparse_allreduce(call, tensors[0], op_obj)
     t = _one(tensors, "all_reduce")
     _allreduce_into(call, t, op_obj)
     return call.work([t], submit)
+
+
+def _sparse_allreduce(call: Call, t: torch.Tensor, op_obj) -> Work:
+    """A sparse COO tensor's sum over the ranks, in place (gloo's sparse all_reduce): every
+    rank's coalesced indices and values are all-gathered (Comm's object allgather: sizes
+    differ per rank), concatenated and coalesced, which sums duplicate indices."""
+    op, factor = reduce_op(op_obj)
+    if op != "sum" or factor is not None:
+        raise Unsupported(f"all_reduce of a sparse tensor: SUM only (as gloo), got "
+                          f"{getattr(getattr(op_obj, 'op', op_obj), 'name', op_obj)}")
+    if t.device.type != "cpu":
+        raise InvalidArgument(f"all_reduce input is on device {t.device}: the polycast "
+                              "backend serves CPU tensors")
+    c = t.coalesce()
+    mine = (tuple(t.shape), str(t.dtype), c.indices(), c.values())
+    try:
+        parts = call.comm.allgather(mine)
+    except BaseException as exc:
+        exc.polycast_comm_refused = True        # Comm's own error: raised on every rank
+        raise
+    kinds = {(shape, dtype) for shape, dtype, _, _ in parts}
+    if len(kinds) != 1:
+        raise InvalidArgument("all_reduce of a sparse tensor: the ranks' tensors differ in "
+                              "shape or dtype: " + ", ".join(
+                                  f"rank {r} {d}{list(s)}" for r, (s, d, _, _) in
+                                  enumerate(parts)))
+    total = torch.sparse_coo_tensor(torch.cat([p[2] for p in parts], dim=1),
+                                    torch.cat([p[3] for p in parts]), t.shape).coalesce()
+    t.copy_(total)
+    return call.work([t])
 
 
 def allreduce_coalesced(group, tensors, op_obj, submit: bool = True) -> Work:
