@@ -187,6 +187,7 @@ class Simulation:
         self._reqs: list[tuple] = []             # req -> (schedule, itemsize, comm)
         self._unposted: dict[int, set] = {}      # req -> members not posted yet
         self._innet: dict[int, dict] = {}        # req -> {(dst, tag): senders expected}
+        self._innet_of: dict[int, tuple] = {}    # id(schedule) -> (schedule, its groups)
         self._combine: dict[tuple, list] = {}    # innet: (dst, seq, tag) -> waiting sends
         self._pending = 0                        # (rank, req) pairs not yet complete
         self.timelines = [RankTimeline() for _ in range(self.P)]
@@ -263,7 +264,10 @@ class Simulation:
         self._reqs.append((schedule, itemsize, comm))
         from ..algorithms import get
         if get(schedule.collective, schedule.algorithm).innet:
-            self._innet[req] = _innet_groups(schedule)
+            hit = self._innet_of.get(id(schedule))
+            if hit is None or hit[0] is not schedule:
+                hit = self._innet_of[id(schedule)] = (schedule, _innet_groups(schedule))
+            self._innet[req] = hit[1]
         self._unposted[req] = set(group)
         self._pending += len(group)
         for rank, t in zip(group, times):
