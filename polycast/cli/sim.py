@@ -98,6 +98,10 @@ def add_parser(sub) -> None:
                             "Gbit/s, shared by its flows (default: hosts keep up with links)")
         c.add_argument("--host-latency", default="0",
                        help="host model: software time per message, e.g. 20us (default 0)")
+        c.add_argument("--path", default="auto", choices=("auto", "engine", "fast"),
+                       help="auto (default): the fast path where its checks pass, else the "
+                            "engines; engine: always step the engines (the reference); fast: "
+                            "fail where the fast path cannot run (docs/simulator.md)")
         c.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
         c.add_argument("--plot", metavar="FILE", help="write a figure (png/pdf/svg)")
         c.set_defaults(func=run_collective, collective=coll.value)
@@ -280,7 +284,8 @@ def run_collective(args: argparse.Namespace) -> int:
         r = simulate(coll, name, args.nodes, nbytes, topo, dtype=args.dtype, root=args.root,
                      nchunks=nchunks, channels=args.channels, options=opts,
                      loss=args.loss, seed=args.seed, record=record, placement=args.placement,
-                     nic=nic, host_gbps=args.host_gbps, host_latency_s=host_latency_s)
+                     nic=nic, host_gbps=args.host_gbps, host_latency_s=host_latency_s,
+                     path=args.path)
         if label:
             r.algorithm = label
         results.append(r)
@@ -298,13 +303,14 @@ def run_collective(args: argparse.Namespace) -> int:
     layers = [l for l in ("intra-host", "host-leaf", "leaf-spine", "spine-core")
               if any(l in r.link_bytes_by_layer for r in results)]
     cols = ["algorithm", "nodes", "size", "time (us)", "algbw GB/s", "busbw GB/s",
-            "link bytes"] + [f"{l}" for l in layers] + ["events", "wall s"]
+            "link bytes"] + [f"{l}" for l in layers] + ["events", "wall s", "path"]
     rows = []
     for r in results:
         rows.append([r.algorithm, r.nodes, _size(r.nbytes), r.time_s * 1e6, r.algbw,
                      r.busbw, _gib(r.link_bytes)]
                     + [_gib(r.link_bytes_by_layer.get(l, 0)) for l in layers]
-                    + [r.events, round(r.wall_s, 2)])
+                    + [r.events, round(r.wall_s, 2),
+                       f"fast ({r.fast_mode})" if r.path == "fast" else "engine"])
         if r.nic:
             print(f"{r.algorithm}: NIC {r.nic} ({r.nic_gbps:.1f} Gbit/s): "
                   f"{r.nic_dropped_datagrams} datagram receptions dropped "
@@ -314,7 +320,7 @@ def run_collective(args: argparse.Namespace) -> int:
             print(f"{r.algorithm}: loss {r.loss:g}: {r.lost_datagrams} datagram receptions "
                   f"lost ({r.lost_nbytes} B), {r.recovered_nbytes} B recovered")
     print_table(f"{coll} on {args.nodes} ranks (link bytes in GiB)", cols, rows,
-                right=set(cols) - {"algorithm", "size"})
+                right=set(cols) - {"algorithm", "size", "path"})
     if len(results) > 1:
         base = results[0]
         ratio_rows = [[f"{base.algorithm} / {r.algorithm}", base.time_s / r.time_s,
