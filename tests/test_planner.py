@@ -28,7 +28,9 @@ ALPHA = 2 * LAT + SW
 
 
 def _switch_fabric(P: int):
-    topo = single_switch(P, link="400Gbps", latency_s=LAT, switch_latency_s=SW)
+    # closed forms of the ideal link (no headers)
+    topo = single_switch(P, link="400Gbps", latency_s=LAT, switch_latency_s=SW,
+                         framing="none")
     return topo, from_topology(topo)
 
 

@@ -73,6 +73,10 @@ class SimConfig:
     # seeing it (driver wake-up, syscalls, copies), added to the path latency.
     host_gbps: float | None = None
     host_latency_s: float = 0.0
+    # Which account of the protocol's timing runs (polycast/sim/fast.py): "auto" takes the
+    # fast path where its checks pass and the engines elsewhere; "engine" always steps the
+    # engines (the reference); "fast" fails where the fast path cannot run.
+    path: str = "auto"
 
 
 @dataclass
@@ -109,16 +113,24 @@ def default_engine_config(**overrides):
     return EngineConfig(**base)
 
 
-def pacing_gbps_for(schedules, link_gbps: float) -> float:
+def pacing_gbps_for(schedules, link_gbps: float, framing=None) -> float:
     """The multicast pacing the simulator gives the engines: the host link rate split over
     the streams that run at once (specs/mcast-protocol.md: link rate / roots), so a
     stream's MCAST step completes, and hands its token on, when its datagrams could have
-    left, and concurrent streams do not flood the receivers."""
+    left, and concurrent streams do not flood the receivers. The engine paces its
+    datagrams' payload and own header; with ``framing`` (the topology's) the rate is
+    lowered so that a stream of full datagrams takes exactly link rate / roots on the
+    wire, headers of every packet included."""
     roots = 1
     for s in schedules:
         if s.uses_multicast:
             roots = max(roots, int(s.options.get("roots", 1) or 1))
-    return link_gbps / roots
+    rate = link_gbps / roots
+    if framing is not None and not framing.ideal:
+        from ..engine.wire import HEADER_NBYTES
+        mtu = default_engine_config().mtu_nbytes
+        rate *= (mtu + HEADER_NBYTES) / framing.datagram_wire(mtu)
+    return rate
 
 
 class Simulation:
@@ -167,6 +179,7 @@ class Simulation:
         self.net = Network(topology, record=cfg.record,
                            host_bw=None if cfg.host_gbps is None else cfg.host_gbps * 1e9 / 8)
         self._host_links: dict = {}              # (src, dst|-1) -> links incl. host ports
+        self._framing = topology.framing         # wire bytes per message / datagrams
         self.rng = np.random.default_rng(self.cfg.seed)
         self.now = 0.0
         self.events = 0
@@ -178,6 +191,7 @@ class Simulation:
         self._reqs: list[tuple] = []             # req -> (schedule, itemsize, comm)
         self._unposted: dict[int, set] = {}      # req -> members not posted yet
         self._innet: dict[int, dict] = {}        # req -> {(dst, tag): senders expected}
+        self._innet_of: dict[int, tuple] = {}    # id(schedule) -> (schedule, its groups)
         self._combine: dict[tuple, list] = {}    # innet: (dst, seq, tag) -> waiting sends
         self._pending = 0                        # (rank, req) pairs not yet complete
         self.timelines = [RankTimeline() for _ in range(self.P)]
@@ -187,6 +201,10 @@ class Simulation:
         self._seq_req: dict[tuple, int] = {}     # (comm, engine seq number) -> request
         self.datagrams = 0
         self.on_complete = None                  # optional hook(req, rank, now)
+        self.path: str | None = None             # "fast" or "engine" once run() chose
+        self.path_reason = ""                    # why not the fast path (engine runs)
+        self.fast_mode = ""                      # fast path: "walk" or "events" (fast.py)
+        self._fast_stats: dict | None = None
         self._tree_groups: dict[int, list] = {}  # root endpoint -> receivers by latency
         self._comm_trees: dict[int, tuple] = {}  # root endpoint (not the world's) -> tree
         pl = self.cfg.placement
@@ -254,7 +272,10 @@ class Simulation:
         self._reqs.append((schedule, itemsize, comm))
         from ..algorithms import get
         if get(schedule.collective, schedule.algorithm).innet:
-            self._innet[req] = _innet_groups(schedule)
+            hit = self._innet_of.get(id(schedule))
+            if hit is None or hit[0] is not schedule:
+                hit = self._innet_of[id(schedule)] = (schedule, _innet_groups(schedule))
+            self._innet[req] = hit[1]
         self._unposted[req] = set(group)
         self._pending += len(group)
         for rank, t in zip(group, times):
@@ -289,6 +310,38 @@ class Simulation:
         self._push(t, _CALL, fn, None, None)
 
     def run(self) -> None:
+        """Run every posted request to completion, on the path ``SimConfig.path`` picks
+        (``self.path`` says which ran, ``self.path_reason`` why not the fast one)."""
+        if self.path is None:
+            self.path = self._dispatch()
+        elif self.path == "fast" and (self._heap or self._pending):
+            raise SimulationError("this simulation ran on the fast path: post everything "
+                                  "before run(), or use SimConfig(path='engine')")
+        if self.path == "fast":
+            return
+        self._run_engines()
+
+    def _dispatch(self) -> str:
+        """The one place that picks the path: the fast one when asked for or allowed and
+        its checks pass (polycast/sim/fast.py), else the engines."""
+        from . import fast
+        mode = self.cfg.path
+        if mode not in ("auto", "engine", "fast"):
+            raise SimulationError(f"SimConfig.path must be auto, engine or fast, got {mode!r}")
+        if mode == "engine":
+            self.path_reason = "asked for the engines"
+            return "engine"
+        try:
+            self.fast_mode = fast.run(self)
+        except fast.Refused as e:
+            if mode == "fast":
+                raise SimulationError(f"the fast path cannot run this simulation: {e}") \
+                    from None
+            self.path_reason = str(e)
+            return "engine"
+        return "fast"
+
+    def _run_engines(self) -> None:
         cfg, net, heap = self.cfg, self.net, self._heap
         while self._pending or self._calls:
             t_ev = heap[0][0] if heap else math.inf
@@ -321,7 +374,10 @@ class Simulation:
         return max(tls[r].completed[req] for r in self._comm_group[self._reqs[req][2]])
 
     def engine_stats(self) -> dict:
-        """The engines' stats, summed over ranks and communicators (numeric fields)."""
+        """The engines' stats, summed over ranks and communicators (numeric fields); on
+        the fast path, the counts it kept (completed, messages, datagrams)."""
+        if self._fast_stats is not None:
+            return dict(self._fast_stats)
         out: dict = {}
         for e in self._ep_engine:
             st = e.stats
@@ -462,8 +518,10 @@ class Simulation:
                 links, lat = self._route(self._ep_rank[src],
                                          self._comm_group[comm][act.peer] if comm else act.peer)
                 if nbytes:
-                    self.net.add_flow(links, nbytes, now, ("send", key, act, lat),
-                                      cap=self._rx_cap)
+                    wire = self._framing.message_wire(nbytes)
+                    self.net.add_flow(links, wire, now, ("send", key, act, lat),
+                                      cap=self._rx_cap * wire / nbytes,
+                                      goodput=nbytes / wire)
                     self._busy.add(key)
                     return
                 self._send_drained(key, act, lat, now, now)
@@ -484,11 +542,15 @@ class Simulation:
             self.datagrams += len(acts)
             if nbytes:
                 cap = math.inf
+                fr = self._framing
+                sizes = [a.header.payload_nbytes for a in acts]
+                wire = fr.datagram_wire(sizes)
                 span = acts[-1].not_before - act.not_before
                 if len(acts) > 1 and span > 0:
-                    cap = (nbytes - acts[-1].header.payload_nbytes) / span
+                    cap = (wire - fr.datagram_wire(sizes[-1])) / span
                 links = self._tree(src)
-                f = self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None), cap=cap)
+                f = self.net.add_flow(links, wire, now, ("mcast", key, acts, None), cap=cap,
+                                      goodput=nbytes / wire)
                 if self.nic is not None:
                     if comm:
                         raise SimulationError("the NIC model (SimConfig.nic) covers multicast "
@@ -664,9 +726,10 @@ class Simulation:
                     links, lat = self.topo.mcast_tree(self._node[dst])
                     lat_max = float(lat.max())
                 rev = links ^ 1                       # the reverse (aggregation) tree
-                self.net.add_flow(rev, nbytes, self.now,
+                wire = self._framing.message_wire(nbytes)
+                self.net.add_flow(rev, wire, self.now,
                                   ("innet", None, dst, (waiting, lat_max)),
-                                  cap=self._rx_cap)
+                                  cap=self._rx_cap * wire / nbytes, goodput=nbytes / wire)
             return True
         return False
 
