@@ -206,6 +206,7 @@ def test_extrapolation_beyond_the_budget(monkeypatch):
 
 # -- the check on simulated fabrics (the full grid: bench/tune.py) ---------------------------
 
+@pytest.mark.slow                   # simulates every candidate of 16 cells
 def test_auto_is_within_10_percent_of_the_best_on_a_small_grid():
     from polycast.planner.check import Cell, run_cells
     # 16 cells (the full grid is bench/tune.py's): both topologies, a latency- and a

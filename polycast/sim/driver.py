@@ -73,6 +73,10 @@ class SimConfig:
     # seeing it (driver wake-up, syscalls, copies), added to the path latency.
     host_gbps: float | None = None
     host_latency_s: float = 0.0
+    # Which account of the protocol's timing runs (polycast/sim/fast.py): "auto" takes the
+    # fast path where its checks pass and the engines elsewhere; "engine" always steps the
+    # engines (the reference); "fast" fails where the fast path cannot run.
+    path: str = "auto"
 
 
 @dataclass
@@ -187,6 +191,7 @@ class Simulation:
         self._reqs: list[tuple] = []             # req -> (schedule, itemsize, comm)
         self._unposted: dict[int, set] = {}      # req -> members not posted yet
         self._innet: dict[int, dict] = {}        # req -> {(dst, tag): senders expected}
+        self._innet_of: dict[int, tuple] = {}    # id(schedule) -> (schedule, its groups)
         self._combine: dict[tuple, list] = {}    # innet: (dst, seq, tag) -> waiting sends
         self._pending = 0                        # (rank, req) pairs not yet complete
         self.timelines = [RankTimeline() for _ in range(self.P)]
@@ -196,6 +201,10 @@ class Simulation:
         self._seq_req: dict[tuple, int] = {}     # (comm, engine seq number) -> request
         self.datagrams = 0
         self.on_complete = None                  # optional hook(req, rank, now)
+        self.path: str | None = None             # "fast" or "engine" once run() chose
+        self.path_reason = ""                    # why not the fast path (engine runs)
+        self.fast_mode = ""                      # fast path: "walk" or "events" (fast.py)
+        self._fast_stats: dict | None = None
         self._tree_groups: dict[int, list] = {}  # root endpoint -> receivers by latency
         self._comm_trees: dict[int, tuple] = {}  # root endpoint (not the world's) -> tree
         pl = self.cfg.placement
@@ -263,7 +272,10 @@ class Simulation:
         self._reqs.append((schedule, itemsize, comm))
         from ..algorithms import get
         if get(schedule.collective, schedule.algorithm).innet:
-            self._innet[req] = _innet_groups(schedule)
+            hit = self._innet_of.get(id(schedule))
+            if hit is None or hit[0] is not schedule:
+                hit = self._innet_of[id(schedule)] = (schedule, _innet_groups(schedule))
+            self._innet[req] = hit[1]
         self._unposted[req] = set(group)
         self._pending += len(group)
         for rank, t in zip(group, times):
@@ -298,6 +310,38 @@ class Simulation:
         self._push(t, _CALL, fn, None, None)
 
     def run(self) -> None:
+        """Run every posted request to completion, on the path ``SimConfig.path`` picks
+        (``self.path`` says which ran, ``self.path_reason`` why not the fast one)."""
+        if self.path is None:
+            self.path = self._dispatch()
+        elif self.path == "fast" and (self._heap or self._pending):
+            raise SimulationError("this simulation ran on the fast path: post everything "
+                                  "before run(), or use SimConfig(path='engine')")
+        if self.path == "fast":
+            return
+        self._run_engines()
+
+    def _dispatch(self) -> str:
+        """The one place that picks the path: the fast one when asked for or allowed and
+        its checks pass (polycast/sim/fast.py), else the engines."""
+        from . import fast
+        mode = self.cfg.path
+        if mode not in ("auto", "engine", "fast"):
+            raise SimulationError(f"SimConfig.path must be auto, engine or fast, got {mode!r}")
+        if mode == "engine":
+            self.path_reason = "asked for the engines"
+            return "engine"
+        try:
+            self.fast_mode = fast.run(self)
+        except fast.Refused as e:
+            if mode == "fast":
+                raise SimulationError(f"the fast path cannot run this simulation: {e}") \
+                    from None
+            self.path_reason = str(e)
+            return "engine"
+        return "fast"
+
+    def _run_engines(self) -> None:
         cfg, net, heap = self.cfg, self.net, self._heap
         while self._pending or self._calls:
             t_ev = heap[0][0] if heap else math.inf
@@ -330,7 +374,10 @@ class Simulation:
         return max(tls[r].completed[req] for r in self._comm_group[self._reqs[req][2]])
 
     def engine_stats(self) -> dict:
-        """The engines' stats, summed over ranks and communicators (numeric fields)."""
+        """The engines' stats, summed over ranks and communicators (numeric fields); on
+        the fast path, the counts it kept (completed, messages, datagrams)."""
+        if self._fast_stats is not None:
+            return dict(self._fast_stats)
         out: dict = {}
         for e in self._ep_engine:
             st = e.stats

@@ -45,6 +45,9 @@ class SimResult:
     nic_dropped_datagrams: int = 0   # datagram receptions its receive queues dropped
     nic_dropped_nbytes: int = 0      # ... their payload bytes, summed over receivers
     nic_peak_queue_nbytes: int = 0   # the largest backlog of one receiver
+    path: str = "engine"             # "fast" or "engine": which account of the timing ran
+    path_reason: str = ""            # why not the fast path, when the engines ran
+    fast_mode: str = ""              # on the fast path: "walk" (graph walk) or "events"
     timelines: list[RankTimeline] = field(default_factory=list, repr=False)
     simulation: Simulation | None = field(default=None, repr=False, compare=False)
 
@@ -109,7 +112,8 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
              loss: float = 0.0, seed: int = 0, record: bool = False,
              engine: dict | None = None, max_events: int = 50_000_000,
              placement: str = "linear", nic=None, host_gbps: float | None = None,
-             host_latency_s: float = 0.0, framing: str | None = None) -> SimResult:
+             host_latency_s: float = 0.0, framing: str | None = None,
+             path: str = "auto") -> SimResult:
     """Simulate one call of ``collective`` with ``algorithm`` on ``nodes`` ranks.
 
     ``size`` is nccl-tests' S (total bytes: for allgather the gathered buffer). ``topology``
@@ -123,7 +127,9 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     its bounded receive queue, dropping what overflows (:mod:`polycast.sim.nic`).
     ``host_gbps`` / ``host_latency_s``: the host model (:class:`SimConfig`; off by default).
     ``framing``: per-packet headers (:mod:`polycast.sim.framing`: ``tcp``, the default,
-    ``udp``, ``ib`` or ``none``) when ``topology`` is a string that does not set them."""
+    ``udp``, ``ib`` or ``none``) when ``topology`` is a string that does not set them.
+    ``path``: ``auto`` (the fast path where its checks pass, else the engines), ``engine``
+    or ``fast`` (:class:`SimConfig`); the result says which ran."""
     coll = Collective.parse(collective)
     if not 0 <= loss < 1:
         raise InvalidArgument(f"loss must be a probability in [0, 1), got {loss!r}")
@@ -143,7 +149,7 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     eng.update(engine or {})
     cfg = SimConfig(loss=loss, seed=seed, record=record, engine=eng, max_events=max_events,
                     placement=make_placement(placement, nodes, seed), nic=nic,
-                    host_gbps=host_gbps, host_latency_s=host_latency_s)
+                    host_gbps=host_gbps, host_latency_s=host_latency_s, path=path)
     wall = time.perf_counter()
     sim = Simulation(topo, cfg)
     req = sim.post(sched, itemsize)
@@ -181,4 +187,6 @@ def make_result(sim: Simulation, reqs: list[int], coll: Collective, algorithm: s
         datagrams=sim.datagrams, lost_datagrams=sim.lost_datagrams,
         lost_nbytes=sim.lost_nbytes, recovered_nbytes=int(stats.get("recovered_bytes", 0)),
         events=sim.events, flows=sim.net.flows_started, wall_s=wall_s, engine_stats=stats,
-        rank_times_s=rank_times, timelines=sim.timelines, simulation=sim, **nic)
+        rank_times_s=rank_times, timelines=sim.timelines, simulation=sim,
+        path=sim.path or "engine", path_reason=sim.path_reason, fast_mode=sim.fast_mode,
+        **nic)
