@@ -229,7 +229,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-FAST = settings(deadline=None, derandomize=True, database=None, max_examples=1500,
+FAST = settings(deadline=None, derandomize=True, database=None, max_examples=400,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
 
@@ -262,7 +262,10 @@ def test_fuzz_helper_parser_matches_the_reference_and_writes_nothing_else(secret
 
 # -- the runtime with and without the helper ------------------------------------------------
 
-@pytest.mark.parametrize("native,secret", [("1", False), ("0", False), ("1", True)])
+@pytest.mark.parametrize("native,secret", [
+    pytest.param("1", False, marks=pytest.mark.slow),     # (every other mcast test runs it)
+    ("0", False),                                          # the Python path: no compiler
+    pytest.param("1", True, marks=pytest.mark.slow)])
 def test_runtime_multicast_exact_with_and_without_the_helper(native, secret):
     """Every multicast collective (selftest's mcast suite) on 3 local ranks, with the
     helper placing the chunks and without it (POLYCAST_NATIVE=0: the Python path), and
@@ -292,6 +295,7 @@ polycast.finalize()
 """
 
 
+@pytest.mark.slow
 def test_offload_receive_workers_place_with_the_helper(tmp_path):
     """The offload process's receive worker reads and places with the helper: on one host
     (no loss) every chunk of 3 allgathers is placed by it, the early ones after their
