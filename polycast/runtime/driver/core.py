@@ -503,7 +503,8 @@ class Driver:
             rng = self.mcast.stream_data(key, a.offset, a.payload)
             if rng is not None:
                 self._run(cs, cs.engine.on_stream_progress(a.seq, a.root, a.ordinal, [rng],
-                                                           time.monotonic(), recovered=True))
+                                                           time.monotonic(),
+                                                           recovered=a.recovered))
         elif t is CloseStream:
             self.mcast.close_stream(key)
 
