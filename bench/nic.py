@@ -146,7 +146,8 @@ def udp_cost(chunk: int, nchunks: int, repeats: int) -> tuple[float, float]:
         tx.close()
 
 
-def native_cost(chunk: int, nchunks: int, repeats: int) -> tuple[float, float] | None:
+def native_cost(chunk: int, nchunks: int, repeats: int, landing: bool = False
+                ) -> tuple[float, float] | None:
     """Best CPU seconds per datagram of the compiled path's Placer.recv (recvmmsg, checks,
     placement) and of the engine's on_stream_progress for what it reported; None when the
     helper is not built."""
@@ -181,7 +182,7 @@ def native_cost(chunk: int, nchunks: int, repeats: int) -> tuple[float, float] |
                                         if a.payload is not None else b"")
                      for a in root.post(rep, sched, 4, 0.0) if type(a) is Multicast]
             opened = [a for a in peer.post(rep, sched, 4, 0.0) if type(a) is OpenStream][0]
-            placer = dgram.Placer(None)
+            placer = dgram.Placer(None, landing=landing)
             key = (peer.comm, opened.seq & 0xFFFFFFFF, opened.root, opened.ordinal)
             placer.open(key, opened.sig, dst, opened.region.runs, opened.chunk_elems,
                         opened.nchunks)

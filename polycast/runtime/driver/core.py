@@ -98,7 +98,8 @@ class Driver:
             native_datagrams = dgram.native_wanted()
         if native_datagrams and dgram.available() and on_action is None and \
                 mcast_io is MulticastIO:
-            placer = dgram.Placer(self.secret)
+            placer = dgram.Placer(self.secret, landing=self.config.mtu_nbytes
+                                  >= dgram.LANDING_MIN_NBYTES)
             self.config = dataclasses.replace(self.config, external_streams=True)
             on_action = self._stream_action
         self.buffers = Buffers()

@@ -161,9 +161,10 @@ class MulticastIO:
         return any(g.out for g in self._groups.values()) or bool(self._paced)
 
     # -- input -------------------------------------------------------------------------------
-    def read(self, comm_id: int) -> None:
+    def read(self, comm_id: int, interrupts: tuple = ()) -> None:
         """Take up to READ_BATCH waiting datagrams of a communicator: placed by the helper
-        and reported, or handed to ``on_datagram``."""
+        and reported, or handed to ``on_datagram``. ``interrupts``: descriptors of other
+        input, which end the helper's wait for more of a stream."""
         g = self._groups.get(comm_id)
         if g is None:
             return
@@ -172,7 +173,7 @@ class MulticastIO:
         placer = self.placer
         if placer is not None:
             if faults is None:
-                self._placed(comm_id, placer.recv(g.sock, READ_BATCH))
+                self._placed(comm_id, placer.recv(g.sock, READ_BATCH, watch=interrupts))
                 return
             # Faults act on what is read, before the helper sees it: read in Python.
             on_datagram = self._feed

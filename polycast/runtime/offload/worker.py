@@ -125,8 +125,8 @@ class Worker:
             info = json.loads(payload)
             self.job_id, self.single_host = info["job_id"], info["single_host"]
             self.key = bytes.fromhex(info["key"]) if info["key"] else None
-            if self.native:
-                self.placer = dgram.Placer(self.key)
+            if self.native:         # one root's stream per socket: land in place
+                self.placer = dgram.Placer(self.key, landing=True)
             self.ch.send(D.w_token(D.W_ACK, D.parse_w_token(blob)))
         elif kind == D.W_STATS:
             self.counters["cpu_s"] = time.process_time()

@@ -264,6 +264,16 @@ typedef struct Dest {
     struct Dest *next;                /* in its hash bucket */
 } Dest;
 
+#define LAND_SEGS 48                  /* datagrams of one GRO buffer landed in place (64 KiB
+                                       * of 1.4 KB datagrams) */
+#define NCURSORS 16
+
+typedef struct {
+    int fd;
+    Dest *d;                          /* NULL: a free cursor */
+    uint64_t next;
+} Cursor;
+
 typedef struct {
     PyObject_HEAD
     int keyed;
@@ -277,17 +287,28 @@ typedef struct {
     int streaming;                    /* a chunk went to a stream still incomplete */
     int gro;                          /* UDP_GRO asked of the sockets (set_gro) */
     /* recv buffers */
-    uint8_t *slots;
+    uint8_t *slots;                   /* a datagram (or GRO buffer) per message; overflow */
+    uint8_t *scratch;                 /* landed datagrams that missed, gathered (landing) */
     struct mmsghdr msgs[BATCH];
-    struct iovec iov[BATCH];
+    struct iovec iov[BATCH][2 * LAND_SEGS + 1];
     char cmsg[BATCH][CMSG_SPACE(sizeof(int))];
-    /* datagrams to hand up after a batch: offsets into slots */
-    struct { uint32_t slot, off, len, placed; } up[BATCH * 64];
+    /* landing: per message, the stream and chunks its datagrams are expected to be */
+    uint8_t hdrs[BATCH][LAND_SEGS][HDR_NBYTES + MAC_NBYTES];
+    struct { Dest *d; uint64_t c0; int nseg; uint32_t seg_nbytes[LAND_SEGS]; } plan[BATCH];
+    uint32_t missed[BATCH * LAND_SEGS][3];     /* datagrams that missed: gathered */
+    Cursor cursors[NCURSORS];         /* per socket: the stream and chunk expected next */
+    Dest *last_d;                     /* the last chunk placed (the next cursor) */
+    uint64_t last_c;
+    int land_segs;                    /* datagrams per message lately (GRO), 1..LAND_SEGS */
+    int landing;                      /* landing enabled (set_landing) */
+    int land_pause;                   /* batches left in slot mode after a missing batch */
+    /* datagrams to hand up after a batch (in slots or scratch) */
+    struct { const uint8_t *ptr; uint32_t len, placed; } up[BATCH * 64];
     size_t nup;
     /* counters */
     unsigned long long c_datagrams, c_placed, c_placed_nbytes, c_duplicates, c_up, c_bad_mac,
         c_syscalls, c_gro_buffers, c_eos, c_up_lost,
-        c_consumed, c_consumed_nbytes, c_duplicate_eos;
+        c_consumed, c_consumed_nbytes, c_duplicate_eos, c_landed, c_land_missed;
 } Placer;
 
 static inline size_t key_hash(uint32_t comm, uint32_t seq, uint32_t src, uint32_t stream) {
@@ -417,9 +438,13 @@ static int place(Placer *p, Dest *d, const Hdr *h) {
             return -1;
         if (d->bitmap[i])
             return 0;
-        copy_elems(d, e0, e0 + nel, h->payload);
+        const char *at = d->base + (d->runs[0] + e0) * d->isz;
+        if ((const char *)h->payload != at || d->nruns != 1)
+            copy_elems(d, e0, e0 + nel, h->payload);    /* (landed: in place already) */
         d->bitmap[i] = 1;
         d->have++;
+        p->last_d = d;
+        p->last_c = i;
         if (d->have == d->nchunks)
             p->ended = 1;
         else
@@ -439,25 +464,36 @@ static int place(Placer *p, Dest *d, const Hdr *h) {
     return 1;
 }
 
-static int mac_ok(Placer *p, const uint8_t *d, size_t n) {
+/* The MAC of header ``hdr`` (44 bytes, then its 16-byte MAC) over it and ``pay``. */
+static int mac_ok2(Placer *p, const uint8_t *hdr, const uint8_t *pay, size_t npay) {
     B2 s = p->mac0;
     uint8_t out[MAC_NBYTES];
-    b2_update(&s, d, HDR_NBYTES);
-    b2_update(&s, d + HDR_NBYTES + MAC_NBYTES, n - HDR_NBYTES - MAC_NBYTES);
+    b2_update(&s, hdr, HDR_NBYTES);
+    b2_update(&s, pay, npay);
     b2_final(&s, out);
     uint8_t diff = 0;
     for (int i = 0; i < MAC_NBYTES; i++)
-        diff |= out[i] ^ d[HDR_NBYTES + i];
+        diff |= out[i] ^ hdr[HDR_NBYTES + i];
     return diff == 0;
 }
 
+
+
 /* One datagram: 1 consumed (placed or a duplicate), 0 to hand up, 2 placed and also to hand
  * up (a stream still holding datagrams for local ranks that have not opened it), -2 memory. */
+static int handle_parsed(Placer *p, Hdr h, const uint8_t *hdr, int mac_checked);
+
 static int handle_one(Placer *p, const uint8_t *data, size_t n) {
     Hdr h;
     p->c_datagrams++;
     if (parse_fields(data, n, p->keyed, &h) < 0)
         return 0;
+    return handle_parsed(p, h, data, 0);
+}
+
+/* ``h`` parsed from header bytes ``hdr`` (its payload at h.payload, maybe elsewhere: a
+ * datagram landed in place); ``mac_checked``: its MAC verified already. */
+static int handle_parsed(Placer *p, Hdr h, const uint8_t *hdr, int mac_checked) {
     size_t k = p->nbuckets ? key_hash(h.comm, h.seq, h.src, h.stream) & (p->nbuckets - 1) : 0;
     Dest *first = NULL;
     for (Dest *d = p->nbuckets ? p->buckets[k] : NULL; d; d = d->next)
@@ -467,7 +503,7 @@ static int handle_one(Placer *p, const uint8_t *data, size_t n) {
         }
     if (!first)
         return 0;
-    if (p->keyed && !mac_ok(p, data, n)) {
+    if (p->keyed && !mac_checked && !mac_ok2(p, hdr, h.payload, h.length)) {
         p->c_bad_mac++;
         return 0;
     }
@@ -523,11 +559,13 @@ static int Placer_init(Placer *self, PyObject *args, PyObject *kw) {
         PyBuffer_Release(&key);
     if (!self->slots) {
         self->slots = PyMem_Malloc((size_t)BATCH * SLOT_NBYTES);
-        if (!self->slots) {
+        self->scratch = PyMem_Malloc((size_t)BATCH * SLOT_NBYTES);
+        if (!self->slots || !self->scratch) {
             PyErr_NoMemory();
             return -1;
         }
     }
+    self->land_segs = 1;
     return 0;
 }
 
@@ -543,6 +581,7 @@ static void Placer_dealloc(Placer *self) {
     PyMem_Free(self->buckets);
     PyMem_Free(self->dirty);
     PyMem_Free(self->slots);
+    PyMem_Free(self->scratch);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -668,6 +707,9 @@ static PyObject *Placer_close(Placer *self, PyObject *arg) {
                         self->dirty[j] = self->dirty[--self->ndirty];
                         break;
                     }
+            for (int c = 0; c < NCURSORS; c++)
+                if (self->cursors[c].d == d)
+                    self->cursors[c].d = NULL;
             dest_free(d);
             self->ndests--;
             Py_RETURN_TRUE;
@@ -805,35 +847,146 @@ static double mono_us(void) {
     return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
 }
 
-/* Sleep ``us`` microseconds (no GIL held); 0 when there is no time left. */
-static int nap(double us) {
+#define MAX_WATCH 256
+
+/* Sleep ``us`` microseconds (no GIL held), or until one of the ``n`` watched descriptors is
+ * readable (other work for the caller: a peer's message, a command); 1 after a full nap, 0
+ * when there is no time left or something else wants the caller. */
+static int nap(double us, const struct pollfd *watch, int n) {
     if (us < 1)
         return 0;
     struct timespec ts = {(time_t)(us / 1e6), (long)((us - (time_t)(us / 1e6) * 1e6) * 1e3)};
-    nanosleep(&ts, NULL);
-    return 1;
+    if (n == 0) {
+        nanosleep(&ts, NULL);
+        return 1;
+    }
+    struct pollfd pf[MAX_WATCH];
+    memcpy(pf, watch, (size_t)n * sizeof(struct pollfd));
+    return ppoll(pf, (nfds_t)n, &ts, NULL) == 0;
 }
 
-/* One recvmmsg batch into the slots and its handling; the datagrams to hand up are noted in
- * p->up. Returns the messages read (0: none waiting), -2 on a memory error. No GIL. */
-static int read_batch(Placer *p, int fd, int vlen) {
-    for (int i = 0; i < vlen; i++) {
-        p->iov[i].iov_base = p->slots + (size_t)i * SLOT_NBYTES;
-        p->iov[i].iov_len = SLOT_NBYTES;
-        memset(&p->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
-        p->msgs[i].msg_hdr.msg_iov = &p->iov[i];
-        p->msgs[i].msg_hdr.msg_iovlen = 1;
-        if (p->gro) {
-            p->msgs[i].msg_hdr.msg_control = p->cmsg[i];
-            p->msgs[i].msg_hdr.msg_controllen = sizeof(p->cmsg[i]);
+/* -- landing: datagrams read straight into their place -----------------------------------
+ *
+ * A socket's datagrams mostly come in order from one stream (the per-root groups of the
+ * offload workers; one broadcast), so the next ones are predicted from the last chunk placed
+ * (a cursor per socket), and recvmmsg scatters each message into [header slot, the predicted
+ * chunk's place] pairs (one pair per datagram a GRO buffer holds lately), then an overflow
+ * slot. A datagram that is what was predicted (header checks, signature, geometry and MAC)
+ * is then placed with no copy of ours; any other is gathered out of where it fell into
+ * scratch and handled like a datagram read into a slot, after every landed one of the batch
+ * is settled (so no placement overwrites bytes not yet gathered). Only chunks not held are
+ * predicted, and a chunk is marked held only once verified: bytes that fell into an unheld
+ * chunk's place unchecked are overwritten by that chunk before its stream can complete. */
+
+static Cursor *cursor_of(Placer *p, int fd, int make) {
+    Cursor *free_one = NULL;
+    for (int i = 0; i < NCURSORS; i++) {
+        if (p->cursors[i].d && p->cursors[i].fd == fd)
+            return &p->cursors[i];
+        if (!p->cursors[i].d && !free_one)
+            free_one = &p->cursors[i];
+    }
+    if (!make)
+        return NULL;
+    if (!free_one)
+        free_one = &p->cursors[(unsigned)fd % NCURSORS];    /* forget one */
+    free_one->fd = fd;
+    return free_one;
+}
+
+static uint64_t chunk_nbytes(Dest *d, uint64_t c) {
+    uint64_t e0 = c * d->ce;
+    return (d->nelems - e0 < d->ce ? d->nelems - e0 : d->ce) * d->isz;
+}
+
+/* Lay out message i's buffers: predicted datagrams, then the slot. */
+static void plan_message(Placer *p, int i, Dest *d, uint64_t c0, size_t hlen) {
+    struct iovec *iov = p->iov[i];
+    int k = 0, nseg = 0;
+    if (d && d->nruns == 1) {
+        for (int s = 0; s < p->land_segs; s++) {
+            uint64_t c = c0 + (uint64_t)s;
+            if (c >= d->nchunks || d->bitmap[c])
+                break;
+            uint64_t nb = chunk_nbytes(d, c);
+            iov[k].iov_base = p->hdrs[i][s];
+            iov[k++].iov_len = hlen;
+            iov[k].iov_base = d->base + (d->runs[0] + c * d->ce) * d->isz;
+            iov[k++].iov_len = (size_t)nb;
+            p->plan[i].seg_nbytes[s] = (uint32_t)nb;
+            nseg++;
+            if (nb < d->ce * d->isz)
+                break;                          /* the stream's last chunk */
         }
     }
+    iov[k].iov_base = p->slots + (size_t)i * SLOT_NBYTES;
+    iov[k++].iov_len = SLOT_NBYTES;
+    p->plan[i].d = nseg ? d : NULL;
+    p->plan[i].c0 = c0;
+    p->plan[i].nseg = nseg;
+    memset(&p->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+    p->msgs[i].msg_hdr.msg_iov = iov;
+    p->msgs[i].msg_hdr.msg_iovlen = (size_t)k;
+    if (p->gro) {
+        p->msgs[i].msg_hdr.msg_control = p->cmsg[i];
+        p->msgs[i].msg_hdr.msg_controllen = sizeof(p->cmsg[i]);
+    }
+}
+
+/* Copy bytes [off, off + n) of message i (as scattered over its iovecs) to dst. */
+static void gather(Placer *p, int i, size_t off, size_t n, uint8_t *dst) {
+    struct msghdr *mh = &p->msgs[i].msg_hdr;
+    size_t pos = 0;
+    for (size_t k = 0; k < mh->msg_iovlen && n; k++) {
+        size_t len = mh->msg_iov[k].iov_len;
+        if (off < pos + len) {
+            size_t at = off - pos, take = len - at < n ? len - at : n;
+            memcpy(dst, (uint8_t *)mh->msg_iov[k].iov_base + at, take);
+            dst += take;
+            off += take;
+            n -= take;
+        }
+        pos += len;
+    }
+}
+
+static int note_up(Placer *p, const uint8_t *ptr, size_t len, int placed) {
+    if (p->nup >= sizeof(p->up) / sizeof(p->up[0])) {
+        p->c_up_lost++;                     /* bounded: a flood of tiny GRO segments */
+        return 0;
+    }
+    p->up[p->nup].ptr = ptr;
+    p->up[p->nup].len = (uint32_t)len;
+    p->up[p->nup].placed = placed;
+    p->nup++;
+    return 0;
+}
+
+/* One recvmmsg batch and its handling; the datagrams to hand up are noted in p->up (valid
+ * until the next batch). Returns the messages read (0: none waiting), -2 on a memory error.
+ * No GIL. */
+static int read_batch(Placer *p, int fd, int vlen) {
+    size_t hlen = HDR_NBYTES + (p->keyed ? MAC_NBYTES : 0);
+    Cursor *cu = p->landing && !p->land_pause ? cursor_of(p, fd, 0) : NULL;
+    if (p->land_pause)
+        p->land_pause--;
+    if (cu && p->land_segs > 1)
+        vlen = 1;       /* GRO buffers hold varying counts: predict each from the last */
+    unsigned long long landed0 = p->c_landed, missed0 = p->c_land_missed;
+    for (int i = 0; i < vlen; i++)
+        plan_message(p, i, cu ? cu->d : NULL,
+                     cu ? cu->next + (uint64_t)i * (uint64_t)p->land_segs : 0, hlen);
     int n = recvmmsg(fd, p->msgs, (unsigned)vlen, MSG_DONTWAIT, NULL);
     p->c_syscalls++;
     if (n <= 0)
         return 0;                   /* EAGAIN: drained; other errors: the engine's timers */
+    size_t nscratch = 0;            /* gathered bytes in p->scratch */
+    uint32_t (*missed)[3] = p->missed;     /* message, scratch offset, length */
+    size_t nmissed = 0;
+    int most_segs = 1;
+    p->last_d = NULL;
+    /* phase 1: landed datagrams settled; those that missed gathered out */
     for (int i = 0; i < n; i++) {
-        uint8_t *buf = p->slots + (size_t)i * SLOT_NBYTES;
         size_t len = p->msgs[i].msg_len, seg = len;
         if (p->gro) {
             struct msghdr *mh = &p->msgs[i].msg_hdr;
@@ -847,22 +1000,105 @@ static int read_batch(Placer *p, int fd, int vlen) {
                     }
                 }
         }
+        if (seg && (int)((len + seg - 1) / seg) > most_segs)
+            most_segs = (int)((len + seg - 1) / seg);
+        if (!p->plan[i].nseg)
+            continue;                       /* read into its slot: phase 2 */
+        Dest *d = p->plan[i].d;
+        size_t pos = 0;                     /* where predicted datagram s begins */
+        int s = 0;
+        for (size_t off = 0; off < len; off += seg, s++) {
+            size_t m = len - off < seg ? len - off : seg;
+            if (s < p->plan[i].nseg && off == pos && m == hlen + p->plan[i].seg_nbytes[s]) {
+                uint64_t c = p->plan[i].c0 + (uint64_t)s;
+                const uint8_t *hdr = p->hdrs[i][s];
+                uint8_t *at = (uint8_t *)p->msgs[i].msg_hdr.msg_iov[2 * s + 1].iov_base;
+                Hdr h;
+                if (parse_fields(hdr, m, p->keyed, &h) == 0 && h.kind == K_DATA
+                    && h.comm == d->comm && h.seq == d->seq && h.src == d->src
+                    && h.stream == d->stream && h.tag == c
+                    && (!p->keyed || mac_ok2(p, hdr, at, h.length))) {
+                    h.payload = at;
+                    p->c_datagrams++;
+                    int r = handle_parsed(p, h, hdr, 1);
+                    if (r == -2)
+                        return -2;
+                    if (r == 1 || r == 2) {
+                        p->c_landed++;
+                        if (r == 2) {           /* a holding stream: hand a copy up */
+                            if (nscratch + m > (size_t)BATCH * SLOT_NBYTES)
+                                p->c_up_lost++;
+                            else {
+                                gather(p, i, off, m, p->scratch + nscratch);
+                                note_up(p, p->scratch + nscratch, m, 1);
+                                nscratch += m;
+                            }
+                        }
+                        pos += m;
+                        continue;
+                    }
+                    p->c_datagrams--;           /* counted again in phase 2 */
+                }
+            }
+            if (s < p->plan[i].nseg)
+                pos += hlen + p->plan[i].seg_nbytes[s];
+            if (nscratch + m > (size_t)BATCH * SLOT_NBYTES) {
+                p->c_up_lost++;
+                continue;
+            }
+            gather(p, i, off, m, p->scratch + nscratch);
+            missed[nmissed][0] = (uint32_t)i;
+            missed[nmissed][1] = (uint32_t)nscratch;
+            missed[nmissed++][2] = (uint32_t)m;
+            nscratch += m;
+            p->c_land_missed++;
+        }
+    }
+    /* phase 2: datagrams read into slots, and those gathered, in the order they came */
+    size_t mj = 0;
+    for (int i = 0; i < n; i++) {
+        for (; mj < nmissed && missed[mj][0] == (uint32_t)i; mj++) {
+            const uint8_t *b = p->scratch + missed[mj][1];
+            int r = handle_one(p, b, missed[mj][2]);
+            if (r == -2)
+                return -2;
+            if (r != 1)
+                note_up(p, b, missed[mj][2], r == 2);
+        }
+        if (p->plan[i].nseg)
+            continue;
+        uint8_t *buf = p->slots + (size_t)i * SLOT_NBYTES;
+        size_t len = p->msgs[i].msg_len, seg = len;
+        if (p->gro) {
+            struct msghdr *mh = &p->msgs[i].msg_hdr;
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c))
+                if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+                    int gs;
+                    memcpy(&gs, CMSG_DATA(c), sizeof(int));
+                    if (gs > 0 && (size_t)gs < len)
+                        seg = (size_t)gs;
+                }
+        }
         for (size_t off = 0; off < len; off += seg) {
             size_t m = len - off < seg ? len - off : seg;
             int r = handle_one(p, buf + off, m);
             if (r == -2)
                 return -2;
-            if (r == 1)
-                continue;
-            if (p->nup >= sizeof(p->up) / sizeof(p->up[0])) {
-                p->c_up_lost++;             /* bounded: a flood of tiny GRO segments */
-                continue;
-            }
-            p->up[p->nup].slot = (uint32_t)i;
-            p->up[p->nup].off = (uint32_t)off;
-            p->up[p->nup].len = (uint32_t)m;
-            p->up[p->nup].placed = r == 2;
-            p->nup++;
+            if (r != 1)
+                note_up(p, buf + off, m, r == 2);
+        }
+    }
+    /* the next batch expects the chunk after the last one placed; a batch that mostly
+     * missed (streams interleaved on the socket) reads into slots for a while: a miss
+     * costs a copy more than a slot does */
+    if (p->landing) {
+        if (p->c_land_missed - missed0 > p->c_landed - landed0)
+            p->land_pause = 8;
+        p->land_segs = most_segs < LAND_SEGS ? most_segs : LAND_SEGS;
+        if (p->last_d) {
+            Cursor *c = cursor_of(p, fd, 1);
+            c->d = p->last_d;
+            c->next = p->last_c + 1;
         }
     }
     return n;
@@ -878,16 +1114,36 @@ static int read_batch(Placer *p, int fd, int vlen) {
  * Without linger it stops when the socket runs dry. With linger_us, while a stream is
  * mid-way (chunks placed, none completed, no EOS seen), it naps gap_us (without the GIL)
  * and reads what came meanwhile, up to linger_us in all, and stops at a nap that brought
- * nothing: a paced stream trickles in, and a wake-up per datagram (the caller's loop, or a
- * poll here) costs more than the datagram. */
+ * nothing or that a descriptor of ``watch`` (the caller's other input) cut short: a paced
+ * stream trickles in, and a wake-up per datagram (the caller's loop, or a poll here) costs
+ * more than the datagram. */
 static PyObject *Placer_recv(Placer *self, PyObject *args) {
     int fd;
     Py_ssize_t max;
     double linger_us = 0, gap_us = 0;
-    if (!PyArg_ParseTuple(args, "in|dd", &fd, &max, &linger_us, &gap_us))
+    PyObject *watch_obj = NULL;
+    if (!PyArg_ParseTuple(args, "in|ddO", &fd, &max, &linger_us, &gap_us, &watch_obj))
         return NULL;
     if (not_busy(self) < 0)
         return NULL;
+    struct pollfd watch[MAX_WATCH];
+    int nwatch = 0;
+    if (watch_obj && watch_obj != Py_None) {
+        PyObject *seq = PySequence_Fast(watch_obj, "watch: a sequence of file descriptors");
+        if (!seq)
+            return NULL;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && nwatch < MAX_WATCH; i++) {
+            long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+            watch[nwatch].fd = (int)v;
+            watch[nwatch].events = POLLIN;
+            watch[nwatch++].revents = 0;
+        }
+        Py_DECREF(seq);
+    }
     PyObject *up = PyList_New(0);
     if (!up)
         return NULL;
@@ -906,7 +1162,7 @@ static PyObject *Placer_recv(Placer *self, PyObject *args) {
             /* a fixed nap, not a wake-up per datagram: what arrives meanwhile is read in
              * one batch (interrupt moderation, as NICs do it) */
             double left = linger_us - (mono_us() - t0);
-            if (nap(left < gap_us ? left : gap_us))
+            if (nap(left < gap_us ? left : gap_us, watch, nwatch))
                 n = read_batch(self, fd, vlen);
         }
         Py_END_ALLOW_THREADS
@@ -916,8 +1172,7 @@ static PyObject *Placer_recv(Placer *self, PyObject *args) {
             return PyErr_NoMemory();
         }
         for (size_t j = 0; j < self->nup; j++) {
-            const uint8_t *b = self->slots + (size_t)self->up[j].slot * SLOT_NBYTES
-                + self->up[j].off;
+            const uint8_t *b = self->up[j].ptr;
             self->c_up++;
             if (append_up(up, b, self->up[j].len, self->up[j].placed) < 0) {
                 Py_DECREF(up);
@@ -952,13 +1207,24 @@ static PyObject *Placer_set_gro(Placer *self, PyObject *arg) {
     Py_RETURN_FALSE;
 }
 
+static PyObject *Placer_set_landing(Placer *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    if (not_busy(self) < 0)
+        return NULL;
+    self->landing = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Placer_counters(Placer *self, PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsn}", "datagrams", self->c_datagrams,
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsKsKsn}", "datagrams", self->c_datagrams,
                          "placed", self->c_placed, "placed_nbytes", self->c_placed_nbytes,
                          "duplicates", self->c_duplicates, "up", self->c_up,
                          "bad_mac", self->c_bad_mac, "syscalls", self->c_syscalls,
                          "gro_buffers", self->c_gro_buffers, "eos", self->c_eos,
                          "up_lost", self->c_up_lost, "duplicate_eos", self->c_duplicate_eos,
+                         "landed", self->c_landed, "land_missed", self->c_land_missed,
                          "open", (Py_ssize_t)self->ndests);
 }
 
@@ -985,10 +1251,12 @@ static PyMethodDef Placer_methods[] = {
      "write(handle, offset, payload): recovered bytes; (c0, c1) or None"},
     {"feed", (PyCFunction)Placer_feed, METH_O, "feed(datagram): (progress, up, consumed, consumed_nbytes, duplicates, duplicate_eos)"},
     {"recv", (PyCFunction)Placer_recv, METH_VARARGS,
-     "recv(fd, max_datagrams, linger_us=0, gap_us=0): (progress, up, consumed, "
+     "recv(fd, max_datagrams, linger_us=0, gap_us=0, watch=()): (progress, up, consumed, "
      "consumed_nbytes, duplicates, duplicate_eos)"},
     {"set_gro", (PyCFunction)Placer_set_gro, METH_O,
      "set_gro(fd): ask for UDP GRO on that socket; True if the kernel took it"},
+    {"set_landing", (PyCFunction)Placer_set_landing, METH_O,
+     "set_landing(on): read datagrams straight into their predicted place"},
     {"counters", (PyCFunction)Placer_counters, METH_NOARGS, "what was read, placed, handed up"},
     {"have", (PyCFunction)Placer_have, METH_O, "have(handle): (chunks held, nchunks)"},
     {NULL, NULL, 0, NULL}};
