@@ -1,6 +1,7 @@
 """Builds the optional compiled helpers: the shared-memory rings' (polycast/runtime/_ring.c,
 with the compiled replay of a memoized small call, polycast/runtime/_replay.c), the
-multicast datagram path's (polycast/runtime/transport/_dgram.c) and the symm barrier's and
+multicast datagram path's (polycast/runtime/transport/_dgram*.c, parts listed in
+_dgram.h) and the symm barrier's and
 kept calls' (polycast/runtime/symm/_symm*.c, parts listed in _symm.h).
 
 Everything else is declared in pyproject.toml. ``optional=True``: where no C compiler (or no
@@ -19,9 +20,13 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
                                  depends=["polycast/runtime/_ring.h"],
                                  extra_compile_args=["-O2", "-std=gnu11"], optional=True))
     # The multicast datagram path (recvmmsg/GRO, sendmmsg/GSO, placement, BLAKE2b MACs).
+    dgram = "polycast/runtime/transport/_dgram"
     ext_modules.append(Extension("polycast.runtime.transport._dgram",
-                                 ["polycast/runtime/transport/_dgram.c"],
-                                 extra_compile_args=["-O3", "-std=gnu11"], optional=True))
+                                 [f"{dgram}{part}.c" for part in ("", "_blake2b", "_place",
+                                                                  "_read", "_send")],
+                                 depends=[f"{dgram}.h"],
+                                 extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
+                                 optional=True))
     symm = "polycast/runtime/symm/_symm"
     ext_modules.append(Extension("polycast.runtime.symm._symm",
                                  [f"{symm}{part}.c" for part in ("", "_wait", "_fold", "_slots",

@@ -129,7 +129,21 @@ def fuzz_dgram(n: int, seed: int) -> dict:
             else:
                 data = ft.mutate(rng, rng.choice(corpus), corpus)
             outcomes[("secret " if secret else "") + target.check(data)] += 1
-    return {"inputs": n // 2 * 2, "outcomes": dict(outcomes.most_common())}
+    # Landing (datagrams read straight into their predicted place) over a real socket:
+    # streams shuffled, duplicated and corrupted, every buffer exact.
+    landed = runs = 0
+    for k in range(max(2, n // 5000)):
+        secret = ft.SECRET if k % 2 else None
+        order, gso, streams = (("shuffle", False, 1), ("shuffle", True, 2), ("dups", False, 1),
+                               ("dups", True, 2), ("inorder", False, 1))[k % 5]
+        exact, c = ft.landing_run(secret, order, gso, streams, seed=seed + k)
+        if not exact:
+            raise AssertionError(f"landing run {k} ({order}, gso={gso}, streams={streams}, "
+                                 f"secret={bool(secret)}, seed {seed + k}) not exact: {c}")
+        landed += c["landed"]
+        runs += 1
+    return {"inputs": n // 2 * 2, "outcomes": dict(outcomes.most_common()),
+            "landing runs (socket, exact)": runs, "landed": landed}
 
 
 def fuzz_dgram_asan(n: int, seed: int) -> dict:
@@ -147,14 +161,15 @@ def fuzz_dgram_asan(n: int, seed: int) -> dict:
     if not lib or not os.path.isabs(lib) or not os.path.exists(lib):
         return {"inputs": 0, "skipped": "no libasan for this compiler"}
     root = os.path.dirname(HERE)
-    src = os.path.join(root, "polycast", "runtime", "transport", "_dgram.c")
+    base = os.path.join(root, "polycast", "runtime", "transport", "_dgram")
+    srcs = [f"{base}{part}.c" for part in ("", "_blake2b", "_place", "_read", "_send")]
     with tempfile.TemporaryDirectory(prefix="polycast-asan-") as tmp:
         pkg = os.path.join(tmp, "asan")
         os.makedirs(pkg)
         so = os.path.join(pkg, "_dgram" + sysconfig.get_config_var("EXT_SUFFIX"))
         build = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-g", "-std=gnu11",
                                 "-fsanitize=address", "-fno-omit-frame-pointer",
-                                f"-I{sysconfig.get_paths()['include']}", src, "-o", so],
+                                f"-I{sysconfig.get_paths()['include']}", *srcs, "-o", so],
                                capture_output=True, text=True)
         if build.returncode != 0:
             return {"inputs": 0, "skipped": f"the ASan build failed: {build.stderr[-300:]}"}

@@ -454,3 +454,65 @@ class DgramTarget:
             return "placed", r, bytes(payload)
         why = s.eos(h)
         return (why or "eos"), None, None
+
+
+# -- the helper's landing, over a real socket ---------------------------------------------------
+
+def _data_datagram(key, i: int, offset: int, payload: bytes, sig: int, secret) -> bytes:
+    comm, seq, src, stream = key
+    h = wire.make_header(wire.MsgKind.MCAST_DATA, comm, seq, src, i, offset, len(payload), sig,
+                         stream)
+    return h.pack(secret, payload) + payload
+
+
+def landing_run(secret, order: str, gso: bool, streams: int, n: int = 300, csz: int = 1400,
+                 seed: int = 0):
+    """``streams`` streams of ``n`` chunks sent to a landing placer (in order, shuffled, or
+    with half of them again), with a corrupted copy after 5 % of the datagrams when not in
+    order. Returns (every buffer exact, counters)."""
+    rng = random.Random(seed)
+    from polycast.runtime.transport import dgram
+    p = dgram.Placer(secret, landing=True)
+    keys = [(1, 2, r, 0) for r in range(streams)]
+    bufs = [np.full(n * csz, 0xEE, np.uint8) for _ in keys]
+    srcs = [np.frombuffer(rng.randbytes(n * csz), np.uint8) for _ in keys]
+    for k, b in zip(keys, bufs):
+        p.open(k, 7, b, ((0, n * csz),), csz, n)
+    items = [_data_datagram(k, i, i * csz, srcs[j][i * csz:(i + 1) * csz].tobytes(), 7, secret)
+             for i in range(n) for j, k in enumerate(keys)]
+    if order == "shuffle":
+        rng.shuffle(items)
+    elif order == "dups":
+        items += items[:n // 2]
+    wires = []
+    for w in items:
+        wires.append(w)
+        if order != "inorder" and rng.random() < 0.05:
+            bad = bytearray(w)
+            bad[rng.randrange(len(bad))] ^= 0xFF
+            wires.append(bytes(bad))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
+        rx.bind(("127.0.0.1", 0))
+        rx.setblocking(False)
+        tx.setblocking(False)
+        p.watch(rx)
+        sent = 0
+        for _ in range(5000):
+            if sent < len(wires):
+                batch = wires[sent:sent + 64]
+                if gso:
+                    sent += dgram.send(tx, rx.getsockname(), [(w, None) for w in batch])
+                else:
+                    for w in batch:
+                        tx.sendto(w, rx.getsockname())
+                    sent += len(batch)
+            _, up, consumed, _, _ = p.recv(rx, 256)
+            if sent >= len(wires) and not consumed and not up:
+                break
+    finally:
+        rx.close()
+        tx.close()
+    return all(np.array_equal(b, x) for b, x in zip(bufs, srcs)), p.counters()

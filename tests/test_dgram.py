@@ -223,59 +223,6 @@ def test_send_batches_and_recv_over_loopback_gso_gro():
           f"{'available' if dgram._dgram.gso_available() else 'refused'}")
 
 
-def _landing_run(secret, order: str, gso: bool, streams: int, n: int = 300, csz: int = 1400,
-                 seed: int = 0):
-    """``streams`` streams of ``n`` chunks sent to a landing placer (in order, shuffled, or
-    with half of them again), with a corrupted copy after 5 % of the datagrams when not in
-    order. Returns (every buffer exact, counters)."""
-    rng = random.Random(seed)
-    p = dgram.Placer(secret, landing=True)
-    keys = [(1, 2, r, 0) for r in range(streams)]
-    bufs = [np.full(n * csz, 0xEE, np.uint8) for _ in keys]
-    srcs = [np.frombuffer(rng.randbytes(n * csz), np.uint8) for _ in keys]
-    for k, b in zip(keys, bufs):
-        p.open(k, 7, b, ((0, n * csz),), csz, n)
-    items = [_datagram(wire.MsgKind.MCAST_DATA, k, i, i * csz,
-                       srcs[j][i * csz:(i + 1) * csz].tobytes(), 7, secret)
-             for i in range(n) for j, k in enumerate(keys)]
-    if order == "shuffle":
-        rng.shuffle(items)
-    elif order == "dups":
-        items += items[:n // 2]
-    wires = []
-    for w in items:
-        wires.append(w)
-        if order != "inorder" and rng.random() < 0.05:
-            bad = bytearray(w)
-            bad[rng.randrange(len(bad))] ^= 0xFF
-            wires.append(bytes(bad))
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
-        rx.bind(("127.0.0.1", 0))
-        rx.setblocking(False)
-        tx.setblocking(False)
-        p.watch(rx)
-        sent = 0
-        for _ in range(5000):
-            if sent < len(wires):
-                batch = wires[sent:sent + 64]
-                if gso:
-                    sent += dgram.send(tx, rx.getsockname(), [(w, None) for w in batch])
-                else:
-                    for w in batch:
-                        tx.sendto(w, rx.getsockname())
-                    sent += len(batch)
-            _, up, consumed, _, _ = p.recv(rx, 256)
-            if sent >= len(wires) and not consumed and not up:
-                break
-    finally:
-        rx.close()
-        tx.close()
-    return all(np.array_equal(b, x) for b, x in zip(bufs, srcs)), p.counters()
-
-
 @pytest.mark.parametrize("secret", [None, SECRET])
 @pytest.mark.parametrize("order,gso,streams", [
     ("inorder", False, 1), ("inorder", True, 1), ("inorder", False, 2), ("shuffle", False, 1),
@@ -285,11 +232,23 @@ def test_landing_in_place_is_exact_however_datagrams_come(secret, order, gso, st
     ours); interleaved, shuffled, duplicated or corrupted datagrams miss and are placed
     from where they fell; every buffer ends exact (a corrupted copy after its genuine
     datagram is a duplicate, or with a secret fails its MAC)."""
-    exact, c = _landing_run(secret, order, gso, streams)
+    exact, c = ft.landing_run(secret, order, gso, streams, seed=1)
     assert exact, c
     assert c["placed"] == 300 * streams
     if order == "inorder" and streams == 1:       # (GRO: the first buffer reads into a slot)
         assert c["landed"] > (50 if gso else 150), c
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("secret", [None, SECRET])
+def test_landing_exact_over_many_orders(secret):
+    """The same with 8 seeds each: which datagrams land, miss or arrive in one batch
+    varies; every buffer ends exact (arrival order decides between differing copies)."""
+    for seed in range(8):
+        for order, gso, streams in (("shuffle", False, 1), ("shuffle", True, 2),
+                                    ("dups", False, 1), ("dups", True, 2)):
+            exact, c = ft.landing_run(secret, order, gso, streams, seed=seed)
+            assert exact, (seed, order, gso, streams, c)
 
 
 # -- fuzzing (the reduced run; bench/fuzz.py --targets dgram runs 100,000) ---------------------
