@@ -103,24 +103,29 @@ def engine_cost(chunk: int, nchunks: int, repeats: int) -> float:
     return best
 
 
+def _loopback(chunk: int, nchunks: int):
+    """A receiving socket on loopback with the runtime's 64 MiB buffer, a sending one, the
+    address, and how many datagrams of ``chunk`` bytes fit queued at once (the kernel
+    charges about twice the payload per queued datagram: stay well inside)."""
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 64 << 20)
+    except OSError:
+        pass
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    rcvbuf = rx.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    return rx, tx, rx.getsockname(), max(16, min(nchunks, rcvbuf // (2 * (chunk + 1024))))
+
+
 def udp_cost(chunk: int, nchunks: int, repeats: int) -> tuple[float, float]:
     """Best CPU seconds per datagram of the receiver's recv(65536), and of the sender's
     sendto on loopback (which carries the kernel's receive-side processing)."""
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx, tx, addr, batch = _loopback(chunk, nchunks)
     try:
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
-        try:
-            rx.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 64 << 20)
-        except OSError:
-            pass
-        rx.bind(("127.0.0.1", 0))
-        rx.setblocking(False)
-        addr = rx.getsockname()
         payload = bytes(chunk)
-        # the kernel charges about twice the payload per queued datagram: stay well inside
-        rcvbuf = rx.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        batch = max(16, min(nchunks, rcvbuf // (2 * (chunk + 1024))))
         best_rx = best_tx = float("inf")
         for _ in range(repeats):
             c0 = time.process_time()
@@ -158,19 +163,8 @@ def native_cost(chunk: int, nchunks: int, repeats: int, landing: bool = False
     count = chunk * nchunks // 4
     sched = build("broadcast", "mcast", 2, count)
     src = np.arange(count, dtype=np.float32)
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx, tx, addr, batch = _loopback(chunk, nchunks)
     try:
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
-        try:
-            rx.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 64 << 20)
-        except OSError:
-            pass
-        rx.bind(("127.0.0.1", 0))
-        rx.setblocking(False)
-        addr = rx.getsockname()
-        rcvbuf = rx.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        batch = max(16, min(nchunks, rcvbuf // (2 * (chunk + 1024))))
         best_rx = best_eng = float("inf")
         for rep in range(repeats):
             root = Engine(0, 2, config=EngineConfig(mtu_nbytes=chunk))
