@@ -181,7 +181,8 @@ def _run_job(nranks: int, args) -> dict:
         if args.lab:
             from polycast.lab import runner
             status, _ = runner.run([sys.executable, *cmd], name=args.lab, nranks=nranks,
-                                   timeout_s=args.timeout, extra_env=env)
+                                   where=args.placement, timeout_s=args.timeout,
+                                   extra_env=env)
         else:
             status = launch(nranks, cmd, timeout_seconds=args.timeout, extra_env=env)
         if status != 0 or not out.exists():
@@ -211,6 +212,9 @@ def main() -> None:
     p.add_argument("--width", type=int, default=256, help="model width")
     p.add_argument("--layers", type=int, default=4, help="model blocks")
     p.add_argument("--no-fused", action="store_true", help="FSDP2 steps only")
+    p.add_argument("--placement", default=None,
+                   help="with --lab: linear (default), interleave (ring neighbours on "
+                        "different leaves: every ring hop crosses the uplinks)...")
     p.add_argument("--lab", metavar="NAME",
                    help="run the ranks on lab NAME's hosts (polycast lab up; root), one per "
                         "host: e.g. `polycast lab up --name fsdp --hosts 4 --leaves 2 --link "
@@ -236,7 +240,8 @@ def main() -> None:
             ms = res["fsdp2"][name]["step_ms"]
             rows.append([res["ranks"], "gloo" if name == "gloo" else f"polycast {name}",
                          round(ms, 1), round(gloo / ms, 2)])
-    where = f"lab {args.lab}, one rank per host" if args.lab else "one host"
+    where = (f"lab {args.lab}, one rank per host, placement {args.placement or 'linear'}"
+             if args.lab else "one host")
     print_table(f"FSDP2 step (transformer width {args.width}, {args.layers} blocks; batch 4 x "
                 f"64 tokens per rank; {where})",
                 ["ranks", "backend", "step ms", "gloo / this"], rows)
@@ -261,7 +266,8 @@ def main() -> None:
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"results": results, "load_before": load_before,
-                               "load_after": load_after, "lab": args.lab}, indent=1))
+                               "load_after": load_after, "lab": args.lab,
+                               "placement": args.placement}, indent=1))
     print(f"wrote {out}")
 
 
