@@ -32,8 +32,6 @@ compares both on every registered algorithm (the equality grid).
 from __future__ import annotations
 
 import math
-from itertools import chain
-
 import numpy as np
 
 from ..engine.wire import HEADER_NBYTES
@@ -93,10 +91,11 @@ def _check_post_order(sim) -> None:
 # -- the graph ------------------------------------------------------------------------------
 
 class _Graph:
-    """Every step of every posted request (and a FIN per rank of a multicast request) as
-    arrays; edges as a CSR of predecessors."""
+    """Every step of every posted request as arrays (the schedules' columns,
+    :func:`~polycast.schedule.compact.columns_of`, side by side)."""
 
     def __init__(self, sim) -> None:
+        from ..schedule.compact import columns_of
         self.sim = sim
         posts: dict[tuple[int, int], float] = {}
         for ev in sim._heap:                            # (t, seq, _POST, endpoint, req, _)
@@ -110,30 +109,23 @@ class _Graph:
             group = sim._comm_group[comm]
             eps = sim._comm_eps[comm]
             n = sched.nranks
-            progs = sched.programs
-            lens = [len(p) for p in progs]
-            steps = [st for p in progs for st in p]
-            ns = len(steps)
-            local = np.repeat(np.arange(n, dtype=np.int64), lens)
-            starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64) + base
-            kind = np.fromiter((int(s.kind) for s in steps), np.int64, ns)
-            cols["kind"].append(kind)
+            c = columns_of(sched)
+            ns = c.nsteps
+            local = c.local.astype(np.int64)
+            starts = c.starts[:-1] + base
+            cols["kind"].append(c.kind.astype(np.int64))
             cols["q"].append(np.full(ns, q, np.int64))
-            ep_arr = np.asarray(eps, dtype=np.int64)
-            g_arr = np.asarray(group, dtype=np.int64)
-            cols["ep"].append(ep_arr[local])
-            cols["rank"].append(g_arr[local])
+            cols["ep"].append(np.asarray(eps, dtype=np.int64)[local])
+            cols["rank"].append(np.asarray(group, dtype=np.int64)[local])
             cols["local"].append(local)
-            cols["peer"].append(np.fromiter((s.peer for s in steps), np.int64, ns))
-            cols["tag"].append(np.fromiter((s.tag for s in steps), np.int64, ns))
-            cols["idx"].append(np.arange(ns, dtype=np.int64) - np.repeat(starts - base, lens))
-            cols["nbytes"].append(_nbytes(sched, steps, local, itemsize))
+            cols["peer"].append(c.peer.astype(np.int64))
+            cols["tag"].append(c.tag.astype(np.int64))
+            cols["idx"].append(c.idx)
+            cols["nbytes"].append(c.nelems * itemsize)
             pt = np.array([posts[(e, q)] for e in eps], dtype=np.float64)
             cols["post"].append(pt[local])
-            nd = np.fromiter((len(s.deps) for s in steps), np.int64, ns)
-            dep_counts.append(nd)
-            dep_flat.append(np.fromiter(chain.from_iterable(s.deps for s in steps), np.int64,
-                                        int(nd.sum())) + np.repeat(np.repeat(starts, lens), nd))
+            dep_counts.append(c.dep_counts.astype(np.int64))
+            dep_flat.append(c.dep_flat + base)
             self.reqs.append((sched, itemsize, comm, n, base, starts, pt))
             base += ns
         self.nsteps = base
@@ -141,27 +133,6 @@ class _Graph:
             setattr(self, k, np.concatenate(v) if v else np.zeros(0, np.int64))
         self.dep_counts = np.concatenate(dep_counts)
         self.dep_flat = np.concatenate(dep_flat)
-
-
-def _nbytes(sched, steps, local, itemsize) -> np.ndarray:
-    """Payload bytes of every step (0 for control messages), memoised per block list."""
-    from ..schedule.ir import PerRank
-    lays = sched.layouts
-    uniform = {b for b, l in lays.items() if not isinstance(l, PerRank)}
-    memo: dict = {}
-    out = np.zeros(len(steps), dtype=np.int64)
-    loc = local.tolist()
-    for i, s in enumerate(steps):
-        blocks = s.blocks
-        if not blocks:
-            continue
-        buf = s.buf
-        key = (buf, blocks) if buf in uniform else (buf, loc[i], blocks)
-        v = memo.get(key)
-        if v is None:
-            v = memo[key] = lays[buf].on(loc[i]).nelems_of(blocks) * itemsize
-        out[i] = v
-    return out
 
 
 def run(sim) -> str:
@@ -377,18 +348,19 @@ class _Plan:
         # per MRECV: the latency from its root
         mr = self.mrecvs
         if len(mr):
-            lat_of: dict[int, dict] = {}
+            roots = self.ep[self.mrecv_mcast[mr]]
+            me = self.ep[mr]
+            o = np.argsort(roots, kind="stable")
+            ur, first = np.unique(roots[o], return_index=True)
+            bounds = np.r_[first, len(o)]
+            row = np.full(int(max(self.ep.max(), 0)) + 1, np.nan)
             lat = np.empty(len(mr))
-            roots = self.ep[self.mrecv_mcast[mr]].tolist()
-            me = self.ep[mr].tolist()
-            for j, (root, e) in enumerate(zip(roots, me)):
-                d = lat_of.get(root)
-                if d is None:
-                    d = lat_of[root] = {}
-                    for x, eps in sim._groups(root):
-                        for ee in eps.tolist():
-                            d[ee] = x
-                lat[j] = d[e]
+            for j, root in enumerate(ur.tolist()):
+                row.fill(np.nan)
+                for x, eps in sim._groups(root):
+                    row[eps] = x
+                seg = o[bounds[j]:bounds[j + 1]]
+                lat[seg] = row[me[seg]]
             self.lat[mr] = lat
 
     # -- edges ------------------------------------------------------------------------
@@ -419,7 +391,11 @@ class _Plan:
         """Walk, re-order the channels by the start times found, walk again, until the
         order the walk assumed is the order its times give."""
         order = self.initial_order()
-        for _ in range(6):
+        if len(self.g.reqs) > 1:
+            # Several requests share channels: first order each channel by the start times
+            # a walk finds when each request had its channels to itself.
+            order = self.channel_order(self.walk(self._order(np.zeros(self.N), True)))
+        for _ in range(8):
             times = self.walk(order)
             new = self.channel_order(times)
             if self.order_is(new, order):
@@ -430,13 +406,17 @@ class _Plan:
     def initial_order(self):
         return self._order(np.zeros(self.N))
 
-    def _order(self, emit: np.ndarray):
+    def _order(self, emit: np.ndarray, per_request: bool = False):
         """Channel and pacer orders: nodes sorted by (channel, start time, request,
-        program position); returns (chan sorted nodes, chan keys, pacer nodes, keys)."""
+        program position); returns (chan sorted nodes, chan keys, pacer nodes, keys).
+        ``per_request``: every request its own channels (a first guess)."""
         msg = np.flatnonzero((self.kind == SEND) | (self.kind == FIN))
         ckey = self.ep[msg] * (1 << 32) + self.peer[msg] + 1
         mc = self.mcasts
         mkey = self.ep[mc]
+        if per_request:
+            ckey = ckey * len(self.g.reqs) + self.q[msg]
+            mkey = mkey * len(self.g.reqs) + self.q[mc]
         t = _quantize(emit)
         o1 = np.lexsort((self.tie[msg], self.q[msg], t[msg], ckey))
         o2 = np.lexsort((self.tie[mc], self.q[mc], t[mc], mkey))
