@@ -49,15 +49,23 @@ class Refused(Exception):
     """The fast path does not cover this run; the message says why."""
 
 
+def static_refusal(loss: float = 0.0, nic=None, record: bool = False) -> str | None:
+    """What of a run's configuration alone sends it to the engines (known before any work)."""
+    if loss:
+        return "loss injection runs the engines' recovery"
+    if nic is not None:
+        return "the NIC model's queues run the engines"
+    if record:
+        return "recording per-message timelines runs the engines"
+    return None
+
+
 def refusal(sim) -> str | None:
     """Why ``sim`` (posted, not run) must run on the engines, or None."""
     cfg = sim.cfg
-    if cfg.loss:
-        return "loss injection runs the engines' recovery"
-    if cfg.nic is not None:
-        return "the NIC model's queues run the engines"
-    if cfg.record:
-        return "recording per-message timelines runs the engines"
+    why = static_refusal(cfg.loss, cfg.nic, cfg.record)
+    if why:
+        return why
     if sim.on_complete is not None or sim._calls:
         return "callbacks (on_complete, call_at) run the engines"
     if sim._unposted:
@@ -385,7 +393,9 @@ class _Plan:
             src.append(mr)
             dst.append(fin)
             cat.append(np.full(len(mr), DEP, np.int8))
-        self.static = (np.concatenate(src), np.concatenate(dst), np.concatenate(cat))
+        ix = np.int32 if self.N < 2**31 - 1 else np.int64
+        self.static = (np.concatenate(src).astype(ix), np.concatenate(dst).astype(ix),
+                       np.concatenate(cat))
 
     def settled_walk(self) -> dict:
         """Walk, re-order the channels by the start times found, walk again, until the
@@ -446,17 +456,20 @@ class _Plan:
         """Longest-path times of every node (Kahn's algorithm, a level of ready nodes at a
         time)."""
         N = self.N
+        ix = np.int32 if N < 2**31 - 1 else np.int64     # node numbers: half the memory
         s0, d0, c0 = self.static
         s1, d1, c1 = self._chain_edges(order)
-        src = np.concatenate([s0, s1])
-        dst = np.concatenate([d0, d1])
+        src = np.concatenate([s0, s1]).astype(ix)
+        dst = np.concatenate([d0, d1]).astype(ix)
         cat = np.concatenate([c0, c1])
+        del s1, d1, c1
         o = np.argsort(dst, kind="stable")
         src, dst, cat = src[o], dst[o], cat[o]
+        del o
         pptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(dst, minlength=N), out=pptr[1:])
-        so = np.argsort(src, kind="stable")
-        succ = dst[so]
+        succ = dst[np.argsort(src, kind="stable")]
+        del dst
         sptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(src, minlength=N), out=sptr[1:])
         indeg = np.diff(pptr)
