@@ -183,3 +183,46 @@ def ring_reduce_scatter(spec: Spec) -> Columns:
         deps += [() if j < k else (3 * (j - k) + 2,), (), (3 * j + 1,)]
     deps.append(tuple(3 * ((P - 2) * k + x) + 2 for x in range(k)))
     return _columns(P, kind, peer, tag, nel, deps)
+
+
+@register_compact("allreduce", "ring")
+def ring_allreduce(spec: Spec) -> Columns:
+    """The ring reduce-scatter above in place in recv (no final copy), then a ring
+    allgather of the reduced parts: per round u and piece s, send part (r-u)%P (after the
+    reduce-scatter's last receive of it, or the previous round's receive), receive part
+    (r-u-1)%P (after the reduce-scatter wrote it and its next send read it)."""
+    P, k = spec.nranks, spec.nchunks
+    if P < 2:
+        raise NotImplementedError
+    blen = block_lengths(Layout(spec.count, P, k))
+    n = (P - 1) * k
+    L = 5 * n
+    r = np.arange(P, dtype=np.int64)[:, None]
+    t = np.repeat(np.arange(P - 1, dtype=np.int64), k)[None, :]
+    s = np.tile(np.arange(k, dtype=np.int64), P - 1)[None, :]
+    kind = np.empty(L, np.int64)
+    rs, ag = slice(0, 3 * n), slice(3 * n, L)
+    kind[0:3 * n:3], kind[1:3 * n:3], kind[2:3 * n:3] = _SEND, _COPY, _RECV
+    kind[3 * n::2], kind[3 * n + 1::2] = _SEND, _RECV
+    tag = np.full(L, -1, np.int64)
+    tag[0:3 * n:3] = tag[2:3 * n:3] = np.arange(n)
+    tag[3 * n::2] = tag[3 * n + 1::2] = n + np.arange(n)
+    peer = np.full((P, L), -1, np.int64)
+    peer[:, 0:3 * n:3] = peer[:, 3 * n::2] = (r + 1) % P
+    peer[:, 2:3 * n:3] = peer[:, 3 * n + 1::2] = (r - 1) % P
+    nel = np.empty((P, L), np.int64)
+    inn = blen[((r - t - 2) % P) * k + s]
+    nel[:, 0:3 * n:3] = blen[((r - t - 1) % P) * k + s]
+    nel[:, 1:3 * n:3] = nel[:, 2:3 * n:3] = inn
+    nel[:, 3 * n::2] = blen[((r - t) % P) * k + s]
+    nel[:, 3 * n + 1::2] = blen[((r - t - 1) % P) * k + s]
+    deps = []
+    for j in range(n):
+        deps += [() if j < k else (3 * (j - k) + 2,), (), (3 * j + 1,)]
+    for j in range(n):
+        u, x = divmod(j, k)
+        send = (3 * ((P - 2) * k + x) + 2,) if u == 0 else (3 * n + 2 * (j - k) + 1,)
+        recv = () if u == 0 else (3 * ((u - 1) * k + x) + 2, 3 * (u * k + x))
+        deps += [send, recv]
+    del rs, ag
+    return _columns(P, kind, peer, tag, nel, deps)

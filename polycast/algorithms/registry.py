@@ -166,6 +166,9 @@ def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
     spec = Spec(coll, nranks, count, root, nchunks, dict(options))
     gen = _COMPACT.get((coll, algorithm)) if compact else None
     if gen is not None and channels == 1 and options.get("counts") is None and nranks > 1:
+        if nranks > estimate.CHECK_ABOVE_RANKS:    # as columns, timed on the fast path
+            estimate.check(coll, algorithm, nranks, nchunks, channels, compact=True,
+                           **options)
         try:
             cols = gen(spec)
         except NotImplementedError:
