@@ -182,6 +182,25 @@ def test_memo_of_repeated_layers_equals_the_full_run(ag, rs, shard):
     assert [c["count"] for c in memo.rank_classes] == [c["count"] for c in full.rank_classes]
 
 
+@pytest.mark.slow
+def test_memo_on_a_fat_tree_is_within_its_tolerance_of_the_full_run():
+    # 32 ranks over two pods of a radix-8 fat tree: ECMP routes and unequal latencies, so
+    # per-rank times wobble by microseconds from block to block (module docstring)
+    P, L = 32, 12
+    topo = parse_topology("fattree:radix=8", P, link="400Gbps")
+    kw = dict(topology=topo, layers=L, layer_bytes=32 * MIB, compute_per_layer_s=4e-4)
+    full = simulate_fsdp(None, P, memo=False, **kw)
+    memo = simulate_fsdp(None, P, memo=True, **kw)
+    assert memo.memo["period_s"] is not None and L not in memo.memo["blocks_simulated"]
+    added = L - max(memo.memo["blocks_simulated"])
+    # off by at most the block-to-block wobble (a path latency or two) per added block
+    assert abs(memo.step_s - full.step_s) <= added * 2e-6
+    for ph, v in full.exposed_s.items():
+        assert abs(memo.exposed_s[ph] - v) <= added * 4e-6
+    assert memo.step_link_bytes == full.step_link_bytes
+    assert memo.link_bytes_by_layer == full.link_bytes_by_layer
+
+
 def test_hsdp_allreduces_across_replicas():
     P, S, N = 8, 4, 4 * MIB
     kw = dict(topology=_switch(P), layers=3, layer_bytes=N, compute_per_layer_s=1e-4,
