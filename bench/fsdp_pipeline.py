@@ -113,6 +113,7 @@ def main(argv=None) -> int:
         res = run_case(model, nodes, shard, ag, rs, topo)
         res["estimated_events"] = est
         results.append(res)
+        _write(args.json, results, pending)          # a long run leaves what it finished
         print(f"  step {res['step_s'] * 1e3:.1f} ms, bubble {res['bubble_pct']:.1f} %, "
               f"{res['events'] / 1e6:.2f} M events, {res['cpu_s']:.0f} s CPU, "
               f"{res['wall_s']:.0f} s wall, load {res['load']:.1f}", file=sys.stderr, flush=True)
@@ -151,13 +152,17 @@ def main(argv=None) -> int:
                     ["model", "ranks", "shard", "row", "est. engine inputs (M)"],
                     [[k["model"], k["nodes"], k["shard"], f"{k['ag']}/{k['rs']}",
                       round(k["estimated_events"] / 1e6)] for k in pending])
-    path = pathlib.Path(args.json)
+    print(f"\nwrote {_write(args.json, results, pending)}")
+    return 0
+
+
+def _write(where: str, results: list, pending: list) -> pathlib.Path:
+    path = pathlib.Path(where)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": platform.platform(), "python": sys.version.split()[0],
                                 "topology": TOPO, "link": LINK, "results": results,
                                 "pending": pending}, indent=1))
-    print(f"\nwrote {path}")
-    return 0
+    return path
 
 
 if __name__ == "__main__":
