@@ -307,3 +307,24 @@ def test_cli_fsdp_bad_input_is_one_line_before_work(capsys, tmp_path):
         assert main(["sim", "fsdp", "-n", "8", *argv]) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and text in err, (argv, err)
+
+
+def test_cli_fsdp_trace_and_plot(tmp_path, capsys):
+    from polycast.cli.main import main
+    trace, plot = tmp_path / "t.json", tmp_path / "p.png"
+    assert main(["sim", "fsdp", "-n", "4", "-t", "switch", "--layers", "3", "--layer-bytes",
+                 "4MiB", "--compute-per-layer", "50us", "--ag", "mcast", "--rs", "innet",
+                 "--trace", str(trace), "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    events = json.loads(trace.read_text())["traceEvents"]
+    procs = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert procs == {f"{row}: rank {r}" for row in ("ring/ring", "mcast/innet")
+                     for r in range(4)}
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert tracks == {"compute", "allgather", "reduce_scatter"}
+    slices = [e for e in events if e["ph"] == "X" and e["pid"] == 4]     # mcast/innet rank 0
+    names = {e["name"] for e in slices}
+    assert {"AG 0", "F 0", "AG' 1", "B 2", "RS 0", "optimizer"} <= names
+    assert all(e["dur"] >= 0 for e in slices)
+    out = capsys.readouterr().out
+    assert "ring" in out and "mcast" in out
