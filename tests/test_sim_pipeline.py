@@ -182,6 +182,25 @@ def test_memo_of_repeated_layers_equals_the_full_run(ag, rs, shard):
     assert [c["count"] for c in memo.rank_classes] == [c["count"] for c in full.rank_classes]
 
 
+@pytest.mark.slow
+def test_memo_on_a_fat_tree_is_within_its_tolerance_of_the_full_run():
+    # 32 ranks over two pods of a radix-8 fat tree: ECMP routes and unequal latencies, so
+    # per-rank times wobble by microseconds from block to block (module docstring)
+    P, L = 32, 12
+    topo = parse_topology("fattree:radix=8", P, link="400Gbps")
+    kw = dict(topology=topo, layers=L, layer_bytes=32 * MIB, compute_per_layer_s=4e-4)
+    full = simulate_fsdp(None, P, memo=False, **kw)
+    memo = simulate_fsdp(None, P, memo=True, **kw)
+    assert memo.memo["period_s"] is not None and L not in memo.memo["blocks_simulated"]
+    added = L - max(memo.memo["blocks_simulated"])
+    # off by at most the block-to-block wobble (a path latency or two) per added block
+    assert abs(memo.step_s - full.step_s) <= added * 2e-6
+    for ph, v in full.exposed_s.items():
+        assert abs(memo.exposed_s[ph] - v) <= added * 4e-6
+    assert memo.step_link_bytes == full.step_link_bytes
+    assert memo.link_bytes_by_layer == full.link_bytes_by_layer
+
+
 def test_hsdp_allreduces_across_replicas():
     P, S, N = 8, 4, 4 * MIB
     kw = dict(topology=_switch(P), layers=3, layer_bytes=N, compute_per_layer_s=1e-4,
@@ -288,3 +307,24 @@ def test_cli_fsdp_bad_input_is_one_line_before_work(capsys, tmp_path):
         assert main(["sim", "fsdp", "-n", "8", *argv]) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and text in err, (argv, err)
+
+
+def test_cli_fsdp_trace_and_plot(tmp_path, capsys):
+    from polycast.cli.main import main
+    trace, plot = tmp_path / "t.json", tmp_path / "p.png"
+    assert main(["sim", "fsdp", "-n", "4", "-t", "switch", "--layers", "3", "--layer-bytes",
+                 "4MiB", "--compute-per-layer", "50us", "--ag", "mcast", "--rs", "innet",
+                 "--trace", str(trace), "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    events = json.loads(trace.read_text())["traceEvents"]
+    procs = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert procs == {f"{row}: rank {r}" for row in ("ring/ring", "mcast/innet")
+                     for r in range(4)}
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert tracks == {"compute", "allgather", "reduce_scatter"}
+    slices = [e for e in events if e["ph"] == "X" and e["pid"] == 4]     # mcast/innet rank 0
+    names = {e["name"] for e in slices}
+    assert {"AG 0", "F 0", "AG' 1", "B 2", "RS 0", "optimizer"} <= names
+    assert all(e["dur"] >= 0 for e in slices)
+    out = capsys.readouterr().out
+    assert "ring" in out and "mcast" in out
