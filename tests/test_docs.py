@@ -83,9 +83,9 @@ def test_readme_is_short():
     assert n <= 200, f"README.md has {n} lines; figures and explanations go in docs/"
 
 
-# Docstrings say what and why; measured figures live in docs/benchmarks.md. A docstring that
-# speaks of a measurement (measured, a bench script, a load average) and carries a figure
-# with a unit is one that should move.
+# Docstrings say what and why; measured figures live in docs/benchmarks.md. A docstring line
+# with a figure and a unit, next to a word of measurement (measured, a bench script, a load
+# average), is one that should move.
 MEASURED = re.compile(r"measured|bench/\w+\.py|\bload (?:average )?\d", re.I)
 FIGURE = re.compile(r"\d(?:[\d.,]*)\s?(?:-\s?[\d.]+\s?)?(?:us|ms|ns|GB/s|GiB/s|Gbit/s|Gbps|MB/s)\b"
                     r"|\d(?:\.\d+)?x (?:faster|slower|less|more|lower|higher)")
@@ -113,7 +113,10 @@ def test_no_measured_figures_in_docstrings():
         if rel in NOT_MEASURED or rel.startswith(PENDING):
             continue
         for name, doc in _docstrings(path):
-            if MEASURED.search(doc) and FIGURE.search(doc):
-                found.append(f"{rel}:{name}: {FIGURE.search(doc).group(0)!r}")
+            lines = doc.splitlines()
+            for i, line in enumerate(lines):       # a figure with a measurement beside it
+                near = " ".join(lines[max(0, i - 1):i + 2])
+                if FIGURE.search(line) and MEASURED.search(near):
+                    found.append(f"{rel}:{name}: {line.strip()!r}")
     assert not found, ("measured figures in docstrings (move them to docs/benchmarks.md via "
                        "bench/keep.py): " + "; ".join(found))
