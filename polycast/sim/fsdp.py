@@ -8,19 +8,18 @@ nodes of one simulation, sharing the network. Step time, bubble and exposed comm
 per phase are measured in that run.
 
 **Memo of repeated layers** (``memo=True``, the default). The blocks in the middle of the
-model are identical, and after the first ones the pipeline settles into a period: adding
-one block adds the same time to every rank and the same bytes to every link. So the step is
-simulated in full at b, b+1 and b+2 blocks (b = 2, then 4, 8, ... until the check holds),
-and every result -- each rank's end, compute and exposed time per phase, link bytes per
-layer -- must be affine in the block count over the three runs: each time's second
-difference within 1e-4 of the step or 10 us (``MEMO_RTOL``, ``MEMO_ATOL_S``), each byte
-count's within 1e-9. On one switch it is exact; on a fat tree a rank's times may wobble by
-a microsecond from block to block (latencies differ by switch hops), which is why times get
-a tolerance, and the extrapolation is off by about that wobble times the blocks it adds
-(a few microseconds a block; tests/test_sim_pipeline.py measures it). Then the
-L-block step is the b+2 run plus L-b-2 periods, a period measured over two blocks. When no
-b < L-2 passes, the L-block step is simulated in full. ``memo=False`` always simulates all
-L blocks.
+model are identical, and after the first ones the pipeline settles into a period of one
+block or two (ring allgather beside an in-network reduce-scatter alternates a long and a
+short block). So the step is simulated in full at b, b+2 and b+4 blocks (b = 2 or 3, of
+L's parity; then 4-5, 8-9, ... until the check holds), and every result -- each rank's end,
+compute and exposed time per phase, link bytes per layer -- must be affine over the three
+runs: each time's second difference within 1e-4 of the step or 10 us (``MEMO_RTOL``,
+``MEMO_ATOL_S``), each byte count's within 1e-9. On one switch it is exact; on a fat tree a
+rank's times may wobble by a microsecond from block to block (latencies differ by switch
+hops), which is why times get a tolerance, and the extrapolation is off by about that
+wobble per block it adds (tests/test_sim_pipeline.py measures it). Then the L-block step is
+the b+4 run plus (L-b-4)/2 two-block steps. When no b < L-4 passes, the L-block step is
+simulated in full. ``memo=False`` always simulates all L blocks.
 
 **The composed formula** (``formula=True``, always with ``compare_fsdp``): what this
 command printed before the pipeline existed, kept as a comparison column. It runs, alone,
@@ -50,7 +49,7 @@ from .pipeline import PipelineResult, run_workload
 from .simulate import resolve_topology
 from .topology import LAYERS
 
-MEMO_BASE = 2                 # first memo try: blocks b, b+1, b+2
+MEMO_BASE = 2                 # first memo try: blocks b, b+2, b+4 (b of L's parity)
 MEMO_RTOL = 1e-4              # affinity check: a time's second difference / the step,
 MEMO_ATOL_S = 1e-5            # ... or this many seconds if more (a few path latencies)
 MEMO_BYTES_RTOL = 1e-9        # ... a byte count's / its value
@@ -228,27 +227,30 @@ def compare_fsdp(model="llama2-7b", nodes=64, **kwargs) -> list[FsdpResult]:
 # -- the memo ---------------------------------------------------------------------------
 
 def _memoised(spec: FsdpSpec, L: int, topo, cfg: SimConfig):
-    b = MEMO_BASE
+    # blocks b, b+2, b+4 with b of L's parity: a pipeline whose blocks alternate between two
+    # timings (period 2: ring allgather beside in-network reduce-scatter does) is as
+    # affine over steps of two blocks as one of period 1, and L is reached in whole steps
+    b = MEMO_BASE + (L - MEMO_BASE) % 2
     runs: dict[int, PipelineResult] = {}
     wall = events = 0
     tries = []
-    while b + 2 < L:
-        for n in (b, b + 1, b + 2):
+    while b + 4 < L:
+        for n in (b, b + 2, b + 4):
             if n not in runs:
                 w, _ = build_fsdp(replace(spec, layers=n))
                 runs[n] = run_workload(w, topo, config=replace(cfg),
                                        record_ranks=[0])
                 wall += runs[n].wall_s
                 events += runs[n].events
-        worst = _second_difference(runs[b], runs[b + 1], runs[b + 2])
-        tries.append({"blocks": [b, b + 1, b + 2], "second_difference": worst})
+        worst = _second_difference(runs[b], runs[b + 2], runs[b + 4])
+        tries.append({"blocks": [b, b + 2, b + 4], "second_difference": worst})
         if worst <= 1.0:
-            res = _extrapolate(runs[b], runs[b + 2], L - b - 2)
+            res = _extrapolate(runs[b], runs[b + 4], (L - b - 4) // 2)
             res.events, res.wall_s = events, wall
-            period = runs[b + 2].step_s - runs[b + 1].step_s
-            plan = plan_fsdp(replace(spec, layers=b + 2))
+            period = (runs[b + 4].step_s - runs[b].step_s) / 4
+            plan = plan_fsdp(replace(spec, layers=b + 4))
             return res, {"blocks_simulated": sorted(runs), "period_s": period,
-                         "tries": tries, "window": _backward_block(runs[b + 2], plan)}
+                         "tries": tries, "window": _backward_block(runs[b + 4], plan)}
         b *= 2
     w, _ = build_fsdp(spec)
     res = run_workload(w, topo, config=replace(cfg), record_ranks=[0])
@@ -284,9 +286,9 @@ def _second_difference(a: PipelineResult, b: PipelineResult, c: PipelineResult) 
 
 
 def _extrapolate(a: PipelineResult, c: PipelineResult, k: int) -> PipelineResult:
-    """``c`` plus ``k`` more periods, a period being half of ``c - a`` (two blocks apart:
-    what does not repeat exactly, a microsecond here or there, weighs half), for every
-    per-rank and per-link value."""
+    """``c`` plus ``k`` more two-block steps, a step being half of ``c - a`` (four blocks
+    apart: what does not repeat exactly, a microsecond here or there, weighs half), for
+    every per-rank and per-link value."""
     def ext(x, y):
         return y + k * (y - x) / 2
     phases = sorted({p for e in c.rank_exposed_s for p in e})
@@ -305,18 +307,18 @@ def _extrapolate(a: PipelineResult, c: PipelineResult, k: int) -> PipelineResult
 
 
 def _backward_block(res: PipelineResult, plan) -> float | None:
-    """Rank 0's backward time per block in the middle of the model: from B(i+1)'s start to
-    B(i)'s (i the middle block, away from both ends: the pipeline's steady state). While
-    B(i+1) computes, AG'(i) and RS(i+2) are in flight: this is max(c_b, their window) when
-    nothing else holds them back, the formula's per-block backward term."""
+    """Rank 0's backward time per block in the middle of the model, over two blocks (from
+    B(i+1)'s start to B(i-1)'s, halved: blocks may alternate), i the middle block, away from
+    both ends. While B(i+1) computes, AG'(i) and RS(i+2) are in flight: this is max(c_b,
+    their window) when nothing else holds them back, the formula's per-block term."""
     tl = res.timelines.get(0)
     if not tl or res.workload is None or plan.layers < 3:
         return None
     prog = res.workload.programs[0]
     starts = {prog[p].name: s for p, s, e in tl}
-    i = (plan.layers - 1) // 2
-    a, b = starts.get(f"B {i + 1}"), starts.get(f"B {i}")
-    return None if a is None or b is None else b - a
+    i = plan.layers // 2
+    a, b = starts.get(f"B {i + 1}"), starts.get(f"B {i - 1}")
+    return None if a is None or b is None else (b - a) / 2
 
 
 # -- the composed formula ----------------------------------------------------------------
