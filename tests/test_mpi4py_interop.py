@@ -26,6 +26,9 @@ import pytest
 
 from test_runtime_helpers import spawn_ranks
 
+# An external suite (and a source download on first run): the slow set.
+pytestmark = pytest.mark.slow
+
 VERSION = "4.1.2"
 CACHE = pathlib.Path.home() / ".cache" / "polycast-mpi4py"
 # What polycast declines to offer: a marker found in the test's error -> the reason.

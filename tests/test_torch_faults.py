@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from torch_helpers import ROOT, needs_torch, polycast_run, results, spawn
 
 pytestmark = needs_torch
 TIMEOUT_SECONDS = 20
 
 
+@pytest.mark.slow                   # a training step killed mid-way, then the timeout
 def test_rank_dying_mid_step_raises_on_the_others_in_time(tmp_path):
     outs = spawn(3, ROOT / "tests" / "torch_fault_worker.py", timeout=TIMEOUT_SECONDS + 90,
                  POLYCAST_TIMEOUT=TIMEOUT_SECONDS, RESULT_DIR=tmp_path)
@@ -28,6 +31,7 @@ def test_rank_dying_mid_step_raises_on_the_others_in_time(tmp_path):
         assert r["seconds"] < TIMEOUT_SECONDS, r
 
 
+@pytest.mark.slow                   # two ranks wait out a 4 s timeout plus torch's retry delay
 def test_unreachable_store_fails_within_the_timeout_naming_it(tmp_path):
     """Under polycast's launcher, a torch job whose store nobody serves (here: every rank a
     client, as under an agent store that is not there) fails within POLYCAST_TIMEOUT with
