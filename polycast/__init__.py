@@ -11,8 +11,8 @@ from .errors import (CollectiveTimeout, InvalidArgument, MismatchError, OffloadL
 
 __version__ = "0.1.0"
 
-# Under `polycast run`: report how this rank ends to the launcher (see runtime/report.py).
-from .runtime import report as _report  # noqa: E402
+# Under `polycast run`: report how this rank ends to the launcher (see runtime/bootstrap/report.py).
+from .runtime.bootstrap import report as _report  # noqa: E402
 _report.install()
 
 __all__ = [

@@ -2,7 +2,7 @@
 
     polycast bench -n 4 allgather --algo ring,mcast --min 1KiB --max 64MiB [--json]
 
-Starts the ranks itself (polycast.runtime.launch), runs every size (from --min to --max,
+Starts the ranks itself (polycast.tools.launch), runs every size (from --min to --max,
 times --step-factor) with every algorithm, and prints per row: size, count, dtype,
 algorithm, time (us), algbw and busbw (GB/s = 1e9 B/s; busbw = algbw x the nccl-tests
 factor of the collective) and whether the result matched polycast.reference exactly.
@@ -95,7 +95,7 @@ def measure(collective, nranks: int, algos: list[str], sizes: list[int], *, iter
     Returns the rows (dicts with ``collective, algorithm, nranks, nbytes, count, dtype,
     time_us, algbw, busbw, correct, transport``); raises :class:`PolycastError` naming the
     algorithm and size that failed, with the ranks' last output."""
-    from ..runtime.launch import launch
+    from ..tools.launch import launch
     coll = Collective.parse(collective)
     checks.positive_int("-n", nranks)
     if not sizes:
@@ -111,7 +111,7 @@ def measure(collective, nranks: int, algos: list[str], sizes: list[int], *, iter
     for a in algos:
         checks.schedule_fits(coll, a, nranks)
     sink = _Sink(progress or (lambda done, total: None))
-    cmd = ["-m", "polycast.runtime.bench_rank", str(coll), "--algo", ",".join(algos),
+    cmd = ["-m", "polycast.tools.bench_rank", str(coll), "--algo", ",".join(algos),
            "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
            "--warmup", str(warmup), "--dtype", dtype, "--op", op,
            "--root", str(root)] + ([] if check else ["--no-check"]) + (
@@ -135,7 +135,7 @@ def run(args) -> int:
         if lo < 1 or hi < lo:
             raise InvalidArgument(f"need 1 <= --min <= --max, got {args.min} and {args.max}")
         checks.positive_int("--step-factor", args.step_factor, minimum=2)
-        from ..runtime.bench_rank import sizes_between
+        from ..tools.bench_rank import sizes_between
         sizes = sizes_between(lo, hi, args.step_factor)
     algos = checks.names(args.algo, "algorithms")
     if args.timeout <= 0:

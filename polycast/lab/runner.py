@@ -115,7 +115,7 @@ def run(command: list[str], name: str = "pclab", nranks: int | None = None,
         prefix: bool = True, stdout=None, stderr=None) -> tuple[int, list]:
     """Run ``command`` (a full argv, e.g. ``["python", "script.py"]``) as one rank per
     host of lab ``name``; return (exit status, marks [(label, Snapshot, time)])."""
-    from ..runtime import launch
+    from ..tools import launch
     if not command:
         raise InvalidArgument("nothing to run: `polycast lab run -- python script.py ARGS`")
     reason = unavailable_reason(shaped=False)

@@ -103,7 +103,6 @@ queue       running the collectives as jobs in posting order: caller's thread or
 
 from .barrier import BAD_SIG, EpochBarrier
 from .direct import allgather, allreduce, reduce_scatter
-from .routing import NAME, STAGED, SYMM, auto_disabled, auto_staged, route, wanted
 from .segments import segment_path
 from .staged import (BCAST_CHUNK_NBYTES, staged_allgather, staged_allreduce, staged_bcast,
                      staged_reduce_scatter)

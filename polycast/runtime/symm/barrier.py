@@ -34,11 +34,11 @@ import hashlib
 import os
 import time
 
-from .. import futex, native
+from ..transport import futex, native
 from ..driver import Request
 
 from ...errors import CollectiveTimeout, MismatchError, PeerLost, PolycastError
-from ..report import process_state
+from ..bootstrap.report import process_state
 
 CTRL_NBYTES = 4096
 EPOCH, SIG0 = 0, 8              # uint64 slots of a rank's control block: epoch, 2 descriptors

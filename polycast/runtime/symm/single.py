@@ -1,5 +1,5 @@
 """Single-copy collectives on one host: ranks read each other's arrays with
-process_vm_readv (runtime/cma.py) instead of staging them through shared memory.
+process_vm_readv (runtime/transport/cma.py) instead of staging them through shared memory.
 
 Above the slots (and from SINGLE_COPY_MIN_NBYTES a rank when every rank has
 a core of its own), when every rank may read every other's memory
@@ -39,7 +39,7 @@ import numpy as np
 from ...collectives import ReduceOp
 from ...errors import PeerLost, PolycastError
 from ...memory import apply_avg
-from .. import cma
+from ..transport import cma
 from .barrier import ADDR, ADDR2, _cores, call_sig
 from .common import UFUNCS, _blocks, _describe, _post
 from .shared import SymmState
