@@ -334,11 +334,9 @@ class CommCore:
         self._direct = {}
         _symm.free(self)
         if self.id == 0:
-            from . import lifecycle
-            if lifecycle._WORLD is self:
-                lifecycle.finalize()
-            else:
-                lifecycle.close_comm(self)      # made by open_comm (polycast.torch's)
+            # The world, or a communicator polycast.torch made with lifecycle.open_comm: it
+            # owns its driver (a freed world is made anew by init()).
+            self._driver.close()
         else:
             self._driver.free_comm(self.id)
 

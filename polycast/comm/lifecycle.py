@@ -109,7 +109,7 @@ def finalize() -> None:
 
 
 def world() -> Comm:
-    if _WORLD is None:
+    if _WORLD is None or _WORLD._freed:
         raise InvalidArgument("polycast.init() has not been called")
     return _WORLD
 
