@@ -69,7 +69,7 @@ def _env(**values):
 
 def _measure(coll: str, algos, nranks: int, sizes, iters: int, transport: str | None,
              log) -> list[dict]:
-    from ..cli.bench import measure
+    from .bench import measure
     t0 = time.perf_counter()
     rows = measure(coll, nranks, list(algos), list(sizes), iters=iters, warmup=2,
                    check=False, transport=transport, timeout_seconds=600)
