@@ -8,8 +8,7 @@ datacenter-network simulator.
 from .collectives import Collective, ReduceOp
 from .errors import (CollectiveTimeout, InvalidArgument, MismatchError, OffloadLost, PeerLost,
                      PolycastError, ProtocolError, ScheduleError, UnknownName, Unsupported)
-
-__version__ = "0.1.0"
+from .version import __version__
 
 # Under `polycast run`: report how this rank ends to the launcher (see runtime/bootstrap/report.py).
 from .runtime.bootstrap import report as _report  # noqa: E402
