@@ -207,6 +207,16 @@ def test_extrapolation_beyond_the_budget(monkeypatch):
 
 # -- the check on simulated fabrics (the full grid: bench/tune.py) ---------------------------
 
+def test_one_cell_of_the_grid_check():
+    """The grid check itself (the 16-cell run below is slow): one cell, every candidate
+    simulated, the planner's choice among them and within 10 % of the best."""
+    from polycast.tools.plancheck import Cell, run_cells
+    (v,) = run_cells([Cell("allgather", 8, 4096, "fattree:radix=8")], workers=1)
+    assert len(v.times) >= 3 and v.choice in v.times and v.best in v.times
+    assert v.times[v.best] == min(v.times.values())
+    assert abs(v.ratio - v.times[v.choice] / v.times[v.best]) < 1e-9 and v.ok, v
+
+
 @pytest.mark.slow                   # simulates every candidate of 16 cells
 def test_auto_is_within_10_percent_of_the_best_on_a_small_grid():
     from polycast.tools.plancheck import Cell, run_cells
