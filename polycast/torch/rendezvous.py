@@ -97,7 +97,7 @@ def bound_store_wait() -> None:
 
 
 def _bounded(handler, scheme: str):
-    from ..runtime.env import timeout_from_env
+    from ..runtime.bootstrap.env import timeout_from_env
 
     def bounded(url: str, timeout: datetime.timedelta | None = None, **kwargs):
         seconds = timeout_from_env()
