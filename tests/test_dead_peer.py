@@ -198,9 +198,9 @@ def test_the_driver_reports_an_orderly_goodbye_to_the_engines(orderly):
     import selectors
     import socket
     from polycast.runtime.driver.peers import PeerIO
-    from polycast.runtime.frames import KIND_BYE, control_frame
-    from polycast.runtime.tcp import TcpLink
-    from polycast.runtime.world import Peer, World
+    from polycast.runtime.transport.frames import KIND_BYE, control_frame
+    from polycast.runtime.transport.tcp import TcpLink
+    from polycast.runtime.bootstrap.world import Peer, World
     ours, theirs = socket.socketpair()
     world = World(0, 2, "job", True, 5.0)
     world.peers[1] = Peer(1, TcpLink(ours, 1))

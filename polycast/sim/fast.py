@@ -50,11 +50,10 @@ class Refused(Exception):
 
 
 def static_refusal(loss: float = 0.0, nic=None, record: bool = False) -> str | None:
-    """What of a run's configuration alone sends it to the engines (known before any work)."""
+    """What of a run's configuration alone sends it to the engines (known before any work;
+    a NIC model is not: the fast path runs it until its queue drops a datagram)."""
     if loss:
         return "loss injection runs the engines' recovery"
-    if nic is not None:
-        return "the NIC model's queues run the engines"
     if record:
         return "recording per-message timelines runs the engines"
     return None
@@ -75,6 +74,8 @@ def refusal(sim) -> str | None:
     for q in sim._innet:
         if sim._reqs[q][2]:
             return "in-network reduction on a sub-communicator runs the engines"
+    if cfg.nic is not None and any(comm for _, _, comm in sim._reqs):
+        return "the NIC model on a sub-communicator runs the engines"
     for sched, _, comm in sim._reqs:
         if sched.nranks < 2:
             return "a one-rank collective runs the engines"
@@ -162,6 +163,8 @@ def run(sim) -> str:
     try:
         if sim._innet:
             raise Refused("in-network reduction combines flows in the switches")
+        if sim.cfg.nic is not None:
+            raise Refused("the NIC model's queues change with every flow")
         times = plan.settled_walk()
         plan.check_contention(times)
         plan.check_recovery(times)
@@ -321,6 +324,7 @@ class _Plan:
         self.t_eos = np.zeros(N)          # offsets from the stream's first not_before
         self.t_next = np.zeros(N)
         self.recv_lat: dict[int, np.ndarray] = {}
+        self.dgram_sizes: dict[int, np.ndarray] = {}     # per MCAST: its datagrams' payloads
         self.ndatagrams = 0
         for m in mc.tolist():
             q = int(self.q[m])
@@ -329,6 +333,7 @@ class _Plan:
             nbm = int(self.nbytes[m])
             nfull, last = divmod(nbm, ce)
             sizes = [ce] * nfull + ([last] if last else [])
+            self.dgram_sizes[m] = np.array(sizes, dtype=np.int64)
             self.ndatagrams += len(sizes) + 1                # + EOS
             per = 8.0 / (pace * 1e9) if pace else 0.0
             tot = sum(s + HEADER_NBYTES for s in sizes) * per
