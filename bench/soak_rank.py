@@ -23,7 +23,7 @@ from polycast import Request
 from polycast.algorithms import get, supported
 from polycast.collectives import Collective
 from polycast.reference import make_inputs, reference
-from polycast.runtime.selftest import call
+from polycast.tools.selftest import call
 
 OPS = ("sum", "max", "min")
 DTYPES = ("float32", "int32", "float64")

@@ -184,7 +184,7 @@ def _rank_main(args) -> None:
 
 # -------------------------------------------------------------------------- driver side
 def _run_job(nranks: int, args) -> dict:
-    from polycast.runtime.launch import launch
+    from polycast.tools.launch import launch
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [str(Path(__file__).resolve()), "--rank-side", "--rounds", str(args.rounds),

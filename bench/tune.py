@@ -41,7 +41,7 @@ QUICK_NODES, QUICK_SIZES = "4,16,64", "1KiB,1MiB,64MiB"
 
 
 def run_sim(args) -> int:
-    from polycast.planner.check import Cell, run_cells
+    from polycast.tools.plancheck import Cell, run_cells
     nodes = [int(x) for x in (args.nodes or (QUICK_NODES if args.quick else NODES)).split(",")]
     sizes = [parse_size(x) for x in (args.sizes or (QUICK_SIZES if args.quick
                                                     else SIZES)).split(",")]

@@ -50,12 +50,12 @@ LAYERS: tuple[Layer, ...] = (
 # One blocking ``comm.Allgather(send, recv)`` between processes on one host.
 CALL: tuple[Step, ...] = (
     Step("API", "Comm.Allgather checks its arguments", "polycast.comm.collectives"),
-    Step("drivers", "symmetric memory takes it, or not", "polycast.runtime.symm.routing"),
+    Step("drivers", "symmetric memory takes it, or not", "polycast.dispatch.routing"),
     Step("planner", "auto: cheapest algorithm for this size", "polycast.planner.choose"),
     Step("schedules", "build (once) the schedule", "polycast.algorithms.registry"),
     Step("engine", "post: the steps become actions", "polycast.engine.engine"),
     Step("drivers", "progress: execute the actions", "polycast.runtime.driver.progress"),
-    Step("drivers", "shm ring / TCP / UDP multicast", "polycast.runtime.shm"),
+    Step("drivers", "shm ring / TCP / UDP multicast", "polycast.runtime.transport.shm"),
     Step("engine", "bytes arrive: events in, completion out", "polycast.engine.engine"),
     Step("API", "the request completes; Allgather returns", "polycast.runtime.driver.request"),
 )

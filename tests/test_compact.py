@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 from polycast.algorithms import build
-from polycast.algorithms.registry import _COMPACT, _load
+from polycast.algorithms.registry import _COMPACT   # (importing polycast.algorithms registers all)
 from polycast.schedule.compact import CompactSchedule, columns_of
 
-_load()
 COMPACT = sorted((str(c), n) for c, n in _COMPACT)
 
 

@@ -108,14 +108,8 @@ def register_compact(collective: Collective | str, name: str):
     return deco
 
 
-def _load() -> None:
-    # The generator modules register themselves on import.
-    from . import catalog  # noqa: F401
-
-
 def algorithms(collective: Collective | str | None = None) -> list[Algorithm]:
     """Every registered algorithm (of one collective), in registration order."""
-    _load()
     if collective is None:
         return list(_REGISTRY.values())
     coll = Collective.parse(collective)
@@ -123,7 +117,6 @@ def algorithms(collective: Collective | str | None = None) -> list[Algorithm]:
 
 
 def get(collective: Collective | str, name: str) -> Algorithm:
-    _load()
     coll = Collective.parse(collective)
     algo = _REGISTRY.get((coll, name))
     if algo is None:

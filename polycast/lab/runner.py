@@ -27,7 +27,7 @@ POLYCAST_PACING_GBPS        host link rate / 2, unless set in the environment (b
 =========================== ==================================================================
 
 Which ranks share a host is not an environment variable: the runtime tells hosts apart by
-:func:`polycast.runtime.env.host_id` (hostname, boot id and **network namespace**), so the
+:func:`polycast.runtime.bootstrap.env.host_id` (hostname, boot id and **network namespace**), so the
 R ranks of one host namespace find each other as one host (shared-memory rings, one offload
 process per host) and talk TCP and multicast to the others, exactly as on real machines.
 
@@ -206,7 +206,7 @@ def run(command: list[str], name: str = "pclab", nranks: int | None = None,
     """Run ``command`` (a full argv, e.g. ``["python", "script.py"]``) as ``nranks`` ranks
     placed on the hosts of lab ``name`` (see :func:`placement`); return (exit status,
     marks [(label, Snapshot, time)])."""
-    from ..runtime import launch
+    from ..tools import launch
     if not command:
         raise InvalidArgument("nothing to run: `polycast lab run -- python script.py ARGS`")
     reason = unavailable_reason(shaped=False)

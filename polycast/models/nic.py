@@ -102,7 +102,7 @@ HOST_PYTHON_FALLBACK = {
     "clock_hz": 2.6e9,
     "source": "built-in fallback (bench/nic.py on the development machine)",
 }
-HOST_RCVBUF_NBYTES = 64 << 20      # polycast.runtime.mcast.RCVBUF_NBYTES
+HOST_RCVBUF_NBYTES = 64 << 20      # polycast.runtime.transport.mcast.RCVBUF_NBYTES
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 torch.distributed gives a backend's creator a key-value store private to the group (a
 ``PrefixStore`` over the job's store: under torchrun the agent's TCPStore at
-MASTER_ADDR:MASTER_PORT). polycast's bootstrap (:func:`polycast.runtime.world.connect`)
+MASTER_ADDR:MASTER_PORT). polycast's bootstrap (:func:`polycast.runtime.bootstrap.world.connect`)
 runs through it, so a process group needs no second port; the ranks then talk over shared
 memory on one host and TCP across hosts, and get symmetric memory and multicast exactly
 as ``polycast.init()``'s communicator does, because the group *is* such a communicator.
@@ -16,13 +16,13 @@ import os
 import torch.distributed as dist
 
 from ..errors import CollectiveTimeout
-from ..runtime.env import JobEnv
+from ..runtime.bootstrap.env import JobEnv
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class TorchStore:
-    """torch's ``Store`` seen as polycast's :class:`~polycast.runtime.world.KeyValueStore`."""
+    """torch's ``Store`` seen as polycast's :class:`~polycast.runtime.bootstrap.world.KeyValueStore`."""
 
     def __init__(self, store: "dist.Store", timeout_seconds: float) -> None:
         self._store = store
@@ -97,7 +97,7 @@ def bound_store_wait() -> None:
 
 
 def _bounded(handler, scheme: str):
-    from ..runtime.env import timeout_from_env
+    from ..runtime.bootstrap.env import timeout_from_env
 
     def bounded(url: str, timeout: datetime.timedelta | None = None, **kwargs):
         seconds = timeout_from_env()

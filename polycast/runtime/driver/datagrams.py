@@ -5,7 +5,7 @@ Fire and forget, as the engine's reliable-multicast protocol expects: a datagram
 kernel refuses (ENOBUFS) is simply lost and recovered by the protocol. A datagram the
 engine paces (``not_before`` in the future) waits in a heap and leaves when due. Received
 datagrams go to ``on_datagram(comm_id, data)``; :meth:`MulticastIO.read` is the one place
-datagrams are read, and where ``POLYCAST_FAULTS`` (:mod:`polycast.runtime.faults`) injects
+datagrams are read, and where ``POLYCAST_FAULTS`` (:mod:`polycast.runtime.transport.faults`) injects
 loss, duplicates, reordering and replays.
 """
 
@@ -17,8 +17,8 @@ import itertools
 import selectors
 import time
 
-from .. import faults as _faults
-from ..mcast import MulticastUnavailable, drop_own_datagrams, open_group
+from ..transport import faults as _faults
+from ..transport.mcast import MulticastUnavailable, drop_own_datagrams, open_group
 
 READ_BATCH = 256            # datagrams read per readable event before other work
 DATAGRAM_MAX_NBYTES = 65536
