@@ -94,6 +94,7 @@ def run_row(name: str, path: str) -> dict:
         for coll, algo in (("allgather", kw["ag"]), ("reduce_scatter", kw["rs"])):
             c = Collective.parse(coll)
             scheds.append(build(c, algo, P, count_for(c, P, SIZE, 4),
+                                compact=path != "engine",
                                 **algorithm_options(c, algo, topo, {})))
         link_gbps = topo.host_link_bw * 8 / 1e9
         eng = {"line_rate_gbps": link_gbps, "pacing_gbps": pacing_gbps_for(scheds, link_gbps,
