@@ -1,12 +1,12 @@
-"""Builds the optional compiled helpers: the shared-memory rings' (polycast/runtime/_ring.c,
-with the compiled replay of a memoized small call, polycast/runtime/_replay.c), the
-multicast datagram path's (polycast/runtime/transport/_dgram*.c, parts listed in
-_dgram.h) and the symm barrier's and
-kept calls' (polycast/runtime/symm/_symm*.c, parts listed in _symm.h).
+"""Builds the optional compiled helpers: the shared-memory rings' (polycast/runtime/transport/_ring.c,
+with the compiled replay of a memoized small call, polycast/runtime/driver/_replay.c), the
+multicast datagram path's (polycast/runtime/transport/_dgram*.c, parts listed in _dgram.h)
+and the symm barrier's and kept calls' (polycast/runtime/symm/_symm*.c, parts listed in
+_symm.h).
 
 Everything else is declared in pyproject.toml. ``optional=True``: where no C compiler (or no
 Python headers) is found, pip still installs polycast and the rings and the symm path run
-in pure Python (runtime/native.py and runtime/symm/barrier.py say which is in use at
+in pure Python (runtime/transport/native.py and runtime/symm/barrier.py say which is in use at
 POLYCAST_DEBUG=INFO).
 """
 import sys
@@ -15,9 +15,10 @@ from setuptools import Extension, setup
 
 ext_modules = []
 if sys.platform.startswith("linux"):       # futexes and the ring layout are Linux-only
-    ext_modules.append(Extension("polycast.runtime._ring", ["polycast/runtime/_ring.c",
-                                                           "polycast/runtime/_replay.c"],
-                                 depends=["polycast/runtime/_ring.h"],
+    ext_modules.append(Extension("polycast.runtime.transport._ring",
+                                 ["polycast/runtime/transport/_ring.c",
+                                  "polycast/runtime/driver/_replay.c"],
+                                 depends=["polycast/runtime/transport/_ring.h"],
                                  extra_compile_args=["-O2", "-std=gnu11"], optional=True))
     # The multicast datagram path (recvmmsg/GRO, sendmmsg/GSO, placement, BLAKE2b MACs).
     dgram = "polycast/runtime/transport/_dgram"

@@ -13,11 +13,11 @@ by where the samples were (innermost polycast frame):
 =========== =======================================================================
 engine      polycast/engine: the sans-I/O state machine
 driver      runtime/driver: turning actions into I/O and I/O into events, rounds
-shm ring    runtime/shm.py: writing frames into / reading them from the rings
-tcp         runtime/tcp.py (socket send/recv included)
-multicast   UDP multicast send/receive (runtime/driver/datagrams.py, runtime/mcast.py)
+shm ring    runtime/transport/shm.py: writing frames into / reading them from the rings
+tcp         runtime/transport/tcp.py (socket send/recv included)
+multicast   UDP multicast send/receive (runtime/driver/datagrams.py, runtime/transport/mcast.py)
 copies      polycast/memory.py: Deliver/Copy/gather (numpy copies and reductions), and
-            runtime/cma.py: single-copy reads of a peer's memory (process_vm_readv)
+            runtime/transport/cma.py: single-copy reads of a peer's memory (process_vm_readv)
 api         comm/, schedules, bench_rank: building and posting the call
 waiting     spinning, yielding and select while nothing has arrived
 threads     lock and condition hand-offs between the user and progress threads
@@ -78,17 +78,17 @@ CASES = [
 # (substring of the frame's file, category), tried from the innermost frame outwards.
 _FILE_RULES = (
     ("polycast/memory.py", "copies"),
-    ("polycast/runtime/cma.py", "copies"),         # single-copy reads (process_vm_readv)
-    ("polycast/runtime/shm.py", "shm ring"),
-    ("polycast/runtime/tcp.py", "tcp"),
+    ("polycast/runtime/transport/cma.py", "copies"),         # single-copy reads (process_vm_readv)
+    ("polycast/runtime/transport/shm.py", "shm ring"),
+    ("polycast/runtime/transport/tcp.py", "tcp"),
     ("polycast/runtime/driver/datagrams.py", "multicast"),
-    ("polycast/runtime/mcast.py", "multicast"),
+    ("polycast/runtime/transport/mcast.py", "multicast"),
     ("polycast/runtime/driver/", "driver"),
     ("polycast/runtime/symm/", "driver"),
     ("polycast/engine/", "engine"),
     ("polycast/comm/", "api"), ("polycast/schedule/", "api"),
     ("polycast/algorithms/", "api"), ("polycast/collectives.py", "api"),
-    ("polycast/runtime/bench_rank.py", "api"),
+    ("polycast/tools/bench_rank.py", "api"),
 )
 _WAIT_FUNCS = ("Progress._spin ", "Progress._block ", "EpochBarrier.wait_for ",
                "JobQueue.drive ")

@@ -6,7 +6,7 @@
 ``--algos`` may name ``auto``: the default path (on one host the symm path, whose large calls
 read, and for a broadcast also write, the peers' arrays with the same kernel copy).
 
-Large DATA between ranks of one host goes single-copy (runtime/cma.py: a descriptor in the
+Large DATA between ranks of one host goes single-copy (runtime/transport/cma.py: a descriptor in the
 shm ring, the receiver reads the sender's memory with ``process_vm_readv``, then
 acknowledges); messages up to 1 MiB (the eager limit between shm ranks, in calls of up to
 8 MiB) go through the rings instead, so sizes whose messages are larger show the reads. Two parts, both printed as tables and written to JSON (default
@@ -32,7 +32,7 @@ where the time goes, and ``polycast bench`` / ``bench/peers.py`` for the busbw f
 ``auto``'s calls are split on its Python path: the compiled helper, which runs a repeated
 large allgather or broadcast whole (same copies, no Python between), is turned off for
 each timed call, as the wrappers could not see inside it. So are the engine's: the ranks run
-with POLYCAST_REPLAY=0, as the compiled replay (runtime/_replay.c) runs a repeated call of
+with POLYCAST_REPLAY=0, as the compiled replay (runtime/driver/_replay.c) runs a repeated call of
 pulled DATA whole, its reads included; compare with ``bench/peers.py`` for what the replay
 saves.
 ``--realtime`` runs the ranks at ``chrt -r 1`` (root): the machine's other load stays out.
@@ -57,7 +57,7 @@ def _hold(nbytes: int, conn) -> None:
     """A child holding an array for others to read; reports (pid, address), waits."""
     import numpy as np
 
-    from polycast.runtime import cma
+    from polycast.runtime.transport import cma
     a = np.full(nbytes, 7, np.uint8)
     conn.send((os.getpid(), cma.address_of(a)))
     conn.recv()
@@ -67,7 +67,7 @@ def _read_rates(holders, nbytes: int, reps: int, conn=None) -> dict:
     """Best seconds to read ``nbytes`` from every holder in turn, and to memcpy as much."""
     import numpy as np
 
-    from polycast.runtime import cma
+    from polycast.runtime.transport import cma
     total = nbytes * len(holders)
     dst = np.zeros(total, np.uint8)
     base = cma.address_of(dst)
@@ -139,7 +139,7 @@ def _rank(args) -> None:
     import polycast
     from polycast import memory
     from polycast.collectives import Collective
-    from polycast.runtime import cma
+    from polycast.runtime.transport import cma
     from polycast.runtime.driver import peers
     from polycast.units import parse_size
 
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         _rank(args)
         return 0
     sys.path.insert(0, REPO)
-    from polycast.runtime import cma
+    from polycast.runtime.transport import cma
     why = cma.disabled_reason()
     if why:
         print(f"single-copy is off here ({why}): nothing to measure", file=sys.stderr)

@@ -143,7 +143,7 @@ def run_job(P: int, mode: str, workers: int, staged: bool, args,
                POLYCAST_OFFLOAD_WORKERS=str(workers))
     if args.mtu:
         env["POLYCAST_MTU"] = str(args.mtu)
-    cmd = [sys.executable, "-m", "polycast.runtime.launch", "-n", str(P), "--timeout", "300",
+    cmd = [sys.executable, "-m", "polycast.tools.launch", "-n", str(P), "--timeout", "300",
            os.path.abspath(__file__), "--rank", "--mode", mode, "--size", str(args.size),
            "--calls", str(args.calls), "--seconds", str(args.seconds),
            "--datagrams", datagrams]

@@ -327,7 +327,7 @@ def polycast_algorithms(collective: str, nranks: int, algo: str | None) -> list[
 _BENCH_ERROR = re.compile(r"^polycast bench: (\S+) at (\S+): (.*)$", re.M)
 
 
-# polycast bench runs iters // 4 calls above 8 MiB (polycast/runtime/bench_rank.py): ask
+# polycast bench runs iters // 4 calls above 8 MiB (polycast/tools/bench_rank.py): ask
 # for 4x there so that every peer makes the same number of calls; the rows say what ran.
 BENCH_QUARTER_ABOVE_BYTES = 8 << 20
 

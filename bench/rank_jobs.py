@@ -1,7 +1,7 @@
 """Run a bench script's own ranks as local processes and take rank 0's result line.
 
 bench/symm.py, bench/overlap.py and bench/vector.py each re-run themselves with ``--rank`` in
-N processes (environment from ``polycast.runtime.launch.rank_env``); rank 0 prints one line
+N processes (environment from ``polycast.tools.launch.rank_env``); rank 0 prints one line
 ``<MARKER> <json>``. Every process is ended by pid when the job is over or times out.
 """
 
@@ -17,7 +17,7 @@ def run_ranks(cmd: list[str], nranks: int, job: str, marker: str, timeout_second
               repo: str, extra_env: dict[str, str] | None = None):
     """Rank 0's ``marker`` line as JSON, or None (each rank's output printed to stderr)
     when a rank failed or rank 0 printed no such line."""
-    from polycast.runtime.launch import free_port, rank_env
+    from polycast.tools.launch import free_port, rank_env
     port = free_port()
     procs = []
     try:

@@ -23,7 +23,7 @@ from polycast import Request
 from polycast.algorithms import get, supported
 from polycast.collectives import Collective
 from polycast.reference import make_inputs, reference
-from polycast.runtime.selftest import call
+from polycast.tools.selftest import call
 
 OPS = ("sum", "max", "min")
 DTYPES = ("float32", "int32", "float64")
@@ -190,6 +190,10 @@ def main() -> None:
         tracemalloc.start(8)
     start = {"rss_bytes": rss_bytes(), "fds": open_fds(), "calls": 0, "t": time.monotonic()}
     samples = [(0, start["rss_bytes"], 0.0, malloc_bytes())]
+    series = None
+    if os.environ.get("SOAK_SERIES_DIR"):
+        series = open(os.path.join(os.environ["SOAK_SERIES_DIR"],
+                                   f"{args.path}-rank-{r}.jsonl"), "w")
     mid = None
     snap_mid = None
     t0 = time.monotonic()
@@ -232,6 +236,9 @@ def main() -> None:
         batches += 1
         if args.sample_every and done // args.sample_every != prev // args.sample_every:
             samples.append((done, rss_bytes(), time.monotonic() - t0, malloc_bytes()))
+            if series is not None:           # as it goes: a run cut short keeps its curve
+                series.write(json.dumps(samples[-1]) + "\n")
+                series.flush()
         if mid is None and done >= args.calls // 2:
             mid = {"rss_bytes": rss_bytes(), "fds": open_fds()}
             if args.tracemalloc:
@@ -242,7 +249,9 @@ def main() -> None:
     grew = []
     if args.tracemalloc:
         snap = tracemalloc.take_snapshot()
-        for stat in snap.compare_to(snap_mid, "traceback")[:8]:
+        diffs = snap.compare_to(snap_mid, "traceback")
+        traced_growth = sum(stat.size_diff for stat in diffs)
+        for stat in diffs[:8]:
             grew.append({"bytes": stat.size_diff, "count": stat.count_diff,
                          # the innermost frames (a traceback lists the oldest first)
                          "where": [f"{f.filename}:{f.lineno}" for f in stat.traceback][-5:]})
@@ -258,6 +267,7 @@ def main() -> None:
         "fds_start": start["fds"], "fds_mid": mid["fds"], "fds_end": open_fds(),
         "samples": samples, "grew": grew,
         "traced_bytes": traced if args.tracemalloc else None,
+        "traced_growth_second_half": traced_growth if args.tracemalloc else None,
         "mcast": mcast,
         "faults": faults.counts if faults else None, "drops": dict(st.drops),
         "recovered_bytes": getattr(st, "recovered_bytes", 0),

@@ -8,11 +8,10 @@ datacenter-network simulator.
 from .collectives import Collective, ReduceOp
 from .errors import (CollectiveTimeout, InvalidArgument, MismatchError, OffloadLost, PeerLost,
                      PolycastError, ProtocolError, ScheduleError, UnknownName, Unsupported)
+from .version import __version__
 
-__version__ = "0.1.0"
-
-# Under `polycast run`: report how this rank ends to the launcher (see runtime/report.py).
-from .runtime import report as _report  # noqa: E402
+# Under `polycast run`: report how this rank ends to the launcher (see runtime/bootstrap/report.py).
+from .runtime.bootstrap import report as _report  # noqa: E402
 _report.install()
 
 __all__ = [

@@ -19,7 +19,7 @@ from .collectives import Collective
 from .errors import InvalidArgument
 from .schedule.ir import Kind, Schedule
 
-# A reduction reads a payload that can be read from any offset (single-copy, runtime/cma.py)
+# A reduction reads a payload that can be read from any offset (single-copy, runtime/transport/cma.py)
 # this many bytes at a time into the per-thread scratch and combines each piece at once: the
 # piece is still in cache when the ufunc reads it, and the scratch stays this small whatever
 # the payload. In one process (32 MiB float32 sum, process_vm_readv of its own memory into a
@@ -59,7 +59,7 @@ def _shape(schedule: Schedule, rank: int) -> tuple:
     """What :meth:`Buffers.register` checks a rank's arrays against: (buffers used,
     (send, recv) element counts, tmp elements or None, has an op, holds a result).
     Remembered for the few schedules a process posts again and again (working it out on
-    every small call measured ~2 us)."""
+    every call was a visible share of a small call's time)."""
     key = (id(schedule), rank)
     hit = _SHAPES.get(key)
     if hit is not None and hit[0] is schedule:       # ids are reused after GC: check
@@ -213,7 +213,7 @@ class Buffers:
         if payload is None:
             raise InvalidArgument(f"deliver of {region.nbytes} bytes without a payload")
         read_into = getattr(payload, "read_into", None)
-        if read_into is not None:       # a payload still in its sender (runtime/cma.py)
+        if read_into is not None:       # a payload still in its sender (runtime/transport/cma.py)
             if len(payload) != region.nbytes:
                 raise InvalidArgument(f"payload of {len(payload)} bytes for a region of "
                                       f"{region.nbytes}")

@@ -135,7 +135,7 @@ class Op:
     def Reduce_local(self, inbuf, inoutbuf) -> None:
         """``inoutbuf = inbuf op inoutbuf`` on this process (mpi4py's Op.Reduce_local);
         buffers or message specs of the same count and dtype."""
-        from .comm.buffers import message       # comm imports ops: import when used
+        from .buffers import message       # comm imports ops: import when used
         a = message(inbuf, "inbuf")
         b = message(inoutbuf, "inoutbuf", writable=True)
         if a.size != b.size or a.dtype != b.dtype:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import polycast
-from polycast.runtime.selftest import Checker, suite_mcast
+from polycast.tools.selftest import Checker, suite_mcast
 
 
 def main() -> None:

@@ -29,8 +29,8 @@ import numpy as np
 from polycast.engine import wire
 from polycast.engine.config import EngineConfig
 from polycast.errors import PolycastError
-from polycast.runtime import auth
-from polycast.runtime.store import (_HDR, OP_ADD, OP_GET, OP_SET, OP_WAIT, StoreClient,
+from polycast.runtime.bootstrap import auth
+from polycast.runtime.bootstrap.store import (_HDR, OP_ADD, OP_GET, OP_SET, OP_WAIT, StoreClient,
                                     StoreServer, _frame_mac, store_key)
 
 SECRET = b"fuzz-secret-0123456789abcdef"

@@ -15,7 +15,7 @@ import numpy as np
 
 import polycast
 from polycast.engine import wire
-from polycast.runtime.mcast import open_group
+from polycast.runtime.transport.mcast import open_group
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 COUNT = 4096                        # float32 per rank: 16 KiB shards, a few datagrams each

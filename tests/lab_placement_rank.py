@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 import polycast
-from polycast.runtime.env import host_id
+from polycast.runtime.bootstrap.env import host_id
 
 TORCH_VARS = ("MASTER_ADDR", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
               "GROUP_WORLD_SIZE", "RANK", "WORLD_SIZE")

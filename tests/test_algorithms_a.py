@@ -272,7 +272,6 @@ def test_unknown_algorithm_lists_choices():
 
 def test_unsupported_rank_count(monkeypatch):
     # None of these algorithms refuses a P; the registry's check is shown on a stand-in.
-    registry._load()
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     register("alltoall", "pow2only", "test stand-in", power_of_two=True, min_ranks=2)(
         lambda spec: build("alltoall", "pairwise", spec.nranks, spec.count))

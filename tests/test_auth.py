@@ -1,4 +1,4 @@
-"""Job secrets (runtime/auth.py): the store and the ranks refuse outsiders, and forged,
+"""Job secrets (runtime/bootstrap/auth.py): the store and the ranks refuse outsiders, and forged,
 altered and replayed packets are dropped and counted without disturbing a result."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from polycast.runtime import auth
-from polycast.runtime.mcast import group_for
-from polycast.runtime.store import StoreClient, StoreServer, _frame_mac, store_key
-from polycast.runtime.world import _connect_pairs
+from polycast.runtime.bootstrap import auth
+from polycast.runtime.transport.mcast import group_for
+from polycast.runtime.bootstrap.store import StoreClient, StoreServer, _frame_mac, store_key
+from polycast.runtime.bootstrap.world import _connect_pairs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY = auth.secret_from_env({auth.ENV: "the job's secret"})

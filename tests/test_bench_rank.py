@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from polycast.collectives import Collective
-from polycast.runtime.bench_rank import measure
+from polycast.tools.bench_rank import measure
 
 
 class _Done:

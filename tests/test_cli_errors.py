@@ -18,7 +18,7 @@ def no_work(monkeypatch):
     """Fail the test if a command gets as far as starting ranks or simulating."""
     def refuse(*a, **k):
         raise AssertionError("work started before the arguments were checked")
-    for module, name in (("polycast.runtime.launch", "launch"),
+    for module, name in (("polycast.tools.launch", "launch"),
                          ("polycast.sim.simulate", "simulate"),
                          ("polycast.sim.sweep", "run_grid"), ("polycast.cli.algos", "rows_for")):
         monkeypatch.setattr(importlib.import_module(module), name, refuse)

@@ -1,4 +1,4 @@
-"""Single-copy messages between processes on one host (polycast.runtime.cma): the
+"""Single-copy messages between processes on one host (polycast.runtime.transport.cma): the
 process_vm_readv wrapper, the payload object the engine sees, the refusals, a writer that
 died, and whole collectives with single-copy forced on every message and forced off."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from polycast.engine.early import own
 from polycast.errors import PeerLost
-from polycast.runtime import cma
+from polycast.runtime.transport import cma
 
 from test_runtime_helpers import selftest
 
@@ -168,8 +168,8 @@ def test_writer_dead_before_its_descriptor_is_read_marks_it_lost():
     import socket
 
     from polycast.runtime.driver.peers import PeerIO
-    from polycast.runtime.tcp import TcpLink
-    from polycast.runtime.world import Peer, World
+    from polycast.runtime.transport.tcp import TcpLink
+    from polycast.runtime.bootstrap.world import Peer, World
 
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()

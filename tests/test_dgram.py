@@ -300,7 +300,7 @@ def test_runtime_multicast_exact_with_and_without_the_helper(native, secret):
     with a job secret (the helper checks every MAC)."""
     env = dict(os.environ, POLYCAST_NATIVE=native)
     cmd = [sys.executable, "-m", "polycast.cli.main", "run", "-n", "3", "--timeout", "120"] + \
-        (["--secret"] if secret else []) + ["-m", "polycast.runtime.selftest", "--suite", "mcast"]
+        (["--secret"] if secret else []) + ["-m", "polycast.tools.selftest", "--suite", "mcast"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count("SELFTEST mcast OK") == 3 and "mcast=yes" in p.stdout

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from polycast.cli.main import main as cli_main
-from polycast.runtime import doctor
+from polycast.tools import doctor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,7 +64,7 @@ def test_bad_input_is_one_line_and_status_2(capsys):
 
 
 def test_the_rings_check_says_which_rings_run_and_how_to_get_the_compiled_ones(monkeypatch):
-    from polycast.runtime import native
+    from polycast.runtime.transport import native
     c = doctor.check_rings()
     if native.ring is not None:
         assert c.status == "ok" and "compiled" in c.found

@@ -1,4 +1,4 @@
-"""Faults injected in the real UDP receive path (POLYCAST_FAULTS, runtime/faults.py): every
+"""Faults injected in the real UDP receive path (POLYCAST_FAULTS, runtime/transport/faults.py): every
 multicast collective on 4 real ranks stays exact under loss up to 30 %, reordering,
 duplication and stale datagrams replayed from earlier collectives and other communicators."""
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from polycast.errors import InvalidArgument
-from polycast.runtime import faults
+from polycast.runtime.transport import faults
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,11 +1,11 @@
-"""runtime/gil.py: the short GIL switch interval while a communication thread runs a job."""
+"""runtime/driver/gil.py: the short GIL switch interval while a communication thread runs a job."""
 
 import sys
 import threading
 
 import pytest
 
-from polycast.runtime import gil
+from polycast.runtime.driver import gil
 
 
 @pytest.fixture

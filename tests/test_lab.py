@@ -235,7 +235,7 @@ def _run_selftest(name: str, **extra) -> list[dict]:
     """The mcast selftest on every host of lab ``name``; per-rank engine stats."""
     env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-m", "polycast.cli.main", "lab", "run", "--name", name,
-                        "--timeout", "60", "--", sys.executable, "-m", "polycast.runtime.selftest",
+                        "--timeout", "60", "--", sys.executable, "-m", "polycast.tools.selftest",
                         "--suite", "mcast"], env={**env, **extra}, capture_output=True,
                        text=True, timeout=90)
     out = p.stdout
@@ -340,8 +340,8 @@ def test_every_mcast_collective_with_injected_faults():
     where datagrams are read) on every host of a 2-leaf lab: every multicast collective
     still exact, and the recovery really ran."""
     import importlib.util
-    if importlib.util.find_spec("polycast.runtime.faults") is None:
-        pytest.skip("the runtime's POLYCAST_FAULTS hook (polycast.runtime.faults) is not in "
+    if importlib.util.find_spec("polycast.runtime.transport.faults") is None:
+        pytest.skip("the runtime's POLYCAST_FAULTS hook (polycast.runtime.transport.faults) is not in "
                     "this tree")
     name = _name("f")
     netns.up(LabPlan.parse(name=name, hosts=4, leaves=2, link="200Mbps", uplink="2:1"))

@@ -48,7 +48,7 @@ def test_a_failing_rank_ends_the_others_and_sets_the_status(tmp_path):
 
 
 def test_module_form_and_a_real_collective():
-    res = _run(["-n", "2", "-m", "polycast.runtime.selftest", "--suite", "mismatch"])
+    res = _run(["-n", "2", "-m", "polycast.tools.selftest", "--suite", "mismatch"])
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("SELFTEST mismatch OK") == 2
     assert "[rank 0] " in res.stdout and "[rank 1] " in res.stdout

@@ -1,4 +1,4 @@
-"""The shm rings' compiled hot path (polycast/runtime/_ring.c) and its pure-Python fallback:
+"""The shm rings' compiled hot path (polycast/runtime/transport/_ring.c) and its pure-Python fallback:
 the same wire layout, so a writer of either kind and a reader of either kind interoperate
 (in one process here, and across processes in a 3-rank job with one fallback rank).
 Tests needing the compiled helper are skipped, saying why, where it was not built."""
@@ -14,9 +14,9 @@ import threading
 import numpy as np
 import pytest
 
-from polycast.runtime import futex, native
-from polycast.runtime.frames import KIND_CMA, KIND_CMA_DONE
-from polycast.runtime.shm import COPY_OUT_NBYTES, SLEEP_FUTEX, Ring
+from polycast.runtime.transport import futex, native
+from polycast.runtime.transport.frames import KIND_CMA, KIND_CMA_DONE
+from polycast.runtime.transport.shm import COPY_OUT_NBYTES, SLEEP_FUTEX, Ring
 from test_runtime_helpers import REPO, spawn_ranks
 
 needs_native = pytest.mark.skipif(native.ring is None,
@@ -194,7 +194,7 @@ def test_compiled_futex_wakes_a_sleeper_on_the_ring_counter(tmp_path):
 
 
 def test_native_off_forces_the_python_rings():
-    code = ("from polycast.runtime import native, shm, futex; import tempfile, os;"
+    code = ("from polycast.runtime.transport import native, shm, futex; import tempfile, os;"
             "p = os.path.join(tempfile.mkdtemp(), 'r'); r = shm.Ring.create(p, 1 << 16);"
             "r.unlink(); print(native.ring, r.native, futex.WaitSet([])._c_wait,"
             " native.describe())")
@@ -214,7 +214,7 @@ def test_job_with_compiled_and_python_ranks_is_exact():
     """3 shm ranks, rank 1 on the Python rings (POLYCAST_NATIVE=0), the others on the compiled
     ones where built: every collective and algorithm exact (single-copy off, so the rings
     carry every byte), each rank saying at POLYCAST_DEBUG=INFO which rings it runs."""
-    results = spawn_ranks(3, ["-m", "polycast.runtime.selftest", "--suite", "algos"],
+    results = spawn_ranks(3, ["-m", "polycast.tools.selftest", "--suite", "algos"],
                           env={"POLYCAST_TRANSPORT": "shm", "POLYCAST_SYMM": "0",
                                "POLYCAST_CMA": "0", "POLYCAST_DEBUG": "INFO"},
                           per_rank={1: {"POLYCAST_NATIVE": "0"}}, timeout=240)
@@ -232,7 +232,7 @@ def test_job_with_compiled_and_python_ranks_is_exact():
 def test_rings_on_a_cpu_without_total_store_order(monkeypatch):
     """The compiled rings order their accesses, so they are offered where the Python ones
     (and symm, offload) are not: on arm64 the rings need the compiled helper."""
-    from polycast.runtime import shm
+    from polycast.runtime.transport import shm
     compiled, why_not = native.ring, native.why_not
     monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")
     assert "store ordering" in shm.shm_unavailable_reason()     # Python shared memory: no
@@ -245,7 +245,7 @@ def test_rings_on_a_cpu_without_total_store_order(monkeypatch):
 
 
 AS_ARM64 = ("import platform, runpy; platform.machine = lambda: 'aarch64'; "
-            "runpy.run_module('polycast.runtime.selftest', run_name='__main__')")
+            "runpy.run_module('polycast.tools.selftest', run_name='__main__')")
 TRANSPORTS = re.compile(r"SELFTEST algos OK \d+ checks .* transports=(\S+)")
 
 

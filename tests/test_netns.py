@@ -84,7 +84,7 @@ def test_selftest_algos_across_three_hosts(lan_factory):
     """Every collective and algorithm, exact results, one rank per host: TCP + multicast."""
     net = lan_factory(3)
     before = [net.link_stats(k)["rx_packets"] for k in range(3)]
-    outs = _launch(net, 1, netns.python_argv("-m", "polycast.runtime.selftest",
+    outs = _launch(net, 1, netns.python_argv("-m", "polycast.tools.selftest",
                                              "--suite", "algos"))
     for rc, out in outs:
         assert rc == 0 and "SELFTEST algos OK" in out, out[-3000:]
@@ -136,7 +136,7 @@ def test_selftest_algos_two_ranks_per_host(lan_factory):
     """Every collective and algorithm (the hierarchical ones group ranks by host) on
     2 hosts x 2 ranks: shm inside a host, TCP across, multicast across the bridge."""
     net = lan_factory(2)
-    outs = _launch(net, 2, netns.python_argv("-m", "polycast.runtime.selftest",
+    outs = _launch(net, 2, netns.python_argv("-m", "polycast.tools.selftest",
                                              "--suite", "algos"))
     for rc, out in outs:
         assert rc == 0 and "SELFTEST algos OK" in out, out[-3000:]
@@ -160,7 +160,7 @@ def test_dead_rank_on_one_host_raises_peer_lost(lan_factory, hosts, per_host):
     """The last rank exits abruptly; the others (on its host via shm, on the other hosts
     via TCP) raise PeerLost naming it (selftest's death suite checks the name)."""
     net = lan_factory(hosts)
-    outs = _launch(net, per_host, netns.python_argv("-m", "polycast.runtime.selftest",
+    outs = _launch(net, per_host, netns.python_argv("-m", "polycast.tools.selftest",
                                                     "--suite", "death"))
     victim = hosts * per_host - 1
     assert outs[victim][0] == 17

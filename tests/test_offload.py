@@ -170,7 +170,7 @@ def test_bad_settings_are_clear_errors(monkeypatch):
         offload_workers({"POLYCAST_OFFLOAD_WORKERS": "-1"})
     with pytest.raises(InvalidArgument, match="POLYCAST_OFFLOAD_WORKERS='x'"):
         offload_workers({"POLYCAST_OFFLOAD_WORKERS": "x"})
-    from polycast.runtime.env import JobEnv
+    from polycast.runtime.bootstrap.env import JobEnv
     from polycast.runtime.offload.client import attach
     monkeypatch.setenv("POLYCAST_FAULTS", "loss=2")
     with pytest.raises(InvalidArgument, match="POLYCAST_FAULTS='loss=2'"):
@@ -185,8 +185,8 @@ def test_a_missing_offload_process_is_a_clear_error():
     """A rank whose host has no offload process (its local rank 0 is not in offload mode, or
     never came) gets OffloadLost naming what to check, within its timeout, not a hang."""
     from polycast.errors import OffloadLost
-    from polycast.runtime.env import JobEnv
-    from polycast.runtime.launch import free_port
+    from polycast.runtime.bootstrap.env import JobEnv
+    from polycast.tools.launch import free_port
     from polycast.runtime.offload.client import attach
 
     job = JobEnv(rank=1, size=2, local_rank=1, local_size=2, master_addr="127.0.0.1",

@@ -18,7 +18,7 @@ from polycast import REQUEST_NULL, UNDEFINED, Prequest, Request, Status
 
 @pytest.fixture(scope="module")
 def comm():
-    from polycast.runtime.launch import free_port
+    from polycast.tools.launch import free_port
     c = polycast.init(rank=0, size=1, master_addr="127.0.0.1", master_port=free_port(),
                       timeout=10)
     yield c

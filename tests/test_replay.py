@@ -1,4 +1,4 @@
-"""The compiled replay of a memoized small call (runtime/_replay.c, runtime/driver/replay.py,
+"""The compiled replay of a memoized small call (runtime/driver/_replay.c, runtime/driver/replay.py,
 engine/replay.py): its frames are the engine's, it stops on anything unexpected leaving it
 unconsumed, and real ranks get the engine's results and errors with it — whole, adopted at
 every step, mixed with ranks on the Python path, and with it off."""
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from polycast.engine.wire import MsgKind, make_header
-from polycast.runtime import native
+from polycast.runtime.transport import native
 from polycast.runtime.driver import replay
-from polycast.runtime.shm import SLEEP_FUTEX, Ring
+from polycast.runtime.transport.shm import SLEEP_FUTEX, Ring
 
 from test_runtime_helpers import rank_results, spawn_ranks
 
@@ -370,7 +370,7 @@ def test_the_engine_hands_over_what_it_held_early_for_the_next_call_only():
 
 def _sleeping_setup(tmp_path):
     """Rings and the allreduce plan for the futex-sleep tests (skipped without futexes)."""
-    from polycast.runtime import futex
+    from polycast.runtime.transport import futex
     if not futex.available():
         pytest.skip(f"no futexes: {futex.unavailable_reason()}")
     in_r, in_w, out_r, out_w = _rings(tmp_path)
@@ -379,7 +379,7 @@ def _sleeping_setup(tmp_path):
 
 @needs_replay
 def test_a_waiting_replay_sleeps_on_the_ring_and_the_peers_frame_wakes_it(tmp_path):
-    from polycast.runtime import futex
+    from polycast.runtime.transport import futex
     in_r, in_w, plan = _sleeping_setup(tmp_path)
     bells = []
 

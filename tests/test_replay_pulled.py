@@ -1,4 +1,4 @@
-"""Pulled DATA in the compiled replay (runtime/_replay.c): a large message between ranks
+"""Pulled DATA in the compiled replay (runtime/driver/_replay.c): a large message between ranks
 that read each other single-copy goes as the driver's descriptor frame, byte for byte
 (driver/peers.py), is read with process_vm_readv and acknowledged by seq; anything else is
 left unconsumed for the engine. Real ranks: tests/test_replay.py (the "pulled" cases)."""
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from polycast.engine.wire import F_PULL, MsgKind, make_header
-from polycast.runtime import cma, native
+from polycast.runtime.transport import cma, native
 from polycast.runtime.driver import replay
-from polycast.runtime.frames import KIND_CMA, KIND_CMA_DONE
+from polycast.runtime.transport.frames import KIND_CMA, KIND_CMA_DONE
 
 # our rings with rank 1 (this very process, as far as reads go)
 from test_replay import _rings

@@ -3,7 +3,7 @@
 multicast in both), exact results against polycast.reference; plus the API (in place,
 non-blocking, objects, Split/Dup, local argument errors) and the error paths.
 
-One group of processes runs many checks (polycast.runtime.selftest); each group is bounded
+One group of processes runs many checks (polycast.tools.selftest); each group is bounded
 by a timeout and killed by pid if it overruns."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from polycast.runtime.launch import free_port, rank_env
+from polycast.tools.launch import free_port, rank_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,5 +70,5 @@ def rank_results(results: list[RankResult], victim: int | None = None, *,
 
 
 def selftest(nranks: int, suite: str, env: dict | None = None, timeout: float = 120.0):
-    return spawn_ranks(nranks, ["-m", "polycast.runtime.selftest", "--suite", suite],
+    return spawn_ranks(nranks, ["-m", "polycast.tools.selftest", "--suite", suite],
                        env=env, timeout=timeout)

@@ -13,11 +13,11 @@ import pytest
 
 from polycast.collectives import Collective
 from polycast.errors import CollectiveTimeout, InvalidArgument
-from polycast.runtime import env as envmod
-from polycast.runtime.mcast import group_for, open_group
-from polycast.runtime.shm import Ring
-from polycast.runtime.store import PortInUse, StoreClient, StoreServer
-from polycast.runtime.tcp import TcpLink
+from polycast.runtime.bootstrap import env as envmod
+from polycast.runtime.transport.mcast import group_for, open_group
+from polycast.runtime.transport.shm import Ring
+from polycast.runtime.bootstrap.store import PortInUse, StoreClient, StoreServer
+from polycast.runtime.transport.tcp import TcpLink
 
 
 # -- environment ------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_ring_roundtrip_with_pieces_and_pinning(tmp_path):
 
 def _futex_ring_pair(tmp_path):
     """A ring's reader and writer ends (skips where futex wake-ups are unavailable)."""
-    from polycast.runtime import futex
+    from polycast.runtime.transport import futex
     if not futex.available():
         pytest.skip(f"futex wake-ups unavailable: {futex.unavailable_reason()}")
     path = str(tmp_path / "ring")
@@ -162,8 +162,8 @@ def test_ring_futex_bells_wake_a_sleeping_reader_and_a_blocked_writer(tmp_path):
     A thread sleeping on them (futex_waitv) wakes on the writer's FUTEX_WAKE."""
     import threading
 
-    from polycast.runtime import futex
-    from polycast.runtime.shm import SLEEP_FUTEX, SLEEP_SELECT
+    from polycast.runtime.transport import futex
+    from polycast.runtime.transport.shm import SLEEP_FUTEX, SLEEP_SELECT
     reader, writer = _futex_ring_pair(tmp_path)
     ws = futex.WaitSet([(reader.data_bell_addr, False), (writer.space_bell_addr, False)])
     d0, s0 = reader.data_bell(), writer.space_bell()
@@ -230,7 +230,7 @@ def test_futex_unavailable_says_why_and_the_driver_keeps_doorbells(monkeypatch, 
     answers False with a reason (and the driver then sleeps in select on doorbells)."""
     import ctypes
 
-    from polycast.runtime import futex
+    from polycast.runtime.transport import futex
     monkeypatch.setattr(futex, "_syscall", None)
     monkeypatch.setattr(futex, "_why_not", None)
     if how == "env":
@@ -296,7 +296,7 @@ def test_tcp_lazy_payload_is_read_into_its_destination_while_the_read_pumps_outp
     """A DATA larger than the socket buffers: the receiver gets a SocketPayload at its header
     and reads it straight into the destination; while it waits for bytes it calls the link's
     pump, which here is the only thing that makes the sender write the rest."""
-    from polycast.runtime.tcp import SocketPayload
+    from polycast.runtime.transport.tcp import SocketPayload
     la, lb = _tcp_pair()
     big = (np.arange(24 << 20, dtype=np.uint32) % 251).astype(np.uint8)
     la.enqueue(44, b"H" * 44, [memoryview(big)], big.nbytes, "big", lazy_ok=True)
@@ -418,7 +418,7 @@ def test_init_with_partial_explicit_job_is_rejected():
 def test_init_explicit_single_rank():
     import numpy as np
     import polycast
-    from polycast.runtime.launch import free_port
+    from polycast.tools.launch import free_port
     comm = polycast.init(rank=0, size=1, master_addr="127.0.0.1", master_port=free_port(),
                          timeout=10)
     try:
@@ -433,7 +433,7 @@ def test_init_explicit_single_rank():
 
 
 def test_shm_rings_are_refused_on_cpus_without_total_store_order(monkeypatch):
-    from polycast.runtime import shm
+    from polycast.runtime.transport import shm
     monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")
     assert not shm.shm_available()
     assert "store ordering" in shm.shm_unavailable_reason()
@@ -442,8 +442,8 @@ def test_shm_rings_are_refused_on_cpus_without_total_store_order(monkeypatch):
 
 
 def test_auto_symm_is_not_offered_without_total_store_order(monkeypatch):
-    from polycast.runtime import shm
-    from polycast.runtime.symm import routing
+    from polycast.runtime.transport import shm
+    from polycast.dispatch import routing
 
     class _World:
         single_host = True
@@ -457,7 +457,7 @@ def test_auto_symm_is_not_offered_without_total_store_order(monkeypatch):
 
 def test_datagram_size_follows_the_interface_mtu(monkeypatch):
     from polycast.engine.wire import header_nbytes
-    from polycast.runtime.mcast import datagram_payload_nbytes
+    from polycast.runtime.transport.mcast import datagram_payload_nbytes
     assert datagram_payload_nbytes("job", True, None) == 60000
     monkeypatch.setenv("POLYCAST_MCAST_IF", "127.0.0.1")          # lo: a 64 KiB MTU
     with open("/sys/class/net/lo/mtu") as fh:
@@ -479,7 +479,7 @@ def test_a_driving_thread_does_not_sleep_on_a_request_already_done():
     import numpy as np
     import polycast
     from polycast.runtime.driver.request import Request
-    from polycast.runtime.launch import free_port
+    from polycast.tools.launch import free_port
     comm = polycast.init(rank=0, size=1, master_addr="127.0.0.1", master_port=free_port(),
                          timeout=10)
     try:
@@ -532,9 +532,9 @@ def test_a_ring_wake_up_wakes_every_sleeper_of_the_reader(tmp_path):
     import threading
     from types import SimpleNamespace
 
-    from polycast.runtime import futex
+    from polycast.runtime.transport import futex
     from polycast.runtime.driver.peers import PeerIO
-    from polycast.runtime.shm import SLEEP_FUTEX
+    from polycast.runtime.transport.shm import SLEEP_FUTEX
     reader, writer = _futex_ring_pair(tmp_path)
     d0 = reader.data_bell()
     reader.set_sleeping(SLEEP_FUTEX)

@@ -13,9 +13,9 @@ import sys
 import pytest
 
 from polycast.runtime.driver.peers import PeerIO
-from polycast.runtime.frames import KIND_BYE, control_frame
-from polycast.runtime.tcp import TcpLink
-from polycast.runtime.world import Peer, World
+from polycast.runtime.transport.frames import KIND_BYE, control_frame
+from polycast.runtime.transport.tcp import TcpLink
+from polycast.runtime.bootstrap.world import Peer, World
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

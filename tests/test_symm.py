@@ -323,7 +323,7 @@ def _auto_suite(comm, check, leftovers) -> None:
     st.slot_nbytes = 1024
     # Above the slots, allgather reads peers' arrays single-copy where the rings' probes
     # said every rank may (POLYCAST_CMA=0: never; then it stages like the rest).
-    from polycast.runtime import cma
+    from polycast.runtime.transport import cma
     world = comm._driver.world
     may = cma.disabled_reason() is None and not world.single_copy_refused
     check("auto/single-copy-as-probed", st.single_copy == may,
@@ -466,7 +466,7 @@ def _auto_suite(comm, check, leftovers) -> None:
     # A rank whose C library lacks process_vm_writev (faked on rank 1, the root, while a
     # fresh communicator makes its symm state): every rank agrees the broadcast cannot
     # write, and it stages instead, on every rank alike (no mismatch, no hang, exact).
-    from polycast.runtime import cma as cma_mod
+    from polycast.runtime.transport import cma as cma_mod
     real_writev = cma_mod._writev
     if r == 1 % P:
         cma_mod._writev = None

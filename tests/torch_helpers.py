@@ -41,7 +41,7 @@ def polycast_run(nranks: int, script, *args, timeout: float = 240, **extra):
 
 def torchrun(nranks: int, script, *args, timeout: float = 240, **extra):
     """``torchrun --nproc-per-node nranks script args`` on a free port -> CompletedProcess."""
-    from polycast.runtime.launch import free_port
+    from polycast.tools.launch import free_port
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                            str(nranks), "--master-port", str(free_port()), str(script),
                            *map(str, args)],
@@ -61,7 +61,7 @@ def results(result_dir) -> list[dict]:
 def spawn(nranks: int, script, *args, timeout: float = 120, **extra) -> list:
     """Start the ranks ourselves (no launcher that ends the others when one fails):
     -> [(returncode, stdout, stderr)] per rank."""
-    from polycast.runtime.launch import free_port
+    from polycast.tools.launch import free_port
     port = free_port()
     procs = []
     try:

@@ -30,7 +30,7 @@ from polycast.engine.engine import Engine, EngineConfig
 from polycast.engine.wire import F_PULL, MsgKind, parse_header, verify_mac
 from polycast.memory import Buffers
 from polycast.reference import reference
-from polycast.runtime.lazy import LazyPayload
+from polycast.runtime.transport.lazy import LazyPayload
 
 
 class Pulled(LazyPayload):

@@ -2,7 +2,7 @@
 
     polycast bench -n 4 allgather --algo ring,mcast --min 1KiB --max 64MiB [--json]
 
-Starts the ranks itself (polycast.runtime.launch), runs every size (from --min to --max,
+Starts the ranks itself (polycast.tools.launch), runs every size (from --min to --max,
 times --step-factor) with every algorithm, and prints per row: size, count, dtype,
 algorithm, time (us), algbw and busbw (GB/s = 1e9 B/s; busbw = algbw x the nccl-tests
 factor of the collective) and whether the result matched polycast.reference exactly.
@@ -12,45 +12,15 @@ do; ``--nonblocking`` times ``Iallreduce(...).Wait()`` and the like.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
-import threading
 
 from ..collectives import Collective, ReduceOp, parse_dtype
-from ..errors import InvalidArgument, PolycastError
+from ..errors import InvalidArgument
+from ..tools.bench import measure as _measure
 from ..units import format_size, parse_size
 from . import checks
 from .table import print_table
-
-
-class _Sink(io.RawIOBase):
-    """Collects the ranks' forwarded output: rows and progress from rank 0."""
-
-    def __init__(self, progress) -> None:
-        self.rows: list[dict] = []
-        self.errors: list[dict] = []
-        self.other: list[str] = []
-        self._progress = progress
-        self._lock = threading.Lock()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        line = bytes(data).decode("utf-8", "replace").rstrip("\n")
-        body = line.split("] ", 1)[1] if line.startswith("[rank ") else line
-        with self._lock:
-            if body.startswith("BENCHROW "):
-                self.rows.append(json.loads(body[9:]))
-            elif body.startswith("BENCHERROR "):
-                self.errors.append(json.loads(body[11:]))
-            elif body.startswith("BENCHPROGRESS "):
-                done, total = (int(x) for x in body.split()[1:3])
-                self._progress(done, total)
-            else:
-                self.other.append(line)
-        return len(data)
 
 
 def _progress_factory(enabled: bool):
@@ -90,12 +60,9 @@ def measure(collective, nranks: int, algos: list[str], sizes: list[int], *, iter
             warmup: int = 5, dtype: str = "float32", op: str = "sum", root: int = 0,
             check: bool = True, transport: str | None = None, timeout_seconds: float = 900,
             progress=None, nonblocking: bool = False) -> list[dict]:
-    """Launch ``nranks`` local ranks and measure ``collective`` for every algorithm and size.
-
-    Returns the rows (dicts with ``collective, algorithm, nranks, nbytes, count, dtype,
-    time_us, algbw, busbw, correct, transport``); raises :class:`PolycastError` naming the
-    algorithm and size that failed, with the ranks' last output."""
-    from ..runtime.launch import launch
+    """Check the arguments (one line each, before any rank starts), then launch ``nranks``
+    local ranks and measure ``collective`` for every algorithm and size
+    (:func:`polycast.tools.bench.measure`: the rows, or PolycastError naming what failed)."""
     coll = Collective.parse(collective)
     checks.positive_int("-n", nranks)
     if not sizes:
@@ -110,21 +77,10 @@ def measure(collective, nranks: int, algos: list[str], sizes: list[int], *, iter
     checks.algorithm_names(coll, algos, nranks, allow_auto=True)
     for a in algos:
         checks.schedule_fits(coll, a, nranks)
-    sink = _Sink(progress or (lambda done, total: None))
-    cmd = ["-m", "polycast.runtime.bench_rank", str(coll), "--algo", ",".join(algos),
-           "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
-           "--warmup", str(warmup), "--dtype", dtype, "--op", op,
-           "--root", str(root)] + ([] if check else ["--no-check"]) + (
-               ["--nonblocking"] if nonblocking else [])
-    extra = {"POLYCAST_TRANSPORT": transport} if transport else {}
-    status = launch(nranks, cmd, extra_env=extra, stdout=sink, timeout_seconds=timeout_seconds)
-    if sink.errors or status != 0:
-        what = "; ".join(f"{e['algorithm']} at {format_size(e['nbytes'])}: {e['error']}"
-                         for e in sink.errors)
-        tail = "\n".join(sink.other[-20:])
-        raise PolycastError(f"{coll} benchmark failed (exit status {status})"
-                            + (f": {what}" if what else "") + (f"\n{tail}" if tail else ""))
-    return sink.rows
+    return _measure(coll, nranks, algos, sizes, iters=iters, warmup=warmup, dtype=dtype, op=op,
+                    root=root, check=check, transport=transport,
+                    timeout_seconds=timeout_seconds, progress=progress,
+                    nonblocking=nonblocking)
 
 
 def run(args) -> int:
@@ -135,7 +91,7 @@ def run(args) -> int:
         if lo < 1 or hi < lo:
             raise InvalidArgument(f"need 1 <= --min <= --max, got {args.min} and {args.max}")
         checks.positive_int("--step-factor", args.step_factor, minimum=2)
-        from ..runtime.bench_rank import sizes_between
+        from ..tools.bench_rank import sizes_between
         sizes = sizes_between(lo, hi, args.step_factor)
     algos = checks.names(args.algo, "algorithms")
     if args.timeout <= 0:

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..errors import InvalidArgument
-    from ..runtime.doctor import FAIL, run_checks
+    from ..tools.doctor import FAIL, run_checks
     if args.probe and args.iface is None:
         raise InvalidArgument("--probe needs --iface (loopback is always probed)")
     checks = run_checks(args.iface, args.probe)

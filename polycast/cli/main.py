@@ -8,7 +8,7 @@ import importlib
 import importlib.util
 import sys
 
-from .. import __version__
+from ..version import __version__
 from ..errors import PolycastError
 from .checks import Parser
 

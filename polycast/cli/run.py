@@ -1,10 +1,10 @@
-"""``polycast run -n N script.py ARGS``: start N local ranks (see polycast.runtime.launch)."""
+"""``polycast run -n N script.py ARGS``: start N local ranks (see polycast.tools.launch)."""
 
 from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from ..runtime import launch
+    from ..tools import launch
     p = subparsers.add_parser("run", help="start N local ranks of a Python script",
                               description=launch.__doc__.splitlines()[0])
     launch.add_arguments(p)

@@ -155,7 +155,8 @@ def _rounded(coll: Collective, nodes: int, S: int) -> int:
 
 
 def _calibrate(args, nodes: int) -> int:
-    from ..planner import calibrate, profile
+    from ..planner import profile
+    from ..tools import calibrate
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)

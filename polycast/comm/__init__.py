@@ -22,7 +22,7 @@ Modules: :mod:`.core` (identity, posting, Split/Dup/Free), :mod:`.choice` (which
 
 from ..errors import UnknownName
 from ..runtime.driver.request import REQUEST_NULL, Request
-from .buffers import IN_PLACE
+from ..buffers import IN_PLACE
 from .communicator import Comm
 from .core import UNDEFINED
 from .lifecycle import finalize, init, world

@@ -18,13 +18,14 @@ import numpy as np
 from .. import ops as _ops
 from ..collectives import Collective
 from ..errors import InvalidArgument
+from ..dispatch import routing as _routing
 from ..runtime import symm as _symm
 from ..runtime.driver import Request
 # A rank whose own arguments fail on the symmetric-memory path still joins its opening
 # barrier, as "cannot take part", so the peers raise at once (a plain try/except around
 # the checks: a context manager cost ~1.5 us a call).
 from ..runtime.symm.common import _tell_peers as _symm_tell_peers
-from .buffers import IN_PLACE, check_disjoint, message, same_memory
+from ..buffers import IN_PLACE, check_disjoint, message, same_memory
 
 # Routing asks symmetric memory about "an ordinary array" when a rank's buffer is anything
 # else, so every rank takes the same path whatever it passed (bad arguments included).
@@ -90,7 +91,7 @@ class BufferCollectives:
                               lambda: self._bcast(buf, root, algorithm, False), None, buf)
 
     def _bcast(self, buf, root, algorithm, blocking: bool) -> Request:
-        if _root_ok(root, self.size) and _symm.auto_staged(self, Collective.BROADCAST,
+        if _root_ok(root, self.size) and _routing.auto_staged(self, Collective.BROADCAST,
                                                            algorithm, _probe(buf)):
             try:
                 b = message(buf, "buf", writable=self.rank != root)
@@ -152,11 +153,11 @@ class BufferCollectives:
             raise self._refused("Allreduce", exc)
         in_place = sendbuf is IN_PLACE
         if opx.builtin:
-            path = _symm.route(self, Collective.ALLREDUCE, algorithm, _probe(sendbuf),
+            path = _routing.route(self, Collective.ALLREDUCE, algorithm, _probe(sendbuf),
                                _probe(recvbuf), in_place)
-            if path is _symm.SYMM:
+            if path is _routing.SYMM:
                 return _symm.allreduce(self, sendbuf, recvbuf, opx.name, in_place, blocking)
-            if path is _symm.STAGED:
+            if path is _routing.STAGED:
                 try:
                     recv, send, in_place = self._allreduce_args(sendbuf, recvbuf, opx)
                 except InvalidArgument:
@@ -208,11 +209,11 @@ class BufferCollectives:
         if sendbuf is None:
             sendbuf = IN_PLACE                  # mpi4py 4: None is IN_PLACE here
         in_place = sendbuf is IN_PLACE
-        path = _symm.route(self, Collective.ALLGATHER, algorithm, _probe(sendbuf),
+        path = _routing.route(self, Collective.ALLGATHER, algorithm, _probe(sendbuf),
                            _probe(recvbuf), in_place)
-        if path is _symm.SYMM:
+        if path is _routing.SYMM:
             return _symm.allgather(self, sendbuf, recvbuf, in_place, blocking)
-        if path is _symm.STAGED:
+        if path is _routing.STAGED:
             try:
                 recv, send, in_place = self._allgather_args(sendbuf, recvbuf)
             except InvalidArgument:
@@ -273,12 +274,12 @@ class BufferCollectives:
             raise self._refused("Reduce_scatter_block", exc)
         in_place = sendbuf is IN_PLACE
         if opx.builtin:
-            path = _symm.route(self, Collective.REDUCE_SCATTER, algorithm, _probe(sendbuf),
+            path = _routing.route(self, Collective.REDUCE_SCATTER, algorithm, _probe(sendbuf),
                                _probe(recvbuf), in_place)
-            if path is _symm.SYMM:
+            if path is _routing.SYMM:
                 return _symm.reduce_scatter(self, sendbuf, recvbuf, opx.name, in_place,
                                             blocking)
-            if path is _symm.STAGED:
+            if path is _routing.STAGED:
                 try:
                     recv, send = self._reduce_scatter_args(sendbuf, recvbuf, opx)
                 except InvalidArgument:

@@ -16,10 +16,11 @@ from ..algorithms import build
 from ..collectives import Collective
 from ..errors import InvalidArgument, PolycastError
 from ..schedule.guard import agreed
+from ..dispatch import routing as _routing
 from ..runtime import symm as _symm
 from ..runtime.driver import Driver, Request
-from . import choice
-from .buffers import dtype_name
+from ..dispatch import choice
+from ..buffers import dtype_name
 
 # The collectives that may take the staged symmetric-memory path (Comm.refuse).
 _SYMM_STAGED = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SCATTER,
@@ -185,9 +186,9 @@ class CommCore:
             return
         coll, algorithm = key[0], key[1]
         if algorithm is None or algorithm.lower() == "auto":
-            if not (_symm.auto_disabled() or not _symm.routing._members_on_one_host(self)):
+            if not (_routing.auto_disabled() or not _routing._members_on_one_host(self)):
                 return
-        elif algorithm.lower() == _symm.NAME:
+        elif algorithm.lower() == _routing.NAME:
             return
         for arr in (send, recv):
             # (arrays the helper would refuse on every call are not worth keeping)
@@ -261,7 +262,7 @@ class CommCore:
         this rank and every rank's next call matches, as when Comm's own checks fail.
         Returns the error to raise here."""
         coll = Collective.parse(coll)
-        if coll in _SYMM_STAGED and _symm.auto_staged(self, coll, algorithm, _NO_BUFFER):
+        if coll in _SYMM_STAGED and _routing.auto_staged(self, coll, algorithm, _NO_BUFFER):
             err = exc if isinstance(exc, InvalidArgument) else \
                 InvalidArgument(f"{coll}: {exc}")
             try:
@@ -279,7 +280,7 @@ class CommCore:
         runs through symmetric memory (staged) rather than an engine schedule. Collective
         the first time on a communicator (it may set up the symmetric state): call it on
         every rank."""
-        return _symm.auto_staged(self, Collective.parse(coll), algorithm,
+        return _routing.auto_staged(self, Collective.parse(coll), algorithm,
                                  np.empty(0, np.dtype(dtype)), nbytes)
 
     def symm_empty(self, shape, dtype=np.float32) -> np.ndarray:
@@ -333,11 +334,9 @@ class CommCore:
         self._direct = {}
         _symm.free(self)
         if self.id == 0:
-            from . import lifecycle
-            if lifecycle._WORLD is self:
-                lifecycle.finalize()
-            else:
-                lifecycle.close_comm(self)      # made by open_comm (polycast.torch's)
+            # The world, or a communicator polycast.torch made with lifecycle.open_comm: it
+            # owns its driver (a freed world is made anew by init()).
+            self._driver.close()
         else:
             self._driver.free_comm(self.id)
 

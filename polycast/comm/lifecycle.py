@@ -21,7 +21,7 @@ def init(*, rank: int | None = None, size: int | None = None,
          mtu_nbytes: int | None = None, pacing_gbps: float | None = None,
          progress: str | None = None) -> Comm:
     """Join the job and return the world communicator (calling it again returns the same
-    one). The job is described by the environment (see :mod:`polycast.runtime.env`: polycast
+    one). The job is described by the environment (see :mod:`polycast.runtime.bootstrap.env`: polycast
     run, torchrun, mpiexec, srun), or explicitly by ``rank``, ``size``, ``master_addr`` and
     ``master_port`` (all four; every rank on one host is assumed when the address is a
     loopback one). ``transport``: "auto", "shm" or "tcp" (else POLYCAST_TRANSPORT);
@@ -30,7 +30,7 @@ def init(*, rank: int | None = None, size: int | None = None,
     carries every local rank's communication: :mod:`polycast.runtime.offload`; else
     POLYCAST_PROGRESS)."""
     global _WORLD
-    from ..runtime.env import detect
+    from ..runtime.bootstrap.env import detect
     from ..runtime.offload import progress_mode
     with _WORLD_LOCK:
         if _WORLD is not None and not _WORLD._freed:
@@ -71,13 +71,13 @@ def init(*, rank: int | None = None, size: int | None = None,
 
 def open_comm(job, *, transport: str | None = None, store=None,
               mtu_nbytes: int | None = None, pacing_gbps: float | None = None) -> Comm:
-    """Connect the ranks of ``job`` (a :class:`polycast.runtime.env.JobEnv`) and return
+    """Connect the ranks of ``job`` (a :class:`polycast.runtime.bootstrap.env.JobEnv`) and return
     their communicator, with its own progress thread and connections. :func:`init` makes
     the world so; polycast.torch makes one per process group, rendezvousing through
-    torch's ``store`` (see :func:`polycast.runtime.world.connect`). Closed by
+    torch's ``store`` (see :func:`polycast.runtime.bootstrap.world.connect`). Closed by
     :func:`close_comm`."""
-    from ..runtime.config import engine_config
-    from ..runtime.world import connect
+    from ..runtime.bootstrap.engine_config import engine_config
+    from ..runtime.bootstrap.world import connect
     world = connect(job, transport, store=store)
     config = engine_config(world, job.timeout_seconds, mtu_nbytes=mtu_nbytes,
                            pacing_gbps=pacing_gbps)
@@ -109,7 +109,7 @@ def finalize() -> None:
 
 
 def world() -> Comm:
-    if _WORLD is None:
+    if _WORLD is None or _WORLD._freed:
         raise InvalidArgument("polycast.init() has not been called")
     return _WORLD
 

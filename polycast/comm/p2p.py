@@ -24,7 +24,7 @@ import numpy as np
 from ..engine.p2p import ANY_SOURCE, ANY_TAG
 from ..errors import CollectiveTimeout, InvalidArgument
 from ..runtime.driver.request import PROC_NULL, Request, Status  # noqa: F401  (comm's API)
-from .buffers import message
+from ..buffers import message
 from .message import MESSAGE_NO_PROC, Message
 
 TAG_UB = 0x7FFFFFFF

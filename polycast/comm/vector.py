@@ -51,8 +51,8 @@ from ..errors import InvalidArgument
 from ..planner import choose
 from ..runtime.driver import Request
 from ..schedule.vector import total_elements as _vector_elements
-from . import choice
-from .buffers import IN_PLACE, check_disjoint, dtype_name, message, same_memory, vector
+from ..dispatch import choice
+from ..buffers import IN_PLACE, check_disjoint, dtype_name, message, same_memory, vector
 
 
 def _crc(counts) -> int:

@@ -32,7 +32,7 @@ class EngineConfig:
     # 256 KiB, not 64: a 64-256 KiB payload crosses the shm ring byte by byte anyway, and its
     # RTS/CTS round trip was most of its cost (4 local ranks, 1 MiB allgather and allreduce,
     # 256 KiB blocks: 9-15 % more busbw, 10-20 % less CPU a rank; TCP alike). Payloads that go
-    # single-copy (runtime/cma.py, from 512 KiB) stay rendezvous: sent eagerly, 14-43 % of
+    # single-copy (runtime/transport/cma.py, from 512 KiB) stay rendezvous: sent eagerly, 14-43 % of
     # them reached a 4-rank allgather's receiver before its call and were copied twice.
     eager_max_nbytes: int = 256 * 1024
     # Multicast chunks are placed by someone else (the offload's receive workers): MRECV

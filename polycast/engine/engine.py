@@ -147,7 +147,7 @@ class Engine(Rendezvous, ReliableMulticast, Failure, PointToPoint, Replay):
         ``limits[peer]`` bytes goes as a DATA flagged ``F_PULL`` at once, with no RTS: the
         driver promises that such a DATA reaches ``peer`` as a payload the receiver may
         hold unread (``hold()``, its bytes staying in our memory until it reads them or
-        lets go: the runtime's single-copy descriptors, runtime/cma.py). The receiver then
+        lets go: the runtime's single-copy descriptors, runtime/transport/cma.py). The receiver then
         does what it does with an RTS (engine/rendezvous.py), reading where it would have
         sent a CTS: one frame instead of three. A driver sets the same value on both ends
         of a pair (a receiver whose peer pulls sends it no unasked CTS); a mismatch costs

@@ -1,5 +1,5 @@
 """The engine's side of a replayed call: a collective it has seen before, carried out by a
-compiled helper (polycast/runtime/_replay.c, driven by runtime/driver/replay.py) instead of
+compiled helper (polycast/runtime/driver/_replay.c, driven by runtime/driver/replay.py) instead of
 one engine event per message.
 
 The engine still decides everything. Once per (schedule, itemsize, dtype, op) it exports

@@ -113,11 +113,11 @@ HOST_PYTHON_FALLBACK = {
 #: when host_native.json is missing or unreadable).
 HOST_NATIVE_FALLBACK = {
     "seconds_per_chunk": 0.3e-6,
-    "seconds_per_byte": 0.1e-9,
+    "seconds_per_byte": 0.47e-9,
     "clock_hz": 2.6e9,
     "source": "built-in fallback (bench/nic.py on the development machine)",
 }
-HOST_RCVBUF_NBYTES = 64 << 20      # polycast.runtime.mcast.RCVBUF_NBYTES
+HOST_RCVBUF_NBYTES = 64 << 20      # polycast.runtime.transport.mcast.RCVBUF_NBYTES
 
 
 @dataclass(frozen=True)

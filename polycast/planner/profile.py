@@ -28,7 +28,7 @@ import threading
 import time
 import warnings
 
-from .. import __version__
+from ..version import __version__
 
 FORMAT = 1
 

@@ -1,21 +1,22 @@
-"""polycast.runtime: the real-process driver of the engine.
+"""polycast.runtime: the real-process driver of the engine, in layers a reader can take
+one at a time (each imports only the ones below it; pyproject.toml's import-linter
+contracts check it):
 
 =============== ==========================================================================
-module          what it holds
+package         what it holds
 =============== ==========================================================================
-env             rank/size/master address from polycast run, torchrun, mpiexec or srun
-store           the rendezvous TCP key-value store (server on rank 0, bounded clients)
-launch          ``polycast run -n N script.py``: local ranks, ``[rank N]`` output, fail-fast
-world           bootstrap: rendezvous, one TCP connection per pair, shm rings per local pair
-frames          the framing shared by the reliable transports
-tcp             non-blocking framed TCP link (queued partial writes, recv_into)
-shm             SPSC shared-memory rings, zero-copy receive, doorbells over TCP
-mcast           UDP multicast groups per (job, communicator), own-datagram BPF filter
-driver/         the engines' driver: progress, actions, peer I/O, datagrams, timers, Request
-symm/           symmetric memory on one host: peers read each other's buffers (auto, symm)
-selftest        every collective and algorithm against the reference on real ranks
-bench_rank      the rank side of ``polycast bench``
+offload/        the per-host offload process: carries every local rank's communication
+symm/           symmetric memory on one host: peers read each other's buffers
+driver/         the engines' driver: progress thread, actions, peer I/O, datagrams,
+                timers, Request, the compiled replay of a repeated call (``_replay.c``)
+bootstrap/      the job: its environment (polycast run, torchrun, mpiexec, srun), the
+                rendezvous store and its authentication, the connected world, the
+                engine configuration, the rank's failure report to its launcher
+transport/      moving bytes: framing, TCP links, shared-memory rings (``_ring.c``),
+                single-copy reads, futex wake-ups, UDP multicast, fault injection
 =============== ==========================================================================
 
-The user API is :mod:`polycast.comm` (``polycast.init()``).
+The user API is :mod:`polycast.comm` (``polycast.init()``); which path runs a call is
+:mod:`polycast.dispatch`'s; the launcher, doctor, self-test and benchmark ranks are
+programs around the library (:mod:`polycast.tools`).
 """

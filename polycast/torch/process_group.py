@@ -66,7 +66,7 @@ class Options:
 def _timeout_seconds(options: Options, timeout) -> float:
     if options.timeout_seconds is not None:
         return float(options.timeout_seconds)
-    from ..runtime.env import timeout_from_env
+    from ..runtime.bootstrap.env import timeout_from_env
     if os.environ.get("POLYCAST_TIMEOUT"):
         return timeout_from_env()
     if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0:

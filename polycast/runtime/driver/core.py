@@ -24,9 +24,9 @@ from ...engine.actions import CloseStream, OpenStream, StreamData
 from ...engine.engine import Engine, EngineConfig
 from ...errors import InvalidArgument, PolycastError
 from ...memory import Buffers
-from ..report import process_state
+from ..bootstrap.report import process_state
+from ..bootstrap.world import World
 from ..transport import dgram
-from ..world import World
 from .datagrams import MulticastIO
 from .direct import DirectCall, env_data
 from .execute import ActionRunner, CommState
@@ -46,7 +46,7 @@ INLINE_POST_MAX_NBYTES = 256 << 10
 # engine's eager_max_nbytes, 256 KiB): a RTS/CTS round trip in Python cost more than the
 # second copy the ring makes, and an eager message fits one ring frame, so the compiled
 # replay carries it (2 ranks, 1 MiB allgather, 512 KiB messages: 319 -> 122 us a call).
-# Larger ones go by rendezvous, single-copy (runtime/cma.py). Bounded so that one eager
+# Larger ones go by rendezvous, single-copy (runtime/transport/cma.py). Bounded so that one eager
 # message from every peer fills at most a quarter of the early buffer, and raised only in
 # calls of at most an eighth of it (Engine.eager_limits): a rank that posts late holds what
 # its peers send it eager, so a large call's messages keep the rendezvous.
@@ -431,7 +431,7 @@ class Driver:
             if self.secret:
                 wire.verify_mac(header, payload if payload is not None else b"", self.secret)
         except PolycastError as exc:
-            # A forged or corrupt frame (wrong or missing MAC: runtime/auth.py): dropped and
+            # A forged or corrupt frame (wrong or missing MAC: runtime/bootstrap/auth.py): dropped and
             # counted with the world communicator's drops.
             cs = self._comms.get(0)
             if cs is not None:

@@ -5,7 +5,7 @@ Fire and forget, as the engine's reliable-multicast protocol expects: a datagram
 kernel refuses (ENOBUFS) is simply lost and recovered by the protocol. A datagram the
 engine paces (``not_before`` in the future) waits in a heap and leaves when due; what is due
 leaves in one batch. :meth:`MulticastIO.read` is the one place datagrams are read, and
-where ``POLYCAST_FAULTS`` (:mod:`polycast.runtime.faults`) injects loss, duplicates,
+where ``POLYCAST_FAULTS`` (:mod:`polycast.runtime.transport.faults`) injects loss, duplicates,
 reordering and replays.
 
 Two ways, chosen once per driver (runtime/transport/dgram.py):
@@ -26,9 +26,9 @@ import itertools
 import selectors
 import time
 
-from .. import faults as _faults
-from ..mcast import MulticastUnavailable, drop_own_datagrams, open_group
 from ..transport import dgram
+from ..transport import faults as _faults
+from ..transport.mcast import MulticastUnavailable, drop_own_datagrams, open_group
 
 READ_BATCH = dgram.READ_BATCH   # datagrams read per readable event before other work
 DATAGRAM_MAX_NBYTES = 65536

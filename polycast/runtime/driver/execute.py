@@ -24,7 +24,7 @@ from .timers import Timers
 
 
 # Kinds whose payload the receiving engine only delivers or keeps (engine.early.own): the
-# transport may hand it a payload that reads the sender's memory (runtime/cma.py).
+# transport may hand it a payload that reads the sender's memory (runtime/transport/cma.py).
 _LAZY_OK = frozenset((MsgKind.DATA, MsgKind.P2P_DATA))
 
 

@@ -10,9 +10,9 @@ through three callbacks what happened —
 
 Driver-level frames (doorbells, the orderly ``bye``, single-copy descriptors and their
 acknowledgements) are handled here and never passed on. A large DATA to a peer on this host
-whose ring said yes goes single-copy (:mod:`polycast.runtime.cma`): a descriptor in the ring,
+whose ring said yes goes single-copy (:mod:`polycast.runtime.transport.cma`): a descriptor in the ring,
 the payload read by the peer straight from our memory; its token is reported sent when the
-peer acknowledges, and ``on_frame`` gets a :class:`~polycast.runtime.cma.RemotePayload`.
+peer acknowledges, and ``on_frame`` gets a :class:`~polycast.runtime.transport.cma.RemotePayload`.
 The runtime's driver uses it, and so can any other process that runs engines over the
 same world (the offload process).
 """
@@ -22,12 +22,12 @@ from __future__ import annotations
 import selectors
 
 from ...errors import PeerLost
-from .. import cma, futex
-from ..frames import KIND_BYE, KIND_CMA, KIND_CMA_DONE, KIND_DOORBELL, is_driver_kind
-from ..shm import SLEEP_FUTEX
-from .. import tcp
-from ..tcp import LinkClosed, SocketPayload
-from ..world import World
+from ..transport import cma, futex
+from ..transport.frames import KIND_BYE, KIND_CMA, KIND_CMA_DONE, KIND_DOORBELL, is_driver_kind
+from ..transport.shm import SLEEP_FUTEX
+from ..transport import tcp
+from ..transport.tcp import LinkClosed, SocketPayload
+from ..bootstrap.world import World
 
 # A ring's futex counter can have two sleepers in the process at once: the progress thread
 # (carrying a request nobody waits on, e.g. an overlapped Iallreduce) and a user thread

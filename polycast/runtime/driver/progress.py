@@ -18,8 +18,9 @@ import threading
 import time
 
 from ...errors import CollectiveTimeout, PolycastError
-from .. import futex, gil
-from ..shm import SLEEP_FUTEX, SLEEP_SELECT
+from ..transport import futex
+from . import gil
+from ..transport.shm import SLEEP_FUTEX, SLEEP_SELECT
 
 IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost doorbells)
 # While requests are outstanding and input came recently, poll instead of sleeping in
@@ -174,7 +175,7 @@ class Progress:
             self._wake_w.close()
 
     def _short_switch(self, want: bool) -> None:
-        """Hold a short GIL switch interval (runtime/gil.py) while this thread carries
+        """Hold a short GIL switch interval (runtime/driver/gil.py) while this thread carries
         requests nobody drives (an overlapped Iallreduce while the user computes): each
         return from a sleep, a copy or a reduction takes the GIL back from the computing
         thread within gil.SWITCH_SECONDS instead of CPython's 5 ms (measured: 6.7 vs

@@ -1,4 +1,4 @@
-"""Replaying a memoized call in the compiled helper (runtime/_replay.c).
+"""Replaying a memoized call in the compiled helper (runtime/driver/_replay.c).
 
 On the engine path a small collective costs one engine event per message, in Python, on
 every rank (bench/floor.py: ~16.5 us per rank per 4-rank 8-byte allreduce, the whole CPU
@@ -41,10 +41,10 @@ import time
 from ...engine.early import holding
 from ...errors import PolycastError
 from ...schedule.ir import Kind
-from .. import native
-from ..shm import SLEEP_SELECT
+from ..transport import native
+from ..transport.shm import SLEEP_SELECT
 
-# Why a replay stopped (runtime/_replay.c's reasons, in order).
+# Why a replay stopped (runtime/driver/_replay.c's reasons, in order).
 REASONS = ("done", "wait", "frame", "full", "doorbell", "overlap", "limit")
 _DONE = 0
 _READ_POS = operator.attrgetter("_read_pos")

@@ -15,7 +15,7 @@ What runs where
   completion; ``POLYCAST_OFFLOAD_STAGING=0`` turns staging off, and an unregistered buffer
   then raises InvalidArgument). bench/offload.py measures what staging costs.
 * **The offload process** of the host runs, for every local rank, exactly what that rank
-  would run in-process: its :class:`~polycast.runtime.world.World` (rendezvous, TCP to
+  would run in-process: its :class:`~polycast.runtime.bootstrap.world.World` (rendezvous, TCP to
   every rank, shm rings to local ranks) and its :class:`~polycast.runtime.driver.Driver`
   (engines, transports, timers, multicast). Errors are therefore the engine's own
   (MismatchError, PeerLost, CollectiveTimeout, ProtocolError), carried back in the
@@ -55,7 +55,7 @@ Descriptors, completions and registered memory
 
 Each rank creates three files in /dev/shm: its arena (sparse, ``POLYCAST_OFFLOAD_ARENA``
 bytes, default 1 GiB), a submission ring and a completion ring (single-producer
-single-consumer byte rings, :class:`polycast.runtime.shm.Ring`, reused as they are). It
+single-consumer byte rings, :class:`polycast.runtime.transport.shm.Ring`, reused as they are). It
 names them in its hello; the offload process maps them (and its workers map the arenas),
 then the rank unlinks them: nothing is left in /dev/shm once ``init`` returns, whatever
 dies afterwards. Descriptors (:mod:`.descriptors`) are fixed-size structs: SCHEDULE

@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from ...errors import InvalidArgument
-from ..shm import SHM_DIR
+from ..transport.shm import SHM_DIR
 
 ALIGN = 64                          # a cache line: every allocation starts on one
 DEFAULT_ARENA_NBYTES = 1 << 30

@@ -2,7 +2,7 @@
 a worker): two shared-memory rings, one per direction, and a Unix socket for doorbells
 and liveness.
 
-Frames are the rings' own (:class:`polycast.runtime.shm.Ring`): the header part carries a
+Frames are the rings' own (:class:`polycast.runtime.transport.shm.Ring`): the header part carries a
 descriptor (:mod:`.descriptors`), the payload part optional bytes (a pickled schedule, an
 error's text). A writer that finds the reader asleep sends one byte over the socket; a
 reader that frees ring space a blocked writer waits for does the same. End of file on the
@@ -20,7 +20,7 @@ import sys
 import threading
 
 from ...errors import InvalidArgument, PolycastError
-from ..shm import Ring
+from ..transport.shm import Ring
 
 RING_NBYTES = 1 << 18           # descriptors are ~100 bytes; schedules travel in pieces
 BELL = b"b"

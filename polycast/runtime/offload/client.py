@@ -28,9 +28,9 @@ import numpy as np
 from ...errors import InvalidArgument, OffloadLost, PolycastError
 from ...memory import Buffers, buffers_used
 from ..driver.request import Request
-from .. import faults as _faults
-from ..env import JobEnv
-from ..shm import Ring, shm_unavailable_reason
+from ..transport import faults as _faults
+from ..bootstrap.env import JobEnv
+from ..transport.shm import Ring, shm_unavailable_reason
 from . import descriptors as D
 from .arena import RankArena, arena_nbytes, shm_path
 from .channel import (RING_NBYTES, Channel, check_platform, peer_pid, recv_line, send_line,

@@ -29,12 +29,12 @@ import traceback
 import numpy as np
 
 from ...errors import PolycastError
-from ..config import engine_config
+from ..bootstrap.engine_config import engine_config
 from ..driver import Driver
 from ..driver.request import Request
-from ..env import JobEnv
-from ..shm import Ring
-from ..world import connect
+from ..bootstrap.env import JobEnv
+from ..transport.shm import Ring
+from ..bootstrap.world import connect
 from . import descriptors as D
 from .arena import Arena
 from .channel import Channel, peer_pid, recv_line, send_line

@@ -28,8 +28,8 @@ from ...engine.actions import CloseStream, OpenStream, StreamData
 from ...errors import PolycastError
 from ...schedule.ir import Kind
 from ..driver.datagrams import MulticastIO, _Group
-from ..mcast import MulticastUnavailable, open_sender
-from ..shm import Ring
+from ..transport.mcast import MulticastUnavailable, open_sender
+from ..transport.shm import Ring
 from . import descriptors as D
 from .arena import shm_path
 from .channel import RING_NBYTES, Channel

@@ -32,9 +32,9 @@ import time
 
 from ...engine.mcast import Stream
 from ...engine.wire import MsgKind, WireError, parse_datagram
-from .. import faults as _faults
-from ..shm import Ring
 from ..transport import dgram
+from ..transport import faults as _faults
+from ..transport.shm import Ring
 from . import descriptors as D
 from .channel import Channel
 
@@ -138,7 +138,7 @@ class Worker:
             self.running = False
 
     def _join(self, comm: int, roots: list[int]) -> None:
-        from ..mcast import open_group
+        from ..transport.mcast import open_group
         socks = self.socks.setdefault(comm, [])
         for root in roots:
             sock, _ = open_group(self.job_id, comm, self.single_host, root=root)

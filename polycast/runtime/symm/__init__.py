@@ -92,7 +92,6 @@ module      what it holds
 segments    collective /dev/shm allocations (create, map every peer's, unlink; no leftovers)
 shared      SymmState: a communicator's allocations, staging segment, barrier; symm_empty
 barrier     the epoch barrier (descriptors, MismatchError, bounded waits, PeerLost)
-routing     which path a call takes (SYMM, STAGED or the engine)
 common      argument checks shared by the collectives, block bounds, ufuncs
 direct      allgather / reduce-scatter / allreduce on the user's symmetric arrays
 staged      the ``auto`` path for ordinary arrays (allgather, reduce-scatter, allreduce, bcast)
@@ -103,15 +102,14 @@ queue       running the collectives as jobs in posting order: caller's thread or
 
 from .barrier import BAD_SIG, EpochBarrier
 from .direct import allgather, allreduce, reduce_scatter
-from .routing import NAME, STAGED, SYMM, auto_disabled, auto_staged, route, wanted
 from .segments import segment_path
 from .staged import (BCAST_CHUNK_NBYTES, staged_allgather, staged_allreduce, staged_bcast,
                      staged_reduce_scatter)
 from .shared import (ONE_SHOT_MAX_NBYTES, SLOT_NBYTES, SymmState, alloc, free, is_symmetric,
                      state)
 
-__all__ = ["NAME", "SymmState", "EpochBarrier", "BAD_SIG", "ONE_SHOT_MAX_NBYTES", "SLOT_NBYTES",
-           "BCAST_CHUNK_NBYTES", "alloc", "free", "is_symmetric", "state", "wanted",
-           "segment_path", "allgather", "reduce_scatter", "allreduce", "auto_disabled",
-           "auto_staged", "route", "SYMM", "STAGED", "staged_allgather",
+__all__ = ["SymmState", "EpochBarrier", "BAD_SIG", "ONE_SHOT_MAX_NBYTES", "SLOT_NBYTES",
+           "BCAST_CHUNK_NBYTES", "alloc", "free", "is_symmetric", "state", "segment_path",
+           "allgather", "reduce_scatter", "allreduce", "staged_allgather",
            "staged_reduce_scatter", "staged_allreduce", "staged_bcast"]
+# Which path a call takes (SYMM, STAGED or the engine) is polycast.dispatch.routing's.

@@ -29,16 +29,17 @@ is this one: a compiled rank and a Python rank interoperate.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import os
 import time
 
-from .. import futex, native
+from ..transport import futex, native
 from ..driver import Request
 
 from ...errors import CollectiveTimeout, MismatchError, PeerLost, PolycastError
-from ..report import process_state
+from ..bootstrap.report import process_state
 
 CTRL_NBYTES = 4096
 EPOCH, SIG0 = 0, 8              # uint64 slots of a rank's control block: epoch, 2 descriptors
@@ -88,6 +89,16 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def copy_error(rank: int, p: int, what: str, err: int, write: bool) -> PolycastError:
+    """The error of a single copy from (``write``: into) rank ``p``'s array that failed
+    with errno ``err``: PeerLost when ``p`` is gone (ESRCH)."""
+    doing = "writing into" if write else "reading"
+    if err == errno.ESRCH:
+        return PeerLost(p, f"rank {rank}: {what}: rank {p} exited while {doing} its array")
+    return PolycastError(f"rank {rank}: {what}: {doing} rank {p}'s array failed "
+                         f"({os.strerror(err)})")
 
 
 class EpochBarrier:
@@ -184,7 +195,6 @@ class EpochBarrier:
         finally:
             native.drop_pending()
         if got == -2:
-            from .single import copy_error      # (single.py imports this module)
             p, err, wrote = native.cma_error()
             exc = copy_error(self.rank, p, what, err, wrote)
             self.broken = f"{type(exc).__name__}: {exc}"

@@ -40,7 +40,7 @@ import threading
 import time
 
 from ...errors import PolycastError
-from .. import gil
+from ..driver import gil
 from ..driver import Request
 
 WORKER_IDLE_SECONDS = 0.5     # the worker's nap between looks when nothing is queued

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import PolycastError
-from ..shm import SHM_DIR
+from ..transport.shm import SHM_DIR
 
 
 def _populate_flags() -> int:

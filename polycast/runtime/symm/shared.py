@@ -11,10 +11,10 @@ import sys
 import numpy as np
 
 from ...errors import InvalidArgument, MismatchError
-from .. import cma
-from ..env import host_id
-from ..shm import shm_unavailable_reason
-from ...planner import debug
+from ..transport import cma
+from ..bootstrap.env import host_id
+from ..transport.shm import shm_unavailable_reason
+from ... import debug
 from .barrier import CTRL_NBYTES, EpochBarrier, describe
 from .queue import JobQueue
 from .segments import Segment, _close, _map_collectively
@@ -173,7 +173,7 @@ class SymmState:
 
 
 def _reads_every_peer(comm) -> bool:
-    """Whether this rank may read every member's memory single-copy (runtime/cma.py: the
+    """Whether this rank may read every member's memory single-copy (runtime/transport/cma.py: the
     probe each shm ring's reader made of its writer at connect time; POLYCAST_CMA=0 says
     no)."""
     world = getattr(comm._driver, "world", None)

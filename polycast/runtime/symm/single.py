@@ -1,5 +1,5 @@
 """Single-copy collectives on one host: ranks read each other's arrays with
-process_vm_readv (runtime/cma.py) instead of staging them through shared memory.
+process_vm_readv (runtime/transport/cma.py) instead of staging them through shared memory.
 
 Above the slots (and from SINGLE_COPY_MIN_NBYTES a rank when every rank has
 a core of its own), when every rank may read every other's memory
@@ -32,15 +32,13 @@ slots at 4 ranks, 1 MiB, the slotted form stays faster: 234-243 vs 296-381 us.)
 from __future__ import annotations
 
 import errno
-import os
 
 import numpy as np
 
 from ...collectives import ReduceOp
-from ...errors import PeerLost, PolycastError
 from ...memory import apply_avg
-from .. import cma
-from .barrier import ADDR, ADDR2, _cores, call_sig
+from ..transport import cma
+from .barrier import ADDR, ADDR2, _cores, call_sig, copy_error
 from .common import UFUNCS, _blocks, _describe, _post
 from .shared import SymmState
 
@@ -73,16 +71,6 @@ def bcast_wanted(st: SymmState, nbytes: int) -> bool:
     :func:`wanted`, and every rank able to write too (agreed in the state's first
     allgather, so every rank answers alike)."""
     return st.single_copy_writes and wanted(st, nbytes)
-
-
-def copy_error(rank: int, p: int, what: str, err: int, write: bool) -> PolycastError:
-    """The error of a single copy from (``write``: into) rank ``p``'s array that failed
-    with errno ``err``: PeerLost when ``p`` is gone (ESRCH)."""
-    doing = "writing into" if write else "reading"
-    if err == errno.ESRCH:
-        return PeerLost(p, f"rank {rank}: {what}: rank {p} exited while {doing} its array")
-    return PolycastError(f"rank {rank}: {what}: {doing} rank {p}'s array failed "
-                         f"({os.strerror(err)})")
 
 
 def _read_peer(st: SymmState, p: int, dst, addr: int, what: str, write: bool = False

@@ -31,7 +31,7 @@ import sys
 import numpy as np
 
 from ... import environ
-from ...planner import debug
+from ... import debug
 from ...collectives import Collective, ReduceOp
 from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
 from ...memory import apply_avg
@@ -179,7 +179,7 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> No
     nbytes = key[1] * key[2].itemsize
     try:
         if not native.armed:
-            from ...comm.buffers import IN_PLACE
+            from ...buffers import IN_PLACE
             q = st.queue
             native.arm(np.ndarray, IN_PLACE, store, b"POLYCAST_SYMM", q._run_lock.acquire,
                        q._run_lock.release, q._jobs, bar.spin_seconds, bar.yield_seconds,

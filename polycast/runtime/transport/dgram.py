@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import array
 
-from ..native import load
+from .native import load
 
 _dgram, why_not = load("polycast.runtime.transport._dgram", "the datagram helper")
 

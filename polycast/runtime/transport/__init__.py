@@ -1,0 +1,5 @@
+"""How bytes move between ranks: the framing (``frames``), TCP links (``tcp``),
+shared-memory rings (``shm``, with the compiled hot path ``_ring.c`` chosen by
+``native``), single-copy reads (``cma``) and payloads read late (``lazy``), futex
+wake-ups (``futex``), UDP multicast groups (``mcast``) and the fault injection applied
+where datagrams are read (``faults``). Nothing here knows about collectives."""
