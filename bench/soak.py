@@ -82,6 +82,20 @@ def run_soak(ranks: int, calls: int, outstanding: int, max_count: int, seed: int
     return out
 
 
+def _series_run(directory: str) -> dict:
+    """A run's resident-memory series as written by its ranks (``--series-dir``)."""
+    series, path = {}, "numpy"
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".jsonl"):
+            continue
+        path, _, rank = name[:-len(".jsonl")].rpartition("-rank-")
+        with open(os.path.join(directory, name)) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        series[int(rank)] = [(c, b / 2**20, t, {k: v / 2**20 for k, v in m.items()})
+                             for c, b, t, m in rows]
+    return {"path": path, "ranks": len(series), "faults": "", "rss_series": series}
+
+
 def plot_rss(runs: list, path: str, load) -> None:
     """Resident memory of every rank over the calls, one panel per path."""
     import matplotlib
@@ -129,7 +143,15 @@ def main(argv=None) -> int:
     ap.add_argument("--series-dir", help="each rank appends its samples here as it goes "
                                          "(JSON lines; kept if the run is cut short)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "soak.json"))
+    ap.add_argument("--from-series", metavar="DIR", action="append", default=[],
+                    help="only draw --plot from the samples ranks wrote to DIR (--series-dir "
+                         "of an earlier run, finished or cut short); repeatable")
     args = ap.parse_args(argv)
+    if args.from_series:
+        if not args.plot:
+            ap.error("--from-series draws a figure: give --plot FILE")
+        plot_rss([_series_run(d) for d in args.from_series], args.plot, os.getloadavg())
+        return 0
     try:
         ranks = [int(x) for x in args.ranks.split(",")]
     except ValueError:
