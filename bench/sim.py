@@ -5,9 +5,8 @@
 1. 188 nodes on a three-level fat tree of radix-32 switches, 400 Gbit/s, 64 MiB allgather:
    ring vs multicast link bytes (by layer) and time. The paper reports a 2x traffic
    reduction on its 188-node testbed.
-2. The FSDP four-row table of specs/measures.md at 188 nodes, 400 Gbit/s, llama2-7b, from
-   simulated runs (one layer's allgather, reduce-scatter and their overlapped window; the
-   step is composed from them, see polycast/sim/fsdp.py).
+2. (The FSDP step, simulated layer by layer at 64, 188 and 1024 ranks, is
+   bench/fsdp_pipeline.py's.)
 3. Simulator speed: 188-node ring allgather (target < 20 s), 1024-node multicast allgather
    (< 60 s), 1024-node ring allgather (< 120 s), with engine inputs (events) per second.
 
@@ -25,7 +24,6 @@ import sys
 import time
 
 from polycast.cli.table import print_table
-from polycast.sim.fsdp import compare_fsdp
 from polycast.sim.simulate import simulate
 from polycast.sim.topology import parse_topology
 
@@ -56,26 +54,6 @@ def traffic_188() -> dict:
             "time_ratio": ring.time_s / mcast.time_s}
 
 
-def fsdp_188() -> dict:
-    wall = time.perf_counter()
-    rows = compare_fsdp("llama2-7b", 188, topology=TOPO, link=LINK)
-    wall = time.perf_counter() - wall
-    r0 = rows[0]
-    N = r0.layer_nbytes
-    B = 400e9 / 8
-    print_table(f"2. FSDP llama2-7b, 188 nodes, {LINK}: {r0.layers} layers of "
-                f"{N / 1e6:.1f} MB, compute {r0.compute_fwd_s * 1e3:.2f}+"
-                f"{r0.compute_bwd_s * 1e3:.2f} ms/layer, N/B = {N / B * 1e3:.2f} ms "
-                f"(simulated in {wall:.1f} s)",
-                ["allgather", "reduce-scatter", "sent/rank (N)", "recv/rank (N)",
-                 "window (N/B)", "step (ms)", "bubble (ms)", "traffic/step (GB)"],
-                [[r.ag, r.rs, r.sent_per_rank_nbytes / N, r.recv_per_rank_nbytes / N,
-                  r.window_over_n_b, r.step_s * 1e3, r.bubble_s * 1e3,
-                  r.step_link_bytes / 1e9] for r in rows])
-    print()
-    return {"rows": [r.to_json() for r in rows], "wall_s": wall}
-
-
 def speed(quick: bool) -> list[dict]:
     cases = [(188, "ring", 20.0)]
     if not quick:
@@ -101,7 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=str(DEFAULT_JSON), help="where to write the JSON")
     args = p.parse_args(argv)
     result = {"machine": platform.platform(), "python": sys.version.split()[0],
-              "traffic_188": traffic_188(), "fsdp_188": fsdp_188(),
+              "traffic_188": traffic_188(),
               "speed": speed(args.quick)}
     path = pathlib.Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)

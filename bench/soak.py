@@ -28,14 +28,17 @@ DEFAULT_FAULTS = "loss=0.05,dup=0.02,reorder=0.05,replay=0.02,seed=11"
 
 
 def run_soak(ranks: int, calls: int, outstanding: int, max_count: int, seed: int,
-             faults: str, timeout_s: float) -> dict:
+             faults: str, timeout_s: float, path: str = "numpy", sample_every: int = 0,
+             trace: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", REPO),
                POLYCAST_FAULTS=faults, POLYCAST_TIMEOUT=os.environ.get("POLYCAST_TIMEOUT",
                                                                        "60"))
     cmd = [sys.executable, "-m", "polycast.cli.main", "run", "-n", str(ranks), "--timeout",
            str(int(timeout_s)), os.path.join(HERE, "soak_rank.py"), "--calls", str(calls),
            "--outstanding", str(outstanding), "--max-count", str(max_count),
-           "--seed", str(seed)]
+           "--seed", str(seed), "--path", path, "--sample-every", str(sample_every)]
+    if trace:
+        cmd.append("--tracemalloc")
     t0 = time.monotonic()
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 30,
                          env=env, cwd=REPO)
@@ -43,7 +46,8 @@ def run_soak(ranks: int, calls: int, outstanding: int, max_count: int, seed: int
     reports = [json.loads(ln.split("SOAK ", 1)[1]) for ln in res.stdout.splitlines()
                if "SOAK " in ln]
     reports.sort(key=lambda x: x["rank"])
-    out = {"ranks": ranks, "calls": calls, "faults": faults, "returncode": res.returncode,
+    out = {"ranks": ranks, "calls": calls, "faults": faults, "path": path,
+           "returncode": res.returncode,
            "wall_s": round(wall, 2), "per_rank": reports}
     if res.returncode != 0 or len(reports) != ranks:
         out["error"] = (res.stdout[-2000:] + res.stderr[-2000:]).strip()
@@ -69,7 +73,37 @@ def run_soak(ranks: int, calls: int, outstanding: int, max_count: int, seed: int
         injected=inj, drops=drops,
         recovered_bytes=sum(x["recovered_bytes"] for x in reports),
         mcast=all(x["mcast"] for x in reports))
+    # resident memory after the warm-up, per rank: (calls, MiB, seconds, malloc's view)
+    out["rss_series"] = {x["rank"]: [(c, b / 2**20, t, {k: v / 2**20 for k, v in m.items()})
+                                     for c, b, t, m in x.get("samples", [])]
+                         for x in reports}
+    out["python_growth"] = {x["rank"]: x.get("grew") for x in reports if x.get("grew")}
     return out
+
+
+def plot_rss(runs: list, path: str, load) -> None:
+    """Resident memory of every rank over the calls, one panel per path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    shown = [x for x in runs if x.get("rss_series")]
+    if not shown:
+        return
+    fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 3.6), squeeze=False)
+    for ax, x in zip(axes[0], shown):
+        for rank, series in sorted(x["rss_series"].items(), key=lambda kv: int(kv[0])):
+            ax.plot([c for c, *_ in series], [m for _, m, *_ in series], label=f"rank {rank}")
+        ax.set_title(f"{x['path']} path, {x['ranks']} ranks"
+                     f"{', faults' if x['faults'] else ''}")
+        ax.set_xlabel("calls")
+        ax.set_ylabel("resident MiB")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"bench/soak.py: resident memory after warm-up (load {load[0]:.1f})",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 def main(argv=None) -> int:
@@ -83,6 +117,14 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-clean", action="store_true",
                     help="also run without faults (the peer for the rate ratio)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
+    ap.add_argument("--path", default="numpy",
+                    help="comma list: numpy (Comm's methods), torch (torch.distributed on "
+                         "polycast groups)")
+    ap.add_argument("--sample-every", type=int, default=0,
+                    help="record each rank's resident memory every N calls")
+    ap.add_argument("--tracemalloc", action="store_true",
+                    help="trace Python allocations; report what grew in the second half")
+    ap.add_argument("--plot", help="draw resident memory over the run (needs matplotlib)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "soak.json"))
     args = ap.parse_args(argv)
     try:
@@ -93,27 +135,38 @@ def main(argv=None) -> int:
         ap.error("--calls, --outstanding and --max-count must be >= 1, --ranks >= 2")
     load = os.getloadavg()
     runs = []
-    for P in ranks:
-        for faults in ([args.faults, ""] if args.compare_clean else [args.faults]):
-            runs.append(run_soak(P, args.calls, args.outstanding, args.max_count, args.seed,
-                                 faults, args.timeout))
-    print(f"{'ranks':>5s} {'faults':>7s} {'calls':>6s} {'failed':>6s} {'calls/s':>8s} "
+    paths = [x for x in args.path.split(",") if x]
+    if not paths or any(x not in ("numpy", "torch") for x in paths):
+        ap.error(f"--path {args.path!r}: numpy, torch or numpy,torch")
+    for path in paths:
+        for P in ranks:
+            for faults in ([args.faults, ""] if args.compare_clean else [args.faults]):
+                runs.append(run_soak(P, args.calls, args.outstanding, args.max_count,
+                                     args.seed, faults, args.timeout, path,
+                                     args.sample_every, args.tracemalloc))
+    print(f"{'path':>6s} {'ranks':>5s} {'faults':>7s} {'calls':>6s} {'failed':>6s} {'calls/s':>8s} "
           f"{'rss MiB start->end':>19s} {'fds':>8s} {'injected':>9s} {'dropped':>8s} "
           f"{'recovered':>10s}")
     for x in runs:
         if "error" in x:
-            print(f"{x['ranks']:5d} {'yes' if x['faults'] else 'no':>7s} {x['calls']:6d}  "
-                  f"ERROR (status {x['returncode']}): {x['error'][-600:]}")
+            print(f"{x['path']:>6s} {x['ranks']:5d} {'yes' if x['faults'] else 'no':>7s} "
+                  f"{x['calls']:6d}  ERROR (status {x['returncode']}): {x['error'][-600:]}")
             continue
         inj = sum(v for k, v in x["injected"].items() if k != "read")
-        print(f"{x['ranks']:5d} {'yes' if x['faults'] else 'no':>7s} {x['calls']:6d} "
-              f"{x['failed']:6d} {x['calls_per_s']:8.1f} "
+        print(f"{x['path']:>6s} {x['ranks']:5d} {'yes' if x['faults'] else 'no':>7s} "
+              f"{x['calls']:6d} {x['failed']:6d} {x['calls_per_s']:8.1f} "
               f"{x['rss_start_mib']:8.1f} -> {x['rss_end_mib']:6.1f} "
               f"{x['fds_start']:3d}->{x['fds_end']:<3d} {inj:9d} "
               f"{sum(x['drops'].values()):8d} {x['recovered_bytes']:10d}")
     for x in runs:
         if "error" not in x and x["faults"]:
             print(f"  P={x['ranks']} injected {x['injected']}; drops {x['drops']}")
+    for x in runs:
+        for rank, grew in x.get("python_growth", {}).items():
+            top = ", ".join(f"{g['bytes'] / 1024:+.0f} KiB at {g['where'][-1]}" for g in grew[:3])
+            print(f"  {x['path']} P={x['ranks']} rank {rank} Python growth, second half: {top}")
+    if args.plot:
+        plot_rss(runs, args.plot, load)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"bench": "soak", "args": vars(args), "load_before": load,

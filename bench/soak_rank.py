@@ -9,6 +9,7 @@ planner's choice at the largest sizes), half-way and at the end, faults injected
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -26,6 +27,24 @@ from polycast.tools.selftest import call
 
 OPS = ("sum", "max", "min")
 DTYPES = ("float32", "int32", "float64")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                                               "hblkhd", "usmblks", "fsmblks", "uordblks",
+                                               "fordblks", "keepcost")]
+
+
+def malloc_bytes() -> dict:
+    """glibc's view of the heap (mallinfo2): bytes in use, free in its arenas, mmapped."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = _Mallinfo2
+    m = fn()
+    return {"in_use": m.uordblks + m.hblkhd, "arena_free": m.fordblks, "mmapped": m.hblkhd,
+            "arena": m.arena}
 
 
 def rss_bytes() -> int:
@@ -53,14 +72,93 @@ def draw(rng: random.Random, P: int, mcast: bool, max_count: int):
     return coll, algo, count, root, op, dtype
 
 
+class TorchPath:
+    """The same draws through torch.distributed on polycast groups: ``auto`` (the default
+    group) and an engine group (ring all-reduce, multicast all-gather...), torch's call for
+    each collective (scan/exscan have none: drawn again)."""
+
+    def __init__(self, P: int, r: int) -> None:
+        import torch
+        import torch.distributed as dist
+        import polycast.torch as pt
+        self.torch, self.dist = torch, dist
+        dist.init_process_group("polycast")
+        self.groups = {None: dist.group.WORLD,
+                       "engine": dist.new_group(backend="polycast", pg_options=pt.Options(
+                           allreduce="ring", allgather="mcast", reduce_scatter="ring",
+                           broadcast="binomial"))}
+        self.comm = self.groups[None].comm
+        self.P, self.r = P, r
+        R = dist.ReduceOp
+        self.ops = {"sum": R.SUM, "max": R.MAX, "min": R.MIN}
+
+    def draw(self, rng, mcast, max_count):
+        while True:
+            d = draw(rng, self.P, mcast, max_count)
+            if d[0] not in (Collective.SCAN, Collective.EXSCAN):
+                return d
+
+    def post(self, coll, algo, send, recv, root, op):
+        """Post one call (async_op): -> (work, finish) where finish() returns the array
+        to compare with the reference (None where this rank gets nothing)."""
+        torch, dist = self.torch, self.dist
+        g = self.groups["engine" if algo is not None else None]
+        P, r = self.P, self.r
+        t = torch.from_numpy(send)
+        C = Collective
+        if coll is C.ALLREDUCE:
+            return dist.all_reduce(t, self.ops[op], group=g, async_op=True), lambda: send
+        if coll is C.BROADCAST:
+            return dist.broadcast(t, root, group=g, async_op=True), lambda: send
+        if coll is C.REDUCE:
+            w = dist.reduce(t, root, self.ops[op], group=g, async_op=True)
+            return w, (lambda: send) if r == root else (lambda: None)
+        if coll is C.ALLGATHER:
+            out = torch.from_numpy(recv)
+            return dist.all_gather_into_tensor(out, t, group=g, async_op=True), lambda: recv
+        if coll is C.REDUCE_SCATTER:
+            out = torch.from_numpy(recv)
+            return dist.reduce_scatter_tensor(out, t, self.ops[op], group=g,
+                                              async_op=True), lambda: recv
+        if coll is C.ALLTOALL:
+            out = torch.from_numpy(recv)
+            return dist.all_to_all_single(out, t, group=g, async_op=True), lambda: recv
+        if coll is C.GATHER:
+            outs = list(torch.from_numpy(recv).chunk(P)) if r == root else None
+            return dist.gather(t, outs, root, group=g, async_op=True), \
+                (lambda: recv) if r == root else (lambda: None)
+        if coll is C.SCATTER:
+            out = torch.from_numpy(recv)
+            ins = list(t.chunk(P)) if r == root else None
+            return dist.scatter(out, ins, root, group=g, async_op=True), lambda: recv
+        if coll is C.BARRIER:
+            return dist.barrier(group=g, async_op=True), lambda: recv
+        raise AssertionError(coll)
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=10_000)
     ap.add_argument("--outstanding", type=int, default=8)
     ap.add_argument("--max-count", type=int, default=65_536, help="elements")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--path", choices=("numpy", "torch"), default="numpy",
+                    help="Comm's methods, or torch.distributed on polycast groups")
+    ap.add_argument("--sample-every", type=int, default=0,
+                    help="record resident memory every N calls (0: start, mid, end only)")
+    ap.add_argument("--tracemalloc", action="store_true",
+                    help="trace Python allocations from the warm-up on; report the lines "
+                         "that grew most between half-way and the end")
     args = ap.parse_args()
-    comm = polycast.init()
+    torch_path = None
+    if args.path == "torch":
+        torch_path = TorchPath(int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"]))
+        comm = torch_path.comm
+    else:
+        comm = polycast.init()
     P, r = comm.size, comm.rank
     rng = random.Random(args.seed)
     mcast = comm.mcast_error is None
@@ -87,15 +185,24 @@ def main() -> None:
                 Collective.REDUCE, Collective.GATHER) or r == 0 else None
             call(comm, coll, np.ones(nsend, np.float64), recv, 0, "sum", None)
             warmed += 1
+    if args.tracemalloc:
+        import tracemalloc
+        tracemalloc.start(8)
     start = {"rss_bytes": rss_bytes(), "fds": open_fds(), "calls": 0, "t": time.monotonic()}
+    samples = [(0, start["rss_bytes"], 0.0, malloc_bytes())]
     mid = None
+    snap_mid = None
     t0 = time.monotonic()
     batches = 0
     while done < args.calls:
         k = min(rng.randint(1, args.outstanding), args.calls - done)
         calls = []
         for i in range(k):
-            coll, algo, count, root, op, dtype = draw(rng, P, mcast, args.max_count)
+            if torch_path is not None:
+                coll, algo, count, root, op, dtype = torch_path.draw(rng, mcast,
+                                                                      args.max_count)
+            else:
+                coll, algo, count, root, op, dtype = draw(rng, P, mcast, args.max_count)
             seed = done + i
             inputs = make_inputs(coll, P, count, dtype, root=root, seed=seed, op=op)
             expect = reference(coll, inputs, root=root, op=op)
@@ -103,33 +210,63 @@ def main() -> None:
             recv = np.full(nrecv, 99, dtype=dtype)
             if coll in (Collective.REDUCE, Collective.GATHER) and r != root:
                 recv = None
-            req = call(comm, coll, inputs[r].copy(), recv, root, op, algo, blocking=False)
-            calls.append((f"#{seed} {coll}/{algo or 'auto'}/n{count}/root{root}/{op}/{dtype}",
-                          recv, expect[r], req))
-        Request.Waitall([c[3] for c in calls])
-        for name, recv, want, _ in calls:
-            if want is not None and not np.array_equal(recv, want):
+            name = f"#{seed} {coll}/{algo or 'auto'}/n{count}/root{root}/{op}/{dtype}"
+            if torch_path is not None:
+                work, result = torch_path.post(coll, algo, inputs[r].copy(), recv, root, op)
+                calls.append((name, result, expect[r], work))
+            else:
+                req = call(comm, coll, inputs[r].copy(), recv, root, op, algo,
+                           blocking=False)
+                calls.append((name, lambda recv=recv: recv, expect[r], req))
+        if torch_path is not None:
+            for c in calls:
+                c[3].wait()
+        else:
+            Request.Waitall([c[3] for c in calls])
+        for name, result, want, _ in calls:
+            got = result()
+            if want is not None and (got is None or not np.array_equal(got, want)):
                 failures.append(name)
+        prev = done
         done += k
         batches += 1
+        if args.sample_every and done // args.sample_every != prev // args.sample_every:
+            samples.append((done, rss_bytes(), time.monotonic() - t0, malloc_bytes()))
         if mid is None and done >= args.calls // 2:
             mid = {"rss_bytes": rss_bytes(), "fds": open_fds()}
+            if args.tracemalloc:
+                snap_mid = tracemalloc.take_snapshot()
     comm.Barrier()
     t1 = time.monotonic()
+    samples.append((done, rss_bytes(), t1 - t0, malloc_bytes()))
+    grew = []
+    if args.tracemalloc:
+        snap = tracemalloc.take_snapshot()
+        for stat in snap.compare_to(snap_mid, "traceback")[:8]:
+            grew.append({"bytes": stat.size_diff, "count": stat.count_diff,
+                         # the innermost frames (a traceback lists the oldest first)
+                         "where": [f"{f.filename}:{f.lineno}" for f in stat.traceback][-5:]})
+        traced = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
     faults = comm._driver.mcast.faults if comm._driver.mcast is not None else None
     st = comm.stats()
     print("SOAK " + json.dumps({
-        "rank": r, "calls": done, "batches": batches, "failed": failures[:20],
-        "nfailed": len(failures), "seconds": t1 - t0,
+        "rank": r, "path": args.path, "calls": done, "batches": batches,
+        "failed": failures[:20], "nfailed": len(failures), "seconds": t1 - t0,
         "calls_per_s": done / max(t1 - t0, 1e-9), "warmup_calls": warmed,
         "rss_start": start["rss_bytes"], "rss_mid": mid["rss_bytes"], "rss_end": rss_bytes(),
         "fds_start": start["fds"], "fds_mid": mid["fds"], "fds_end": open_fds(),
+        "samples": samples, "grew": grew,
+        "traced_bytes": traced if args.tracemalloc else None,
         "mcast": mcast,
         "faults": faults.counts if faults else None, "drops": dict(st.drops),
         "recovered_bytes": getattr(st, "recovered_bytes", 0),
         # how large engine messages went: RTS/CTS, or pulled (held unread while early)
         "rts": st.rts_out, "pulled": st.pull_out, "pull_held": st.pull_held}), flush=True)
-    polycast.finalize()
+    if torch_path is not None:
+        torch_path.close()
+    else:
+        polycast.finalize()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow                   # runs the benchmark
 def test_cma_floor_bench_splits_an_engine_allgather(tmp_path):
     out = tmp_path / "cma_floor.json"
     env = dict(os.environ, PYTHONPATH=REPO)

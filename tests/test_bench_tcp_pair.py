@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow                   # runs the benchmark
 def test_tcp_pair_bench_measures_raw_and_polycast_rows(tmp_path):
     out = tmp_path / "tcp_pair.json"
     env = dict(os.environ, PYTHONPATH=REPO)

@@ -53,6 +53,31 @@ def test_plan_sim_topology_is_the_same_network():
     assert len(tree) == 1 + 3 + 2 + 4
 
 
+def test_plan_sim_topology_several_ranks_per_host():
+    """R rank slots per host joined through a host node (the lab's shared-memory rings);
+    the hierarchical algorithms simulate on it; unshaped host links need a stand-in rate."""
+    from polycast.algorithms import build
+    from polycast.sim.driver import SimConfig, Simulation
+    p = LabPlan.parse(name="x", hosts=4, leaves=2, link="100Mbps", uplink="2:1")
+    topo = p.sim_topology(ranks_per_host=2, intra_host_bps=8e9)
+    assert topo.nranks == 8 and topo.ranks_per_host == 2
+    assert [topo.link_layer[l] for l in topo.route(0, 1)[0]] == ["intra-host"] * 2
+    assert [topo.link_layer[l] for l in topo.route(1, 7)[0]] == [
+        "intra-host", "host-leaf", "leaf-spine", "leaf-spine", "host-leaf", "intra-host"]
+    sim = Simulation(topo, SimConfig(engine={"line_rate_gbps": 0.1}))
+    req = sim.post(build("allgather", "hring", 8, 1 << 16, hosts=4, ranks_per_host=2), 4)
+    sim.run()
+    assert sim.completion_time(req) > 0
+    with pytest.raises(InvalidArgument, match="intra_host_bps"):
+        p.sim_topology(ranks_per_host=2)
+    unshaped = LabPlan.parse(name="x", hosts=4, leaves=2, link="none", uplink="100Mbps")
+    with pytest.raises(InvalidArgument, match="unshaped"):
+        unshaped.sim_topology()
+    up = unshaped.sim_topology(link_bps=1e9)
+    assert {up.link_bw[l] for l in range(len(up.link_bw))
+            if up.link_layer[l] == "leaf-spine"} == {100e6 / 8}
+
+
 @pytest.mark.parametrize("kw,msg", [
     ({"link": "fast"}, "--link"),
     ({"uplink": "4:0"}, "oversubscription"),
@@ -72,26 +97,79 @@ def test_plan_bad_input(kw, msg):
 
 def test_placements():
     p = LabPlan.parse(name="x", hosts=8, leaves=2, link="1Gbps")
-    assert runner.placement(p, "linear") == list(range(8))
-    assert runner.placement(p, "interleave") == [0, 4, 1, 5, 2, 6, 3, 7]
-    assert sorted(runner.placement(p, "random:3")) == list(range(8))
-    assert runner.placement(p, "7,6,5,4,3,2,1,0") == [7, 6, 5, 4, 3, 2, 1, 0]
-    assert runner.placement(p, None, 3) == [0, 1, 2]
+
+    def hosts(*a):
+        return runner.placement(p, *a).hosts
+    assert hosts("linear") == list(range(8))
+    assert hosts("interleave") == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert sorted(hosts("random:3")) == list(range(8))
+    assert hosts("7,6,5,4,3,2,1,0") == [7, 6, 5, 4, 3, 2, 1, 0]
+    assert hosts(None, 3) == [0, 1, 2]
     for bad in ("0,0,1,2,3,4,5,6", "spread", "random:x", "0,1"):
         with pytest.raises(InvalidArgument):
             runner.placement(p, bad)
 
 
+def test_placements_several_ranks_per_host():
+    """R consecutive ranks per host (block distribution); the spec orders the nodes."""
+    p = LabPlan.parse(name="x", hosts=4, leaves=2, link="1Gbps")
+    where = runner.placement(p, "interleave", None, 2)
+    assert where.nranks == 8 and where.nodes == (0, 2, 1, 3)
+    assert where.hosts == [0, 0, 2, 2, 1, 1, 3, 3]
+    assert runner.placement(p, "3,1", 4, 2).hosts == [3, 3, 1, 1]
+    assert runner.placement(p, None, None, 4).hosts == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    for args, msg in (((None, 5, 2), "multiple of 2"), ((None, 10, 2), "4 hosts x 2"),
+                      (("0,1,2", 4, 2), "2 distinct hosts"), ((None, None, 0), "ranks-per-host"),
+                      (("1,1", 4, 2), "distinct")):
+        with pytest.raises(InvalidArgument, match=msg):
+            runner.placement(p, *args)
 
-def test_rank_env_paces_unless_the_user_chose(monkeypatch):
-    """The lab paces multicast at half the host link by default; a value the user set,
-    the empty string ("unpaced") included, is theirs (an unpaced run must stay unpaced)."""
-    p = LabPlan.parse(name="x", hosts=2, leaves=1, link="1Gbps")
+
+def test_placement_env_per_rank(monkeypatch):
+    """Each rank's local rank and size, node (torch's GROUP_RANK) and master address: node
+    0's host, whichever host that is."""
     monkeypatch.delenv("POLYCAST_PACING_GBPS", raising=False)
-    assert runner.rank_env(p, [0, 1])["POLYCAST_PACING_GBPS"] == "0.5"
+    p = LabPlan.parse(name="x", hosts=4, leaves=2, link="1Gbps")
+    where = runner.placement(p, "3,1", 4, 2)
+    envs = [where.env(p, r) for r in range(where.nranks)]
+    assert [e["POLYCAST_LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    assert {e["POLYCAST_LOCAL_SIZE"] for e in envs} == {e["LOCAL_WORLD_SIZE"] for e in envs} \
+        == {"2"}
+    assert [e["GROUP_RANK"] for e in envs] == ["0", "0", "1", "1"]
+    assert {e["GROUP_WORLD_SIZE"] for e in envs} == {"2"}
+    assert {e["MASTER_ADDR"] for e in envs} == {e["POLYCAST_MASTER_ADDR"] for e in envs} \
+        == {p.addr(3)}
+
+
+def test_placement_env_paces_unless_the_user_chose(monkeypatch):
+    """The lab paces multicast at half the host link by default; a value the user set,
+    the empty string ("unpaced") included, is theirs (an unpaced run must stay unpaced).
+    Unshaped host links get no default."""
+    p = LabPlan.parse(name="x", hosts=2, leaves=1, link="1Gbps")
+    where = runner.placement(p, None)
+    monkeypatch.delenv("POLYCAST_PACING_GBPS", raising=False)
+    assert where.env(p, 0)["POLYCAST_PACING_GBPS"] == "0.5"
+    unshaped = LabPlan.parse(name="x", hosts=2, leaves=1, link="none")
+    assert "POLYCAST_PACING_GBPS" not in where.env(unshaped, 0)
     for chosen in ("", "0.25"):
         monkeypatch.setenv("POLYCAST_PACING_GBPS", chosen)
-        assert "POLYCAST_PACING_GBPS" not in runner.rank_env(p, [0, 1])
+        assert "POLYCAST_PACING_GBPS" not in where.env(p, 1)
+
+
+def test_plan_uplink_shaped_alone():
+    """Unshaped host links with a shaped uplink: the uplink is the only tbf; a ratio still
+    needs a host link rate."""
+    p = LabPlan.parse(name="x", hosts=8, leaves=2, link="none", uplink="500Mbps")
+    assert p.shaped and p.uplink_rate_bps == 5e8 and p.oversub == float("inf")
+    shaped = {l.name: l.rate_bps for l in p.links() if l.rate_bps is not None}
+    assert shaped == {"leaf0->spine": 5e8, "spine->leaf0": 5e8, "leaf1->spine": 5e8,
+                      "spine->leaf1": 5e8}
+    assert "uplinks 500Mbps (the only shaped links)" in p.describe()
+    assert not LabPlan.parse(name="x", hosts=2, leaves=2, link="none").shaped
+    with pytest.raises(InvalidArgument, match="give the uplink a rate"):
+        LabPlan.parse(name="x", hosts=8, leaves=2, link="none", uplink="4:1")
+
 
 # -- bad input through the CLI: one line, exit 2, nothing made -------------------------------
 
@@ -109,6 +187,7 @@ def state_dir(tmp_path, monkeypatch):
     (["lab", "run", "--name", "nosuchlab", "--", "python", "-c", "1"], "no lab named"),
     (["lab", "down", "--name", "nosuchlab"], "no lab named"),
     (["lab", "run", "--name", "nosuchlab"], "nothing to run"),
+    (["lab", "up", "--link", "none", "--uplink", "4:1"], "give the uplink a rate"),
 ])
 def test_cli_bad_input_one_line_exit_2(argv, msg, state_dir, capsys):
     if os.geteuid() != 0 and argv[1] == "down":

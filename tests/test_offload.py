@@ -60,7 +60,7 @@ def _ok(results, suite: str) -> None:
 
 
 @pytest.mark.parametrize("nranks,workers,secret", [(2, "1", ""), (3, "2", "s3cr3t-for-offload"),
-                                                   (4, "0", "")])
+                                                   pytest.param(4, "0", "", marks=pytest.mark.slow)])
 def test_every_collective_and_algorithm(nranks, workers, secret):
     """The runtime selftest (every collective, every algorithm, the API) in offload mode:
     exact results, as in-process (with a job secret: every message and datagram MACed)."""

@@ -29,7 +29,9 @@ ALPHA = 2 * LAT + SW
 
 
 def _switch_fabric(P: int):
-    topo = single_switch(P, link="400Gbps", latency_s=LAT, switch_latency_s=SW)
+    # closed forms of the ideal link (no headers)
+    topo = single_switch(P, link="400Gbps", latency_s=LAT, switch_latency_s=SW,
+                         framing="none")
     return topo, from_topology(topo)
 
 
@@ -205,6 +207,7 @@ def test_extrapolation_beyond_the_budget(monkeypatch):
 
 # -- the check on simulated fabrics (the full grid: bench/tune.py) ---------------------------
 
+@pytest.mark.slow                   # simulates every candidate of 16 cells
 def test_auto_is_within_10_percent_of_the_best_on_a_small_grid():
     from polycast.tools.plancheck import Cell, run_cells
     # 16 cells (the full grid is bench/tune.py's): both topologies, a latency- and a

@@ -32,7 +32,7 @@ def _expected_algos(P: int, mcast: bool) -> int:
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-@pytest.mark.parametrize("nranks", [2, 3, 4, 5])
+@pytest.mark.parametrize("nranks", [2, 3, 4, pytest.param(5, marks=pytest.mark.slow)])
 def test_every_collective_and_algorithm(nranks, transport):
     results = selftest(nranks, "all", env={"POLYCAST_TRANSPORT": transport})
     for r in results:

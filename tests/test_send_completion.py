@@ -44,6 +44,7 @@ def test_frames_queued_to_a_departed_peer_are_reported_sent(orderly):
     world.peers[1].tcp.sock.close()
 
 
+@pytest.mark.slow                   # a stress run
 def test_many_outstanding_multicast_allreduces_complete():
     script = os.path.join(REPO, "tests", "outstanding_mcast.py")
     res = subprocess.run([sys.executable, "-m", "polycast.cli.main", "run", "-n", "4",

@@ -14,7 +14,9 @@ ALPHA = 2 * LINK_LAT + SW_LAT            # rank -> switch -> rank
 
 
 def _switch(P: int):
-    return single_switch(P, link="100Gbps", latency_s=LINK_LAT, switch_latency_s=SW_LAT)
+    # closed forms of the ideal link (no headers); the host rate then bounds payload
+    return single_switch(P, link="100Gbps", latency_s=LINK_LAT, switch_latency_s=SW_LAT,
+                         framing="none")
 
 
 @pytest.mark.parametrize("P", [3, 8])

@@ -112,6 +112,7 @@ def ray_head(tmp_path_factory):
         _stop_head(head, log)
 
 
+@pytest.mark.slow                   # starting a Ray head node dominates
 def test_sweep_on_ray_matches_local(ray_head, tmp_path):
     out = tmp_path / "sweep.json"
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")

@@ -10,9 +10,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow                   # a soak
 def test_mixed_collectives_under_faults_are_exact_and_leak_nothing(tmp_path):
     out = tmp_path / "soak.json"
     env = dict(os.environ, PYTHONPATH=REPO)

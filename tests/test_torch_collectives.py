@@ -13,7 +13,8 @@ from torch_helpers import ROOT, needs_torch, polycast_run, results
 pytestmark = needs_torch
 
 
-@pytest.mark.parametrize("nranks", [2, 3, 4])
+@pytest.mark.parametrize("nranks", [pytest.param(2, marks=pytest.mark.slow), 3,
+                                    pytest.param(4, marks=pytest.mark.slow)])
 def test_every_collective_equals_gloo(nranks, tmp_path):
     proc = polycast_run(nranks, ROOT / "tests" / "torch_matrix_worker.py",
                         MATRIX_BAD_INPUT=1 if nranks == 3 else 0, RESULT_DIR=tmp_path)

@@ -3,12 +3,15 @@ within the timeout (no hang)."""
 
 from __future__ import annotations
 
+import pytest
+
 from torch_helpers import ROOT, needs_torch, results, spawn
 
 pytestmark = needs_torch
 TIMEOUT_SECONDS = 20
 
 
+@pytest.mark.slow                   # a training step killed mid-way, then the timeout
 def test_rank_dying_mid_step_raises_on_the_others_in_time(tmp_path):
     outs = spawn(3, ROOT / "tests" / "torch_fault_worker.py", timeout=TIMEOUT_SECONDS + 90,
                  POLYCAST_TIMEOUT=TIMEOUT_SECONDS, RESULT_DIR=tmp_path)

@@ -20,7 +20,7 @@ except ImportError:
 
 @pytest.mark.skipif(not HAVE_P2P, reason="polycast's Comm has no point-to-point "
                     "(Isend/Irecv) in this tree")
-@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("nranks", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_point_to_point_equals_gloo(nranks, tmp_path):
     proc = polycast_run(nranks, ROOT / "tests" / "torch_p2p_worker.py", RESULT_DIR=tmp_path)
     got = results(tmp_path)

@@ -14,6 +14,7 @@ pytestmark = needs_torch
 REL = 1e-6
 
 
+@pytest.mark.slow                   # three trainings under torchrun
 def test_ddp_fsdp1_fsdp2_losses_equal_gloo_under_torchrun(tmp_path):
     proc = torchrun(4, ROOT / "tests" / "torch_train_worker.py", RESULT_DIR=tmp_path)
     got = results(tmp_path)
@@ -44,6 +45,7 @@ def _losses(text: str) -> list[float]:
 
 @pytest.mark.parametrize("script,launcher", [("fsdp_train.py", "polycast run"),
                                              ("ddp_train.py", "torchrun")])
+@pytest.mark.slow                   # each trains the examples' model
 def test_examples_train(script, launcher):
     """The examples run as documented (their losses against gloo's are checked above,
     through the same model and data)."""

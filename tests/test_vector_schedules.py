@@ -156,19 +156,20 @@ def test_the_engine_plan_and_memory_use_each_ranks_own_sizes():
 def test_vector_schedules_run_on_the_simulated_engine():
     """The simulator posts a vector schedule on its engines like any other; on one switch
     every byte sent crosses two links, so its link bytes are the exact volume (the padded
-    uniform call moves far more)."""
+    uniform call moves far more). The link is the ideal one (framing none): no headers."""
     from polycast.sim.simulate import simulate
     counts = [[1, 1, 1, 1000]] * 3 + [[1000, 0, 0, 1]]
     exact = 4 * sum(counts[i][j] for i in range(4) for j in range(4) if i != j)
     res = simulate("alltoall", "pairwise", 4, 4 * 4 * 1000, topology="switch",
-                   options={"counts": counts})
+                   options={"counts": counts}, framing="none")
     assert res.time_s > 0 and res.link_bytes == 2 * exact
-    padded = simulate("alltoall", "pairwise", 4, 4 * 4 * 1000, topology="switch")
+    padded = simulate("alltoall", "pairwise", 4, 4 * 4 * 1000, topology="switch",
+                      framing="none")
     assert padded.link_bytes == 2 * 4 * 12 * 1000 > 2 * res.link_bytes
     res = simulate("allgather", "ring", 4, 1024, topology="switch",
-                   options={"counts": [1, 1, 1, 1000]})
+                   options={"counts": [1, 1, 1, 1000]}, framing="none")
     assert res.link_bytes == 2 * 4 * 3 * 1003
-    res = simulate("scan", "recdoubling", 5, 4000, topology="switch")
+    res = simulate("scan", "recdoubling", 5, 4000, topology="switch", framing="none")
     assert res.time_s > 0 and res.link_bytes == 2 * 4000 * (4 + 3 + 1)
 
 
@@ -177,7 +178,7 @@ def test_sim_cli_takes_counts(capsys):
 
     from polycast.cli.main import main
     assert main(["sim", "alltoall", "-n", "3", "-t", "switch", "--algo", "pairwise",
-                 "--counts", "0,1,500;2,0,500;3,4,0", "--json"]) == 0
+                 "--counts", "0,1,500;2,0,500;3,4,0", "--framing", "none", "--json"]) == 0
     res = _json.loads(capsys.readouterr().out)
     assert res["link_bytes"] == 2 * 4 * (1 + 500 + 2 + 500 + 3 + 4)
     assert main(["sim", "alltoall", "-n", "3", "--algo", "pairwise",

@@ -11,6 +11,7 @@ must be equal, not close. Prints one JSON line: the number of checks and the fai
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -99,6 +100,7 @@ class Matrix:
                 self.all_to_all(tag, dtype, n)
             self.coalesced(dtype)
         self.non_contiguous()
+        self.sparse()
         self.fused()
         self.case("barrier", lambda g, a: (dist.barrier(group=g, async_op=a),
                                            lambda what: None))
@@ -333,6 +335,21 @@ class Matrix:
             return (cm if a else None), lambda what: self.same(what, outs, gw)
         self.case(f"all_gather_into_tensor coalesced {dtype}", allgather)
 
+        # dist.all_gather_coalesced: one output list per rank, each with one tensor per
+        # input (2-D and empty inputs too), as gloo reads it.
+        cshapes = [(2, 3), (0,), (7,)]
+        cw = [[torch.full(s, 9, dtype=dtype) for s in cshapes] for _ in range(P)]
+        dist.all_gather_coalesced(cw, [self.data(math.prod(s), dtype, 50 + i).reshape(s)
+                                       for i, s in enumerate(cshapes)], group=self.gloo)
+
+        def gather_coalesced(g, a):
+            outs = [[torch.full(s, 9, dtype=dtype) for s in cshapes] for _ in range(P)]
+            ins = [self.data(math.prod(s), dtype, 50 + i).reshape(s)
+                   for i, s in enumerate(cshapes)]
+            w = dist.all_gather_coalesced(outs, ins, group=g, async_op=a)
+            return w, lambda what: self.same(what, sum(outs, []), sum(cw, []))
+        self.case(f"all_gather_coalesced {dtype}", gather_coalesced)
+
         rw = []
         for i, k in enumerate(shapes):
             full = self.data(P * k, dtype, 30 + i)
@@ -347,6 +364,23 @@ class Matrix:
                                                group=g)
             return (cm if a else None), lambda what: self.same(what, outs, rw)
         self.case(f"reduce_scatter_tensor coalesced {dtype}", reduce_scatter)
+
+    def sparse(self) -> None:
+        """Sparse COO all_reduce SUM (gloo's): rank r holds rows 0..r, with a dense tail."""
+        me = self.rank
+
+        def make():
+            idx = torch.arange(me + 1).reshape(1, -1)
+            return torch.sparse_coo_tensor(idx, torch.full((me + 1, 2), float(me + 1)),
+                                           (self.P + 1, 2))
+        want = make()
+        dist.all_reduce(want, group=self.gloo)
+
+        def fn(g, a):
+            t = make()
+            return dist.all_reduce(t, group=g, async_op=a), \
+                lambda what: self.same(what, t.to_dense(), want.to_dense())
+        self.case("all_reduce sparse", fn)
 
     def non_contiguous(self) -> None:
         """Strided tensors are staged through contiguous copies, in and out."""
@@ -402,8 +436,10 @@ class Matrix:
     def bad_input(self, only_uneven: bool = False) -> None:
         P, me = self.P, self.rank
         cases = [
-            ("sparse", lambda g: dist.all_reduce(torch.ones(4).to_sparse(), group=g),
+            ("sparse", lambda g: dist.broadcast(torch.ones(4).to_sparse(), 0, group=g),
              ("sparse",)),
+            ("sparse MAX", lambda g: dist.all_reduce(torch.ones(4).to_sparse(), R.MAX,
+                                                     group=g), ("sparse", "SUM only")),
             ("device", lambda g: dist.all_reduce(torch.empty(4, device="meta"), group=g),
              ("meta", "CPU tensors")),
             ("unsupported op", lambda g: dist.all_reduce(torch.ones(4), R.BAND, group=g),
@@ -417,6 +453,9 @@ class Matrix:
             ("split sizes that do not add up", lambda g: dist.all_to_all_single(
                 torch.empty(P), torch.ones(P), [1] * P, [2] * P, group=g),
              ("input_split_sizes",)),
+            ("all_gather_coalesced with one list too few", lambda g: dist.all_gather_coalesced(
+                [[torch.empty(2)] for _ in range(P - 1)], [torch.ones(2)], group=g),
+             ("one list per rank",)),
         ]
         # Bad on one rank only: that rank names the property, the others name that rank;
         # nobody waits for the timeout, and the calls after it pair up right.

@@ -131,6 +131,20 @@ def output_path(path: str | None, option: str, extensions: tuple[str, ...] = ())
         raise InvalidArgument(f"{option} {path!r}: folder {folder} is not writable")
 
 
+def output_dir(path: str, option: str) -> None:
+    """A folder the command will write files into: it exists (or its parent does, to be
+    made) and is writable -- found now, not after the work."""
+    import os
+    full = os.path.abspath(path)
+    if os.path.exists(full) and not os.path.isdir(full):
+        raise InvalidArgument(f"{option} {path!r} is a file, not a folder")
+    probe = full if os.path.isdir(full) else os.path.dirname(full)
+    if not os.path.isdir(probe):
+        raise InvalidArgument(f"{option} {path!r}: folder {probe} does not exist")
+    if not os.access(probe, os.W_OK):
+        raise InvalidArgument(f"{option} {path!r}: folder {probe} is not writable")
+
+
 def algorithm_options(collective: Collective, names: list[str], options: dict) -> dict:
     """``--opt KEY=VALUE`` pairs: each an option of every algorithm named, counts >= 1."""
     for name in names:

@@ -28,21 +28,24 @@ def add_parser(subparsers) -> None:
                     help="host link rate each way, e.g. 200Mbps, 1Gbps, or 'none' (default 1Gbps)")
     up.add_argument("--uplink", default=None,
                     help="leaf uplink rate (e.g. 1Gbps) or oversubscription (e.g. 4:1); "
-                         "default 1:1")
+                         "default 1:1. With --link none a rate shapes the uplinks alone")
     up.add_argument("--mtu", default="9000", help="MTU of every link (default 9000)")
     up.add_argument("--buffer", default=None,
                     help="egress queue of every port, as time at its rate (default 50ms)")
     up.add_argument("--json", action="store_true", help="print the lab as JSON")
     up.set_defaults(func=_up)
 
-    run = sub.add_parser("run", help="run a command as one rank per host: lab run -- python "
-                                     "script.py ARGS")
+    run = sub.add_parser("run", help="run a command as ranks on the lab's hosts: lab run "
+                                     "[--ranks-per-host R] -- python script.py ARGS")
     _name(run)
     run.add_argument("-n", "--nranks", type=int, default=None,
-                     help="ranks (default: one per host)")
+                     help="ranks (default: every host, --ranks-per-host each)")
+    run.add_argument("--ranks-per-host", type=int, default=1, metavar="R",
+                     help="consecutive ranks per host (default 1); each gets LOCAL_RANK "
+                          "0..R-1 of LOCAL_WORLD_SIZE R (and the POLYCAST_ ones)")
     run.add_argument("--placement", default="linear",
-                     help="rank -> host: linear, interleave (alternate leaves), random:SEED, "
-                          "or a host list 0,4,1,5,...")
+                     help="node -> host: linear, interleave (alternate leaves), random:SEED, "
+                          "or a host list 0,4,1,5,... (one host per R ranks)")
     run.add_argument("--timeout", type=float, default=None, help="end the job after S seconds")
     run.add_argument("--counters", action="store_true",
                      help="print the bytes each link moved during the run")
@@ -112,10 +115,11 @@ def _run(args) -> int:
     if args.timeout is not None and args.timeout <= 0:
         raise InvalidArgument(f"--timeout {args.timeout}: must be > 0 seconds")
     plan = current(args.name)
-    runner.placement(plan, args.placement, args.nranks)       # bad input fails before work
+    runner.placement(plan, args.placement, args.nranks,        # bad input fails before work
+                     args.ranks_per_host)
     before = counters.read(plan) if args.counters else None
     status, _ = runner.run(command, name=args.name, nranks=args.nranks, where=args.placement,
-                           timeout_s=args.timeout)
+                           timeout_s=args.timeout, ranks_per_host=args.ranks_per_host)
     if before is not None:
         moved = counters.diff(counters.read(plan), before)
         print(_link_table(plan, moved, None), file=sys.stderr)

@@ -205,7 +205,9 @@ class Failure:
         self.stats.timeouts += 1
         notes = "".join(f"; rank {p} {note}" for p, note in sorted(self.peer_notes.items()))
         self._fail(r, CollectiveTimeout(
-            f"rank {self.rank}: {r.desc} not done after {self.config.op_timeout_s:g} s; "
+            # " timeout " as a word: torch's suite (and users' scripts) match it.
+            f"rank {self.rank}: {r.desc} not done after {self.config.op_timeout_s:g} s "
+            f"(the communicator's timeout is over); "
             f"waiting on {self._stuck(r)}{notes}"), out, abort=AbortReason.TIMEOUT)
 
     def _stuck(self, r: Request) -> str:

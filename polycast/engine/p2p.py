@@ -377,7 +377,8 @@ class PointToPoint:
             what = ("waiting for the message's data" if r.matched else
                     "no matching message arrived")
         self._p2p_fail(r, CollectiveTimeout(
-            f"{r.desc(self.rank)} not done after {self.config.op_timeout_s:g} s: {what}"),
+            f"{r.desc(self.rank)} not done after {self.config.op_timeout_s:g} s (the "
+            f"communicator's timeout is over): {what}"),
             out)
 
     def _p2p_peer_lost(self, peer: int, out: list) -> None:

@@ -5,7 +5,8 @@
 * :mod:`.netns` — building and removing it with ``ip``/``tc``, the state file that makes
   ``down`` exact even after a crash.
 * :mod:`.counters` — kernel byte counters per link direction, grouped by layer.
-* :mod:`.runner` — one rank per host namespace (``lab run``), counter marks.
+* :mod:`.runner` — ranks placed on the host namespaces (``lab run``, R ranks per host),
+  counter marks.
 * :mod:`.marks` — the rank side of counter marks.
 """
 

@@ -123,7 +123,7 @@ def labs_up(state_dir: str | None = None) -> list[str]:
 def up(plan: LabPlan, state_dir: str | None = None) -> dict:
     """Build ``plan``; return its state. Raises :class:`LabError` (nothing left) on failure."""
     plan.validate()
-    reason = unavailable_reason(shaped=plan.link_bps is not None)
+    reason = unavailable_reason(shaped=plan.shaped)
     if reason:
         raise LabError(reason)
     sdir = state_dir or STATE_DIR

@@ -15,7 +15,9 @@ bounded buffer (``buffer_s`` of the link's rate: beyond it the kernel drops, as 
 does). The bridges flood multicast (IGMP snooping off: no querier needed, every host gets
 every group, as a switch without snooping does), so a datagram crosses each link of its
 tree once. There is one spine (several would make loops that need spanning tree);
-oversubscription is the uplink's rate against a leaf's host links.
+oversubscription is the uplink's rate against a leaf's host links. Host links may be left
+unshaped while the uplinks are shaped (``--link none --uplink 1Gbps``): hosts then send as
+fast as their CPUs go and only the uplink limits traffic between leaves.
 
 :class:`LabPlan` holds the shape and names; :meth:`LabPlan.links` lists every directed link
 with where it is shaped and where its byte counter is read; :meth:`LabPlan.sim_topology`
@@ -84,7 +86,9 @@ class LabPlan:
         link_bps = None if link in (None, "", "none") else _rate("--link", link)
         if isinstance(uplink, str) and ":" in uplink:
             if link_bps is None:
-                raise InvalidArgument(f"--uplink {uplink}: an oversubscription needs a --link rate")
+                raise InvalidArgument(f"--uplink {uplink}: an oversubscription needs a --link "
+                                      "rate; with unshaped host links give the uplink a rate, "
+                                      "e.g. --uplink 1Gbps")
             ratio = _oversub(uplink)
             per_leaf = _hosts_per_leaf(_int("--hosts", hosts), _int("--leaves", leaves))
             uplink_bps = link_bps * per_leaf / ratio
@@ -115,9 +119,6 @@ class LabPlan:
         _hosts_per_leaf(self.hosts, self.leaves)
         if self.uplink_bps is not None and self.leaves == 1:
             raise InvalidArgument("--uplink needs --leaves >= 2 (one leaf has no uplink)")
-        if self.uplink_bps is not None and self.link_bps is None:
-            raise InvalidArgument("--uplink needs a --link rate (an unshaped lab has no "
-                                  "oversubscription)")
         for what, v in (("--link", self.link_bps), ("--uplink", self.uplink_bps)):
             if v is not None and not (1e5 <= v <= 1e11):
                 raise InvalidArgument(f"{what} {v:g} bit/s: use 100Kbps..100Gbps")
@@ -133,18 +134,29 @@ class LabPlan:
 
     @property
     def uplink_rate_bps(self) -> float | None:
-        """The uplink's rate (1:1 with a leaf's host links unless set)."""
-        if self.leaves == 1 or self.link_bps is None:
+        """The uplink's rate: as set, else 1:1 with a leaf's host links (None: unshaped —
+        one leaf, or unshaped host links and no uplink rate)."""
+        if self.leaves == 1:
             return None
-        return self.uplink_bps if self.uplink_bps is not None else \
-            self.link_bps * self.hosts_per_leaf
+        if self.uplink_bps is not None:
+            return self.uplink_bps
+        return None if self.link_bps is None else self.link_bps * self.hosts_per_leaf
+
+    @property
+    def shaped(self) -> bool:
+        """Some link is shaped by tbf (host links, uplinks or both)."""
+        return self.link_bps is not None or self.uplink_rate_bps is not None
 
     @property
     def oversub(self) -> float:
-        """A leaf's host bandwidth over its uplink bandwidth (1.0: non-blocking)."""
+        """A leaf's host bandwidth over its uplink bandwidth (1.0: non-blocking; ``inf``
+        with unshaped host links and a shaped uplink: the hosts can send as fast as their
+        CPUs let them, so only the uplink is a bottleneck)."""
         up = self.uplink_rate_bps
         if up is None:
             return 1.0
+        if self.link_bps is None:
+            return math.inf
         return self.link_bps * self.hosts_per_leaf / up
 
     def host_ns(self, k: int) -> str:
@@ -195,7 +207,9 @@ class LabPlan:
         text = (f"lab {self.name}: {self.hosts} hosts, {self.leaves} "
                 f"{'leaf' if self.leaves == 1 else 'leaves'} ({self.hosts_per_leaf} hosts each), "
                 f"host links {r(self.link_bps)}")
-        if self.leaves > 1:
+        if self.leaves > 1 and self.link_bps is None and self.uplink_rate_bps is not None:
+            text += f", uplinks {r(self.uplink_rate_bps)} (the only shaped links)"
+        elif self.leaves > 1:
             text += f", uplinks {r(self.uplink_rate_bps)} ({self.oversub:g}:1)"
         return text + f", MTU {self.mtu}"
 
@@ -207,26 +221,52 @@ class LabPlan:
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
     # -- the simulator's view --------------------------------------------------------------
-    def sim_topology(self, latency_s: float = 0.0, switch_latency_s: float = 0.0):
-        """The simulator's :class:`~polycast.sim.topology.Topology` of this lab: rank slot k
-        is host k, the same leaves, one spine with one uplink per leaf at the uplink rate,
-        link rates in payload bytes/s equal to the shaped rates."""
+    def sim_topology(self, latency_s: float = 0.0, switch_latency_s: float = 0.0,
+                     ranks_per_host: int = 1, intra_host_bps: float | None = None,
+                     link_bps: float | None = None):
+        """The simulator's :class:`~polycast.sim.topology.Topology` of this lab: host k
+        holds rank slots ``k*R .. k*R+R-1`` (``R = ranks_per_host``; with R > 1 they are
+        joined by ``intra_host_bps`` links through a host node, the lab's shared-memory
+        rings), the same leaves, one spine with one uplink per leaf at the uplink rate,
+        link rates in payload bytes/s equal to the shaped rates. ``link_bps`` stands in for
+        unshaped host links (a rate the hosts' CPUs sustain, measured by the caller)."""
         from ..sim.topology import Topology
-        if self.link_bps is None:
-            raise InvalidArgument("an unshaped lab has no rates to simulate; give --link")
-        topo = Topology("lab", self.hosts, self.describe(), switch_latency_s)
+        host_bps = self.link_bps if self.link_bps is not None else link_bps
+        if host_bps is None:
+            raise InvalidArgument("the lab's host links are unshaped: give the simulator a "
+                                  "host link rate (link_bps) or build the lab with --link")
+        R = ranks_per_host
+        if not isinstance(R, int) or R < 1:
+            raise InvalidArgument(f"ranks_per_host must be a positive integer, got {R!r}")
+        if R > 1 and not (intra_host_bps and intra_host_bps > 0):
+            raise InvalidArgument("several ranks per host need intra_host_bps > 0 (the rate "
+                                  "between ranks of one host)")
+        topo = Topology("lab", self.hosts * R, self.describe(), switch_latency_s)
+        topo.ranks_per_host = R
         for k in range(self.hosts):
-            topo.add_node("rank", f"h{k}")
+            for j in range(R):
+                topo.add_node("rank", f"h{k}" if R == 1 else f"h{k}r{j}")
+        attach = list(range(self.hosts))
+        if R > 1:
+            attach = []
+            for k in range(self.hosts):
+                node = topo.add_node("host", f"h{k}")
+                for j in range(R):
+                    topo.connect(k * R + j, node, intra_host_bps / 8.0, 0.0, "intra-host")
+                attach.append(node)
         leaves = [topo.add_node("switch", f"leaf{i}", switch_latency_s)
                   for i in range(self.leaves)]
-        bw = self.link_bps / 8.0
+        bw = host_bps / 8.0
         topo.host_link_bw = bw
         for k in range(self.hosts):
-            topo.connect(k, leaves[self.leaf_of(k)], bw, latency_s, "host-leaf")
+            topo.connect(attach[k], leaves[self.leaf_of(k)], bw, latency_s, "host-leaf")
         if self.leaves > 1:
+            up = self.uplink_rate_bps
+            if up is None:                 # unshaped uplinks: 1:1 with the stand-in rate
+                up = host_bps * self.hosts_per_leaf
             spine = topo.add_node("switch", "spine", switch_latency_s)
             for leaf in leaves:
-                topo.connect(leaf, spine, self.uplink_rate_bps / 8.0, latency_s, "leaf-spine")
+                topo.connect(leaf, spine, up / 8.0, latency_s, "leaf-spine")
         return topo.finish()
 
 

@@ -141,7 +141,9 @@ def from_topology(topo, name: str | None = None) -> Fabric:
     the latency of a message between rank 0 and the first rank of each level, read from the
     topology's own routes (so link and switch latencies are exactly the simulator's)."""
     P = topo.nranks
-    port_bw = topo.link_bw[topo.up[0][0]] if topo.up[0] else topo.host_link_bw
+    # Rates are payload rates: a link carries headers too (sim/framing.py).
+    good = topo.framing.goodput()
+    port_bw = (topo.link_bw[topo.up[0][0]] if topo.up[0] else topo.host_link_bw) * good
     levels: list[Level] = []
     node, prev, nswitch = 0, 1, 0
     names = _LEVEL_NAMES.get(topo.kind, ())
@@ -163,7 +165,8 @@ def from_topology(topo, name: str | None = None) -> Fabric:
             label = names[nswitch] if nswitch < len(names) else f"level{nswitch}"
             nswitch += 1
         levels.append(Level(label, TOP if top else hi - lo, lat, len(uplinks),
-                            float(topo.link_bw[uplinks[0]] * 8 / 1e9) if uplinks else 0.0))
+                            float(topo.link_bw[uplinks[0]] * good * 8 / 1e9)
+                            if uplinks else 0.0))
         if top:
             break
         node, prev = parent, hi - lo

@@ -49,7 +49,7 @@ from ..errors import PolycastError
 from .network import Network, same_time_bound
 
 # event kinds
-_MSG, _DGRAM, _SENDDONE, _TIMER, _KICK, _POST = range(6)
+_MSG, _DGRAM, _SENDDONE, _TIMER, _KICK, _POST, _CALL = range(7)
 
 
 class SimulationError(PolycastError):
@@ -73,6 +73,10 @@ class SimConfig:
     # seeing it (driver wake-up, syscalls, copies), added to the path latency.
     host_gbps: float | None = None
     host_latency_s: float = 0.0
+    # Which account of the protocol's timing runs (polycast/sim/fast.py): "auto" takes the
+    # fast path where its checks pass and the engines elsewhere; "engine" always steps the
+    # engines (the reference); "fast" fails where the fast path cannot run.
+    path: str = "auto"
 
 
 @dataclass
@@ -109,31 +113,64 @@ def default_engine_config(**overrides):
     return EngineConfig(**base)
 
 
-def pacing_gbps_for(schedules, link_gbps: float) -> float:
+def pacing_gbps_for(schedules, link_gbps: float, framing=None) -> float:
     """The multicast pacing the simulator gives the engines: the host link rate split over
     the streams that run at once (specs/mcast-protocol.md: link rate / roots), so a
     stream's MCAST step completes, and hands its token on, when its datagrams could have
-    left, and concurrent streams do not flood the receivers."""
+    left, and concurrent streams do not flood the receivers. The engine paces its
+    datagrams' payload and own header; with ``framing`` (the topology's) the rate is
+    lowered so that a stream of full datagrams takes exactly link rate / roots on the
+    wire, headers of every packet included."""
     roots = 1
     for s in schedules:
         if s.uses_multicast:
             roots = max(roots, int(s.options.get("roots", 1) or 1))
-    return link_gbps / roots
+    rate = link_gbps / roots
+    if framing is not None and not framing.ideal:
+        from ..engine.wire import HEADER_NBYTES
+        mtu = default_engine_config().mtu_nbytes
+        rate *= (mtu + HEADER_NBYTES) / framing.datagram_wire(mtu)
+    return rate
 
 
 class Simulation:
-    """One engine per rank on a :class:`~polycast.sim.topology.Topology`.
+    """Engines on a :class:`~polycast.sim.topology.Topology`: one per (rank, communicator).
 
     ``post(schedule, itemsize, at=0.0)`` queues a collective on every rank; ``run()``
-    advances the clock until every posted request completed on every rank."""
+    advances the clock until every posted request completed on every rank.
+
+    Workloads (:mod:`polycast.sim.pipeline`) use four more calls:
+
+    * ``add_comm(group) -> comm``: a communicator over the global ranks ``group``; a
+      schedule posted on it has ``len(group)`` ranks and its rank i is ``group[i]``. Each
+      member gets its own engine for it (as a real rank has one per communicator); the
+      engines of one rank share its links and host ports. Communicator 0 is the world.
+    * ``post(schedule, itemsize, at=..., comm=c)``: ``at`` is one time for every member, a
+      sequence of per-member times (local rank order), or ``None`` for none yet.
+    * ``post_rank(req, rank, at)``: post request ``req`` on one member (global ``rank``) at
+      simulated time ``at`` (not in the past); callable from callbacks while ``run()`` runs.
+      Every member must post a communicator's requests in the same order (the engine
+      numbers them by order, as MPI and NCCL require).
+    * ``call_at(t, fn)``: ``fn(t)`` at simulated time ``t`` (a compute kernel ending);
+      ``on_complete(req, rank, now)``, if set, is called when ``rank`` completes ``req``.
+    ``run()`` returns when every (rank, request) pair posted or announced is complete and no
+    callback is due; callbacks may post more before that."""
 
     def __init__(self, topology, config: SimConfig | None = None) -> None:
         from ..engine.engine import Engine
         self.topo = topology
         self.cfg = config or SimConfig()
         self.P = topology.nranks
-        ecfg = default_engine_config(**self.cfg.engine)
-        self.engines = [Engine(r, self.P, config=ecfg) for r in range(self.P)]
+        ecfg = self._ecfg = default_engine_config(**self.cfg.engine)
+        self.engines = [Engine(r, self.P, config=ecfg) for r in range(self.P)]   # the world's
+        # Endpoints: one engine per (rank, communicator); the world's endpoint of rank r is
+        # r. Events name endpoints; channels are per (endpoint, peer).
+        self._ep_engine = list(self.engines)
+        self._ep_rank = list(range(self.P))
+        self._ep_comm = [0] * self.P
+        self._comm_group: list[tuple[int, ...]] = [tuple(range(self.P))]
+        self._comm_eps: list[list[int]] = [list(range(self.P))]    # comm -> local -> ep
+        self._calls = 0                          # call_at callbacks not yet run
         cfg = self.cfg
         if cfg.host_gbps is not None and not cfg.host_gbps > 0:
             raise SimulationError(f"host_gbps must be > 0 (or None), got {cfg.host_gbps!r}")
@@ -142,6 +179,7 @@ class Simulation:
         self.net = Network(topology, record=cfg.record,
                            host_bw=None if cfg.host_gbps is None else cfg.host_gbps * 1e9 / 8)
         self._host_links: dict = {}              # (src, dst|-1) -> links incl. host ports
+        self._framing = topology.framing         # wire bytes per message / datagrams
         self.rng = np.random.default_rng(self.cfg.seed)
         self.now = 0.0
         self.events = 0
@@ -150,18 +188,25 @@ class Simulation:
         self._channels: dict[tuple[int, int], deque] = {}   # (src, dst|-1) -> pending
         self._busy: set[tuple[int, int]] = set()
         self._timers: dict[tuple[int, int], float] = {}
-        self._reqs: list[tuple] = []             # req -> (schedule, itemsize, at)
+        self._reqs: list[tuple] = []             # req -> (schedule, itemsize, comm)
+        self._unposted: dict[int, set] = {}      # req -> members not posted yet
         self._innet: dict[int, dict] = {}        # req -> {(dst, tag): senders expected}
+        self._innet_of: dict[int, tuple] = {}    # id(schedule) -> (schedule, its groups)
         self._combine: dict[tuple, list] = {}    # innet: (dst, seq, tag) -> waiting sends
         self._pending = 0                        # (rank, req) pairs not yet complete
         self.timelines = [RankTimeline() for _ in range(self.P)]
         self.lost_datagrams = 0                  # data datagrams lost (x receivers)
         self.lost_eos = 0                        # end-of-stream datagrams lost
         self.lost_nbytes = 0                     # payload bytes lost, summed over receivers
-        self._seq_req: dict[int, int] = {}       # engine sequence number -> request
+        self._seq_req: dict[tuple, int] = {}     # (comm, engine seq number) -> request
         self.datagrams = 0
         self.on_complete = None                  # optional hook(req, rank, now)
-        self._tree_groups: dict[int, list] = {}
+        self.path: str | None = None             # "fast" or "engine" once run() chose
+        self.path_reason = ""                    # why not the fast path (engine runs)
+        self.fast_mode = ""                      # fast path: "walk" or "events" (fast.py)
+        self._fast_stats: dict | None = None
+        self._tree_groups: dict[int, list] = {}  # root endpoint -> receivers by latency
+        self._comm_trees: dict[int, tuple] = {}  # root endpoint (not the world's) -> tree
         pl = self.cfg.placement
         if pl is not None and sorted(pl) != list(range(self.P)):
             raise SimulationError(f"placement must be a permutation of 0..{self.P - 1}")
@@ -174,23 +219,131 @@ class Simulation:
             self._rx_cap = self.nic.rate
 
     # -- public ----------------------------------------------------------------------
-    def post(self, schedule, itemsize: int, at: float = 0.0) -> int:
-        if schedule.nranks != self.P:
-            raise SimulationError(f"schedule for {schedule.nranks} ranks on a topology of "
-                                  f"{self.P}")
+    def add_comm(self, group) -> int:
+        """A communicator over the global ranks ``group`` (in its local rank order); returns
+        its id for :meth:`post`."""
+        from ..engine.engine import Engine
+        try:
+            members = tuple(int(r) for r in group)
+        except (TypeError, ValueError):
+            raise SimulationError(f"a communicator is a sequence of ranks, got {group!r}") \
+                from None
+        bad = [r for r in members if not 0 <= r < self.P]
+        if not members or bad or len(set(members)) != len(members):
+            raise SimulationError(
+                f"communicator {list(members)[:16]}: " + (
+                    f"rank {bad[0]} does not exist (ranks 0..{self.P - 1})" if bad else
+                    "no ranks" if not members else "a rank is listed twice"))
+        cid = len(self._comm_group)
+        self._comm_group.append(members)
+        eps = []
+        for local, rank in enumerate(members):
+            eps.append(len(self._ep_engine))
+            self._ep_engine.append(Engine(local, len(members), comm=cid, config=self._ecfg))
+            self._ep_rank.append(rank)
+            self._ep_comm.append(cid)
+        self._comm_eps.append(eps)
+        return cid
+
+    def comm_group(self, comm: int) -> tuple[int, ...]:
+        """The global ranks of communicator ``comm`` (local rank order)."""
+        return self._comm_group[comm]
+
+    def post(self, schedule, itemsize: int, at=0.0, comm: int = 0) -> int:
+        """Queue a collective on communicator ``comm`` (default: the world). ``at``: the
+        time every member posts it, a sequence of per-member times (``None`` entries: later,
+        by :meth:`post_rank`), or ``None`` (every member later)."""
+        if not 0 <= comm < len(self._comm_group):
+            raise SimulationError(f"no communicator {comm!r} (add_comm makes them)")
+        group = self._comm_group[comm]
+        if schedule.nranks != len(group):
+            raise SimulationError(
+                f"schedule for {schedule.nranks} ranks on a topology of {self.P}" if comm == 0
+                else f"schedule for {schedule.nranks} ranks on communicator {comm} of "
+                     f"{len(group)}")
+        if at is None or isinstance(at, (int, float)):
+            times = [at] * len(group)
+        else:
+            times = list(at)
+            if len(times) != len(group):
+                raise SimulationError(f"{len(times)} post times for a communicator of "
+                                      f"{len(group)} ranks")
         req = len(self._reqs)
-        self._reqs.append((schedule, itemsize, at))
+        self._reqs.append((schedule, itemsize, comm))
         from ..algorithms import get
         if get(schedule.collective, schedule.algorithm).innet:
-            self._innet[req] = _innet_groups(schedule)
-        for r in range(self.P):
-            self._push(at, _POST, r, req, None)
-        self._pending += self.P
+            hit = self._innet_of.get(id(schedule))
+            if hit is None or hit[0] is not schedule:
+                hit = self._innet_of[id(schedule)] = (schedule, _innet_groups(schedule))
+            self._innet[req] = hit[1]
+        self._unposted[req] = set(group)
+        self._pending += len(group)
+        for rank, t in zip(group, times):
+            if t is not None:
+                self.post_rank(req, rank, t)
         return req
 
+    def post_rank(self, req: int, rank: int, at: float) -> None:
+        """Member ``rank`` (global) posts request ``req`` at simulated time ``at``."""
+        waiting = self._unposted.get(req)
+        if waiting is None or rank not in waiting:
+            raise SimulationError(f"rank {rank} cannot post request {req}: "
+                                  + ("no such request" if not 0 <= req < len(self._reqs) else
+                                     "already posted" if rank in self._comm_group[
+                                         self._reqs[req][2]] else "not a member of its "
+                                     "communicator"))
+        if not at >= self.now:
+            raise SimulationError(f"rank {rank} posts request {req} at t={at!r}, before now "
+                                  f"(t={self.now:.6g}s)")
+        waiting.discard(rank)
+        if not waiting:
+            del self._unposted[req]
+        comm = self._reqs[req][2]
+        ep = rank if comm == 0 else self._comm_eps[comm][self._comm_group[comm].index(rank)]
+        self._push(at, _POST, ep, req, None)
+
+    def call_at(self, t: float, fn) -> None:
+        """Call ``fn(t)`` at simulated time ``t`` (>= now), in the batch of that instant."""
+        if not t >= self.now:
+            raise SimulationError(f"call_at t={t!r} is before now (t={self.now:.6g}s)")
+        self._calls += 1
+        self._push(t, _CALL, fn, None, None)
+
     def run(self) -> None:
+        """Run every posted request to completion, on the path ``SimConfig.path`` picks
+        (``self.path`` says which ran, ``self.path_reason`` why not the fast one)."""
+        if self.path is None:
+            self.path = self._dispatch()
+        elif self.path == "fast" and (self._heap or self._pending):
+            raise SimulationError("this simulation ran on the fast path: post everything "
+                                  "before run(), or use SimConfig(path='engine')")
+        if self.path == "fast":
+            return
+        self._run_engines()
+
+    def _dispatch(self) -> str:
+        """The one place that picks the path: the fast one when asked for or allowed and
+        its checks pass (polycast/sim/fast.py), else the engines."""
+        from . import fast
+        mode = self.cfg.path
+        if mode not in ("auto", "engine", "fast"):
+            raise SimulationError(f"SimConfig.path must be auto, engine or fast, got {mode!r}")
+        if mode == "engine":
+            self.path_reason = "asked for the engines"
+            return "engine"
+        try:
+            self.fast_mode = fast.run(self)
+        except fast.Refused as e:
+            if mode == "fast":
+                raise SimulationError(f"the fast path cannot run this simulation: {e}") \
+                    from None
+            self.path_reason = str(e)
+            return "engine"
+        return "fast"
+
+    def _run_engines(self) -> None:
         cfg, net, heap = self.cfg, self.net, self._heap
-        while self._pending:
+        while self._pending or self._calls:
             t_ev = heap[0][0] if heap else math.inf
             t = min(t_ev, net.next_time())
             if t == math.inf:
@@ -216,13 +369,17 @@ class Simulation:
                                       "SimConfig.max_events for a bigger run")
 
     def completion_time(self, req: int) -> float:
-        """When the last rank completed ``req``."""
-        return max(tl.completed[req] for tl in self.timelines)
+        """When the last member completed ``req``."""
+        tls = self.timelines
+        return max(tls[r].completed[req] for r in self._comm_group[self._reqs[req][2]])
 
     def engine_stats(self) -> dict:
-        """The engines' stats, summed over ranks (numeric fields)."""
+        """The engines' stats, summed over ranks and communicators (numeric fields); on
+        the fast path, the counts it kept (completed, messages, datagrams)."""
+        if self._fast_stats is not None:
+            return dict(self._fast_stats)
         out: dict = {}
-        for e in self.engines:
+        for e in self._ep_engine:
             st = e.stats
             items = st.items() if isinstance(st, dict) else vars(st).items()
             for k, v in items:
@@ -236,17 +393,30 @@ class Simulation:
         heapq.heappush(self._heap, (t, self._seq, kind, a, b, c))
 
     def _incomplete_ranks(self) -> str:
-        out = [r for r, tl in enumerate(self.timelines) if len(tl.completed) < len(self._reqs)]
-        return ", ".join(map(str, out[:16])) + (" ..." if len(out) > 16 else "")
+        out = set()
+        for req, (_, _, comm) in enumerate(self._reqs):
+            for r in self._comm_group[comm]:
+                if req not in self.timelines[r].completed:
+                    out.add(r)
+        out = sorted(out)
+        return ", ".join(map(str, out[:16])) + (" ..." if len(out) > 16 else "") \
+            + self._unposted_note()
+
+    def _unposted_note(self) -> str:
+        if not self._unposted:
+            return ""
+        req, ranks = next(iter(self._unposted.items()))
+        return (f"; {len(self._unposted)} request(s) not posted by every member, e.g. "
+                f"request {req} by rank(s) {sorted(ranks)[:8]}")
 
     def _event(self, ev) -> None:
         self.events += 1
         _, _, kind, a, b, c = ev
         t = self.now            # the batch's time: every event of a batch sees one clock
-        if kind == _MSG:                       # a: dst, b: src, c: header
-            self._do(a, self.engines[a].on_message(b, c, None, t))
-        elif kind == _DGRAM:                   # a: receivers, b: headers, c: kept mask
-            engines = self.engines
+        if kind == _MSG:                       # a: dst endpoint, b: src (local), c: header
+            self._do(a, self._ep_engine[a].on_message(b, c, None, t))
+        elif kind == _DGRAM:                   # a: receiver endpoints, b: headers, c: kept
+            engines = self._ep_engine
             self.events += len(a) * len(b) - 1       # count each engine input
             if c is None:
                 for r in a:
@@ -259,32 +429,40 @@ class Simulation:
                     for j, h in enumerate(b):
                         if c[j, i]:
                             self._do(r, eng.on_datagram_header(h, None, t))
-        elif kind == _SENDDONE:                # a: rank, b: token
-            self._do(a, self.engines[a].on_send_done(b, t))
-        elif kind == _TIMER:                   # a: rank, b: timer id, c: deadline
+        elif kind == _SENDDONE:                # a: endpoint, b: token
+            self._do(a, self._ep_engine[a].on_send_done(b, t))
+        elif kind == _TIMER:                   # a: endpoint, b: timer id, c: deadline
             if self._timers.get((a, b)) == c:
                 del self._timers[(a, b)]
-                self._do(a, self.engines[a].on_timer(b, t))
+                self._do(a, self._ep_engine[a].on_timer(b, t))
         elif kind == _KICK:                    # a: channel key (not_before passed)
             self._busy.discard(a)
             self._start_next(a)
-        elif kind == _POST:                    # a: rank, b: req
-            sched, itemsize, _ = self._reqs[b]
-            self.timelines[a].posted[b] = t
-            seq = self.engines[a].next_seq & 0xFFFFFFFF
-            if self._seq_req.setdefault(seq, b) != b:
-                raise SimulationError(f"rank {a} numbered request {b} as seq {seq}, which "
-                                      f"another rank gave request {self._seq_req[seq]}")
-            self._do(a, self.engines[a].post(b, sched, itemsize, t))
+        elif kind == _POST:                    # a: endpoint, b: req
+            sched, itemsize, comm = self._reqs[b]
+            rank = self._ep_rank[a]
+            eng = self._ep_engine[a]
+            self.timelines[rank].posted[b] = t
+            seq = eng.next_seq & 0xFFFFFFFF
+            if self._seq_req.setdefault((comm, seq), b) != b:
+                raise SimulationError(
+                    f"rank {rank} numbered request {b} as seq {seq}"
+                    + (f" of communicator {comm}" if comm else "") + ", which another rank "
+                    f"gave request {self._seq_req[(comm, seq)]} (members must post a "
+                    "communicator's requests in the same order)")
+            self._do(a, eng.post(b, sched, itemsize, t))
+        elif kind == _CALL:                    # a: fn
+            self._calls -= 1
+            a(t)
 
-    def _do(self, rank: int, actions) -> None:
+    def _do(self, ep: int, actions) -> None:
         kick = None
         for act in actions:
             tp = type(act)
             if tp is A.Send or tp is A.Multicast:
                 # Queue every message of this batch before starting any, so a stream's
                 # datagrams can go as one flow.
-                key = (rank, act.peer if tp is A.Send else -1)
+                key = (ep, act.peer if tp is A.Send else -1)
                 q = self._channels.get(key)
                 if q is None:
                     q = self._channels[key] = deque()
@@ -295,11 +473,12 @@ class Simulation:
                     elif key not in kick:
                         kick.append(key)
             elif tp is A.SetTimer:
-                self._timers[(rank, act.timer)] = act.deadline
-                self._push(max(act.deadline, self.now), _TIMER, rank, act.timer, act.deadline)
+                self._timers[(ep, act.timer)] = act.deadline
+                self._push(max(act.deadline, self.now), _TIMER, ep, act.timer, act.deadline)
             elif tp is A.CancelTimer:
-                self._timers.pop((rank, act.timer), None)
+                self._timers.pop((ep, act.timer), None)
             elif tp is A.Complete:
+                rank = self._ep_rank[ep]
                 tl = self.timelines[rank]
                 if act.req not in tl.completed:
                     tl.completed[act.req] = self.now
@@ -307,8 +486,9 @@ class Simulation:
                     if self.on_complete is not None:
                         self.on_complete(act.req, rank, self.now)
             elif tp is A.Fail:
-                raise SimulationError(f"rank {rank} failed request {act.req} at "
-                                      f"t={self.now:.6g}s: {act.error}") from act.error
+                raise SimulationError(f"rank {self._ep_rank[ep]} failed request {act.req} at "
+                                      f"t={self.now:.6g}s: {act.error}{self._unposted_note()}"
+                                      ) from act.error
             # Deliver / Copy: no buffers in the simulator.
         if kick is not None:
             for key in kick:
@@ -320,7 +500,8 @@ class Simulation:
     def _start_next(self, key) -> None:
         q = self._channels.get(key)
         now = self.now
-        src = key[0]
+        src = key[0]                            # the sender's endpoint
+        comm = self._ep_comm[src]
         while q:
             act = q[0]
             if type(act) is A.Multicast and act.not_before > same_time_bound(now):
@@ -334,10 +515,13 @@ class Simulation:
                 if nbytes and self._innet and self._combine_send(src, act, nbytes):
                     self._busy.add(key)
                     return
-                links, lat = self._route(src, act.peer)
+                links, lat = self._route(self._ep_rank[src],
+                                         self._comm_group[comm][act.peer] if comm else act.peer)
                 if nbytes:
-                    self.net.add_flow(links, nbytes, now, ("send", key, act, lat),
-                                      cap=self._rx_cap)
+                    wire = self._framing.message_wire(nbytes)
+                    self.net.add_flow(links, wire, now, ("send", key, act, lat),
+                                      cap=self._rx_cap * wire / nbytes,
+                                      goodput=nbytes / wire)
                     self._busy.add(key)
                     return
                 self._send_drained(key, act, lat, now, now)
@@ -358,12 +542,19 @@ class Simulation:
             self.datagrams += len(acts)
             if nbytes:
                 cap = math.inf
+                fr = self._framing
+                sizes = [a.header.payload_nbytes for a in acts]
+                wire = fr.datagram_wire(sizes)
                 span = acts[-1].not_before - act.not_before
                 if len(acts) > 1 and span > 0:
-                    cap = (nbytes - acts[-1].header.payload_nbytes) / span
+                    cap = (wire - fr.datagram_wire(sizes[-1])) / span
                 links = self._tree(src)
-                f = self.net.add_flow(links, nbytes, now, ("mcast", key, acts, None), cap=cap)
+                f = self.net.add_flow(links, wire, now, ("mcast", key, acts, None), cap=cap,
+                                      goodput=nbytes / wire)
                 if self.nic is not None:
+                    if comm:
+                        raise SimulationError("the NIC model (SimConfig.nic) covers multicast "
+                                              "on the world communicator only")
                     self.nic.add(f, src)
                 self._busy.add(key)
                 return
@@ -386,6 +577,10 @@ class Simulation:
         return hit
 
     def _tree(self, root: int):
+        """Links of the multicast tree of endpoint ``root`` over its communicator (plus the
+        host ports with the host model)."""
+        if root >= self.P:
+            return self._comm_tree(root)[0]
         links, _ = self.topo.mcast_tree(self._node[root])
         if self.net.host_bw is None:
             return links
@@ -395,6 +590,27 @@ class Simulation:
             ports = [self.net.send_port(root)] + [self.net.recv_port(r) for r in range(self.P)
                                                   if r != root]
             hit = self._host_links[key] = np.concatenate([links, ports])
+        return hit
+
+    def _comm_tree(self, root: int):
+        """(links incl. host ports, [(latency, receiver endpoints)]) of the tree of endpoint
+        ``root`` of a communicator other than the world: the root's tree pruned to the
+        members (topology.Topology.mcast_tree_within)."""
+        hit = self._comm_trees.get(root)
+        if hit is None:
+            comm = self._ep_comm[root]
+            rank = self._ep_rank[root]
+            members = self._comm_group[comm]
+            node = self._node
+            links, lat = self.topo.mcast_tree_within(node[rank], [node[r] for r in members])
+            others = [(r, ep) for r, ep in zip(members, self._comm_eps[comm]) if r != rank]
+            if self.net.host_bw is not None:
+                links = np.concatenate([links, [self.net.send_port(rank)]
+                                        + [self.net.recv_port(r) for r, _ in others]])
+            eps = np.array([ep for _, ep in others], dtype=np.int64)
+            lats = np.array([lat[node[r]] for r, _ in others]) + self.cfg.host_latency_s
+            groups = [(float(x), eps[lats == x]) for x in np.unique(lats)]
+            hit = self._comm_trees[root] = (links, groups)
         return hit
 
     def _drained(self, f) -> None:
@@ -411,16 +627,24 @@ class Simulation:
         self._start_next(key)
 
     def _send_drained(self, key, act, lat: float, start: float, t: float) -> None:
-        src, dst = key
+        src, dst = key                          # endpoint, local peer
+        comm = self._ep_comm[src]
+        if comm:
+            dst_ep, me = self._comm_eps[comm][dst], self._ep_engine[src].rank
+        else:
+            dst_ep, me = dst, src
         self._push(t, _SENDDONE, src, act.token, None)
-        self._push(t + lat, _MSG, dst, src, act.header)
+        self._push(t + lat, _MSG, dst_ep, me, act.header)
         if self.cfg.record:
             n = act.header.payload_nbytes
-            self.timelines[src].intervals.append(Interval("send", start, t, dst, n))
-            self.timelines[dst].intervals.append(Interval("recv", start, t + lat, src, n))
+            s, d = self._ep_rank[src], self._ep_rank[dst_ep]
+            self.timelines[s].intervals.append(Interval("send", start, t, d, n))
+            self.timelines[d].intervals.append(Interval("recv", start, t + lat, s, n))
 
     def _groups(self, root: int):
-        """Receivers of root's tree grouped by latency: [(latency, ranks array)]."""
+        """Receivers of endpoint root's tree grouped by latency: [(latency, endpoints)]."""
+        if root >= self.P:
+            return self._comm_tree(root)[1]
         g = self._tree_groups.get(root)
         if g is None:
             _, lat = self.topo.mcast_tree(self._node[root])
@@ -458,12 +682,13 @@ class Simulation:
             self._push(t + lat, _DGRAM, ranks.tolist(), hdrs, keep)
         if self.cfg.record:
             n = int(sizes.sum())
-            self.timelines[root].intervals.append(Interval("mcast", start, t, -1, n))
+            rr, rank_of = self._ep_rank[root], self._ep_rank
+            self.timelines[rr].intervals.append(Interval("mcast", start, t, -1, n))
             if n:
-                for lat, ranks in self._groups(root):
-                    for r in ranks.tolist():
-                        self.timelines[r].intervals.append(
-                            Interval("mrecv", start, t + lat, root, n))
+                for lat, eps in self._groups(root):
+                    for e in eps.tolist():
+                        self.timelines[rank_of[e]].intervals.append(
+                            Interval("mrecv", start, t + lat, rr, n))
 
     def _nic_push(self, t: float, ranks, hdrs, keep, nic_keep, nic_delay) -> None:
         """Deliver to ``ranks`` what both the loss model (``keep``) and the NIC's queue
@@ -480,22 +705,31 @@ class Simulation:
     # in-network reduction ---------------------------------------------------------------
     def _combine_send(self, src: int, act, nbytes: int) -> bool:
         hdr = act.header
-        groups = self._innet.get(self._seq_req.get(hdr.seq, -1))
+        comm = self._ep_comm[src]
+        groups = self._innet.get(self._seq_req.get((comm, hdr.seq), -1))
         if groups is not None and hdr.kind is MsgKind.DATA:
             expected = groups.get((act.peer, hdr.tag), 0)
             if expected < 2:
                 return False
-            gkey = (act.peer, hdr.seq, hdr.tag)
+            gkey = (comm, act.peer, hdr.seq, hdr.tag)
             waiting = self._combine.setdefault(gkey, [])
             waiting.append(((src, act.peer), act))
             if len(waiting) == expected:
                 del self._combine[gkey]
-                dst = act.peer
-                links, lat = self.topo.mcast_tree(self._node[dst])
+                dst = self._comm_group[comm][act.peer] if comm else act.peer
+                if comm:
+                    node = self._node
+                    links, lat = self.topo.mcast_tree_within(
+                        node[dst], [node[r] for r in self._comm_group[comm]])
+                    lat_max = max(float(lat[node[r]]) for r in self._comm_group[comm])
+                else:
+                    links, lat = self.topo.mcast_tree(self._node[dst])
+                    lat_max = float(lat.max())
                 rev = links ^ 1                       # the reverse (aggregation) tree
-                self.net.add_flow(rev, nbytes, self.now,
-                                  ("innet", None, dst, (waiting, float(lat.max()))),
-                                  cap=self._rx_cap)
+                wire = self._framing.message_wire(nbytes)
+                self.net.add_flow(rev, wire, self.now,
+                                  ("innet", None, dst, (waiting, lat_max)),
+                                  cap=self._rx_cap * wire / nbytes, goodput=nbytes / wire)
             return True
         return False
 

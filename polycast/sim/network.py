@@ -17,7 +17,9 @@ What is modelled
   ``latency + S/B``.
 * Rates are recomputed once per batch of events at one timestamp (``settle``), and only for
   the connected component of flows (flows linked by shared links) that the batch touched.
-* Bytes are counted per directed link (``link_bytes``), at the flow's start.
+* Bytes are counted per directed link (``link_bytes``), at the flow's start. A flow's
+  bytes are **wire bytes**: the driver adds the topology's per-packet headers
+  (:mod:`polycast.sim.framing`) to the payload, so a link moves payload at its goodput.
 * **Host processing** (optional, :class:`Network` ``host_bw``): a rank's send and its
   receive path each move at most ``host_bw`` bytes/s, shared by all of the rank's flows in
   that direction — a host stack, a CPU-bound process or a NIC DMA engine slower than the
@@ -30,7 +32,7 @@ What is not modelled
 --------------------
 No packets, no queues or buffers, no switch buffer overflow, no congestion-control
 dynamics (TCP/DCQCN ramp-up, incast collapse), no PFC/credit back-pressure or head-of-line
-blocking, no header/framing overhead, no NIC message-rate limits (beyond the optional host
+blocking, no NIC message-rate limits (beyond the optional host
 rate above), no routing adaptivity
 (ECMP is static), no link failures. Rates are the ideal of a perfectly fair, perfectly
 efficient transport; loss is injected by the driver on datagram delivery, not by the
@@ -69,6 +71,7 @@ class Flow:
     finish: float = _INF       # drain time at the current rate
     version: int = 0           # heap entries with another version are stale
     cap: float = _INF          # the sender's own limit (pacing), bytes/s
+    goodput: float = 1.0       # payload bytes per byte on the wire (framing.py)
 
 
 @dataclass
@@ -114,15 +117,16 @@ class Network:
         return self.nlinks + self.topology.nranks + rank
 
     def add_flow(self, links: np.ndarray, nbytes: int, now: float, data: object,
-                 cap: float = _INF) -> Flow:
-        """Start a flow of ``nbytes`` > 0 over ``links`` (network links, then any host
-        ports), never faster than ``cap`` bytes/s (a paced sender); its rate is set at
-        ``settle``."""
+                 cap: float = _INF, goodput: float = 1.0) -> Flow:
+        """Start a flow of ``nbytes`` > 0 wire bytes over ``links`` (network links, then
+        any host ports), never faster than ``cap`` bytes/s (a paced sender), carrying
+        ``goodput`` payload bytes per wire byte; its rate is set at ``settle``."""
         if nbytes <= 0:
             raise ValueError("flows carry at least one byte; the driver handles empty messages")
         fid = self._next_fid
         self._next_fid += 1
-        f = Flow(fid, links, nbytes, now, data, remaining=float(nbytes), t_last=now, cap=cap)
+        f = Flow(fid, links, nbytes, now, data, remaining=float(nbytes), t_last=now, cap=cap,
+                 goodput=goodput)
         self.flows[fid] = f
         link_flows = self._link_flows
         for l in links.tolist():

@@ -35,8 +35,9 @@ What is modelled
 Not modelled: the path latency between the flow's start and its arrival (the queue sees
 arrivals at sending time; the delivery still adds the path latency), NIC time spent on
 point-to-point data taken from the multicast path (each gets the full rate; concurrent
-point-to-point messages to one receiver each get it too), header bytes, bursts finer than
-one flow's rate, and per-datagram costs on the sending side.
+point-to-point messages to one receiver each get it too), bursts finer than one flow's
+rate, and per-datagram costs on the sending side. Header bytes (framing.py) cost link
+time but not NIC time: the queue counts payload.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class ReceiveQueues:
         """Multicast bytes/s arriving at each receiver now."""
         lam = np.zeros(self.P)
         for a in self._arrivals.values():
-            r = a.flow.rate
+            r = a.flow.rate * a.flow.goodput          # payload bytes/s (framing.py)
             if r > 0:
                 lam += r
                 lam[a.root] -= r
@@ -126,10 +127,11 @@ class ReceiveQueues:
     def _mark(self, t: float, over_t: np.ndarray, share: np.ndarray) -> None:
         for a in self._arrivals.values():
             f = a.flow
-            r = f.rate
+            g = f.goodput                   # positions in payload bytes (framing.py)
+            r = f.rate * g
             if r <= 0:
                 continue
-            hi = f.nbytes - (f.remaining - r * (t - f.t_last))   # bytes sent by t
+            hi = (f.nbytes - (f.remaining - f.rate * (t - f.t_last))) * g   # sent by t
             lo = hi - r * over_t
             sh = share.copy()
             sh[a.root] = 0.0

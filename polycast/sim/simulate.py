@@ -45,6 +45,9 @@ class SimResult:
     nic_dropped_datagrams: int = 0   # datagram receptions its receive queues dropped
     nic_dropped_nbytes: int = 0      # ... their payload bytes, summed over receivers
     nic_peak_queue_nbytes: int = 0   # the largest backlog of one receiver
+    path: str = "engine"             # "fast" or "engine": which account of the timing ran
+    path_reason: str = ""            # why not the fast path, when the engines ran
+    fast_mode: str = ""              # on the fast path: "walk" (graph walk) or "events"
     timelines: list[RankTimeline] = field(default_factory=list, repr=False)
     simulation: Simulation | None = field(default=None, repr=False, compare=False)
 
@@ -62,12 +65,13 @@ class SimResult:
         return out
 
 
-def resolve_topology(topology: Topology | str | None, nodes: int, link=None) -> Topology:
+def resolve_topology(topology: Topology | str | None, nodes: int, link=None,
+                     framing: str | None = None) -> Topology:
     if isinstance(topology, Topology):
         if topology.nranks != nodes:
             raise InvalidArgument(f"topology has {topology.nranks} ranks, asked for {nodes}")
         return topology
-    return parse_topology(topology or DEFAULT_TOPOLOGY, nodes, link=link)
+    return parse_topology(topology or DEFAULT_TOPOLOGY, nodes, link=link, framing=framing)
 
 
 def count_for(collective: Collective, nodes: int, nbytes: int, itemsize: int) -> int:
@@ -108,7 +112,8 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
              loss: float = 0.0, seed: int = 0, record: bool = False,
              engine: dict | None = None, max_events: int = 50_000_000,
              placement: str = "linear", nic=None, host_gbps: float | None = None,
-             host_latency_s: float = 0.0) -> SimResult:
+             host_latency_s: float = 0.0, framing: str | None = None,
+             path: str = "auto") -> SimResult:
     """Simulate one call of ``collective`` with ``algorithm`` on ``nodes`` ranks.
 
     ``size`` is nccl-tests' S (total bytes: for allgather the gathered buffer). ``topology``
@@ -120,7 +125,11 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
     ``nic`` (a :class:`~polycast.models.nic.NicModel` or a ``--nic`` string such as
     ``bf3-dpa``) makes every receiver process multicast chunks at that NIC's rate behind
     its bounded receive queue, dropping what overflows (:mod:`polycast.sim.nic`).
-    ``host_gbps`` / ``host_latency_s``: the host model (:class:`SimConfig`; off by default)."""
+    ``host_gbps`` / ``host_latency_s``: the host model (:class:`SimConfig`; off by default).
+    ``framing``: per-packet headers (:mod:`polycast.sim.framing`: ``tcp``, the default,
+    ``udp``, ``ib`` or ``none``) when ``topology`` is a string that does not set them.
+    ``path``: ``auto`` (the fast path where its checks pass, else the engines), ``engine``
+    or ``fast`` (:class:`SimConfig`); the result says which ran."""
     coll = Collective.parse(collective)
     if not 0 <= loss < 1:
         raise InvalidArgument(f"loss must be a probability in [0, 1), got {loss!r}")
@@ -129,17 +138,18 @@ def simulate(collective: str | Collective, algorithm: str, nodes: int, size: int
         from ..models.nic import parse_nic
         nic = parse_nic(nic)
     itemsize = parse_dtype(dtype).itemsize
-    topo = resolve_topology(topology, nodes, link)
+    topo = resolve_topology(topology, nodes, link, framing)
     count = count_for(coll, nodes, nbytes, itemsize)
     opts = algorithm_options(coll, algorithm, topo, options)
     sched = build(coll, algorithm, nodes, count, root=root, nchunks=nchunks,
                   channels=channels, **opts)
     link_gbps = float(topo.host_link_bw * 8 / 1e9)
-    eng = {"line_rate_gbps": link_gbps, "pacing_gbps": pacing_gbps_for([sched], link_gbps)}
+    eng = {"line_rate_gbps": link_gbps,
+           "pacing_gbps": pacing_gbps_for([sched], link_gbps, topo.framing)}
     eng.update(engine or {})
     cfg = SimConfig(loss=loss, seed=seed, record=record, engine=eng, max_events=max_events,
                     placement=make_placement(placement, nodes, seed), nic=nic,
-                    host_gbps=host_gbps, host_latency_s=host_latency_s)
+                    host_gbps=host_gbps, host_latency_s=host_latency_s, path=path)
     wall = time.perf_counter()
     sim = Simulation(topo, cfg)
     req = sim.post(sched, itemsize)
@@ -177,4 +187,6 @@ def make_result(sim: Simulation, reqs: list[int], coll: Collective, algorithm: s
         datagrams=sim.datagrams, lost_datagrams=sim.lost_datagrams,
         lost_nbytes=sim.lost_nbytes, recovered_nbytes=int(stats.get("recovered_bytes", 0)),
         events=sim.events, flows=sim.net.flows_started, wall_s=wall_s, engine_stats=stats,
-        rank_times_s=rank_times, timelines=sim.timelines, simulation=sim, **nic)
+        rank_times_s=rank_times, timelines=sim.timelines, simulation=sim,
+        path=sim.path or "engine", path_reason=sim.path_reason, fast_mode=sim.fast_mode,
+        **nic)

@@ -15,8 +15,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 from ..errors import InvalidArgument, PolycastError
+from .framing import DEFAULT_FRAMING
 
-COLUMNS = ("collective", "algorithm", "nodes", "nbytes", "topology", "link", "nic", "time_s",
+COLUMNS = ("collective", "algorithm", "nodes", "nbytes", "topology", "link", "framing", "nic",
+           "time_s",
            "algbw", "busbw", "link_bytes", "link_bytes_host_leaf", "link_bytes_leaf_spine",
            "link_bytes_spine_core", "link_bytes_intra_host", "nic_gbps", "nic_dropped_nbytes",
            "recovered_nbytes", "events", "wall_s", "error")
@@ -34,14 +36,17 @@ class Point:
     link: str
     nic: str = NO_NIC            # receivers' NIC (a ``--nic`` spec) or none
     nchunks: int = 1             # pipelining; with algorithm "auto" the planner's
+    framing: str = DEFAULT_FRAMING   # per-packet headers (sim/framing.py) unless the
+    #                                  topology string sets them
 
 
 def grid(collective: str, algorithms, nodes, sizes, topologies, link="400Gbps",
-         nics=(NO_NIC,)) -> list[Point]:
+         nics=(NO_NIC,), framing: str | None = None) -> list[Point]:
     """Every combination; ``link`` is a rate or a list of rates, ``nics`` ``--nic`` specs
-    (``none``: receivers keep up)."""
+    (``none``: receivers keep up), ``framing`` a framing preset (default tcp)."""
     links = [link] if isinstance(link, str) else list(link)
-    pts = [Point(collective, a, n, s, t, ln, nic)
+    fr = framing or DEFAULT_FRAMING
+    pts = [Point(collective, a, n, s, t, ln, nic, framing=fr)
            for t in topologies for ln in links for nic in nics for n in nodes for s in sizes
            for a in algorithms]
     if not pts:
@@ -63,7 +68,8 @@ def run_point(pt: Point | dict) -> dict:
             algo, nchunks = _auto(pt)
             row["algorithm"] = f"auto({algo})"
         r = simulate(pt.collective, algo, pt.nodes, pt.nbytes, pt.topology,
-                     link=pt.link, nic=None if pt.nic == NO_NIC else pt.nic, nchunks=nchunks)
+                     link=pt.link, nic=None if pt.nic == NO_NIC else pt.nic, nchunks=nchunks,
+                     framing=pt.framing)
     except PolycastError as e:
         row["error"] = str(e)
         return row
@@ -83,7 +89,7 @@ def _auto(pt: Point) -> tuple[str, int]:
     from ..planner import choose_on_topology
     from .simulate import count_for, resolve_topology
     coll = Collective.parse(pt.collective)
-    topo = resolve_topology(pt.topology, pt.nodes, pt.link)
+    topo = resolve_topology(pt.topology, pt.nodes, pt.link, pt.framing)
     nbytes = coll.total_elements(pt.nodes, count_for(coll, pt.nodes, pt.nbytes, 4)) * 4
     c = choose_on_topology(coll, nbytes, topo)
     return c.algorithm, c.nchunks

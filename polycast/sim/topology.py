@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, UnknownName
 from ..units import parse_rate
+from .framing import Framing, make_framing
 
 LAYERS = ("intra-host", "host-leaf", "leaf-spine", "spine-core")
 
@@ -87,6 +88,7 @@ class Topology:
     switch_latency_s: float
     ranks_per_host: int = 1
     host_link_bw: float = 0.0                               # bytes/s of one host link
+    framing: Framing = field(default_factory=make_framing)  # headers per packet (framing.py)
     # nodes
     node_kind: list[str] = field(default_factory=list)     # "rank", "host", "switch"
     node_name: list[str] = field(default_factory=list)
@@ -258,6 +260,32 @@ class Topology:
         self._trees[root] = out
         return out
 
+    def mcast_tree_within(self, root: int, members) -> tuple[np.ndarray, np.ndarray]:
+        """(link ids, latency from root per rank) of root's multicast tree pruned to the
+        ranks ``members`` (a communicator's group, root among them): the links of
+        :meth:`mcast_tree` that lead to a member, climbing only to the first node that
+        covers every member. Latencies are the full tree's (valid for members). Cached."""
+        m = np.unique(np.asarray(members, dtype=np.int64))
+        key = (root, m.tobytes())
+        cache = self.__dict__.setdefault("_group_trees", {})
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        links, lat = self.mcast_tree(root)
+        lo = np.asarray(self.node_lo)
+        hi = np.asarray(self.node_hi)
+        src = np.asarray(self.link_src)[links]
+        dst = np.asarray(self.link_dst)[links]
+        down = (lo[src] <= lo[dst]) & (hi[dst] <= hi[src]) & (hi[dst] - lo[dst] < hi[src] - lo[src])
+        # a down link is kept when a member lies below it; an up link while the node it
+        # leaves does not yet cover every member
+        below = np.searchsorted(m, hi[dst]) > np.searchsorted(m, lo[dst])
+        covers_all = (lo[src] <= m[0]) & (m[-1] < hi[src])
+        keep = np.where(down, below, ~covers_all)
+        out = (links[keep], lat)
+        cache[key] = out
+        return out
+
     def summary(self) -> str:
         by_layer: dict[str, int] = {}
         for x in self.link_layer:
@@ -311,11 +339,13 @@ def _attach(topo: Topology, host: int, switch: int, bw: float, lat: float, nics:
 def single_switch(nranks: int, link=DEFAULT_LINK, latency_s: float = DEFAULT_LINK_LATENCY_S,
                   switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S, ranks_per_host: int = 1,
                   nvlink=DEFAULT_NVLINK, nvlink_latency_s: float = DEFAULT_NVLINK_LATENCY_S,
-                  nics: int = 1) -> Topology:
+                  nics: int = 1, framing: Framing | str | None = None,
+                  mtu: int | None = None) -> Topology:
     """Every host on one non-blocking switch."""
     _check_common(nranks, ranks_per_host, nics)
-    topo = Topology("switch", nranks, f"single switch, {_rate_text(link)} links",
-                    switch_latency_s)
+    fr = make_framing(framing, mtu)
+    topo = Topology("switch", nranks, f"single switch, {_rate_text(link)} links"
+                    + _framing_text(fr), switch_latency_s, framing=fr)
     hosts = _hosts(topo, nranks, ranks_per_host, nvlink, nvlink_latency_s)
     sw = topo.add_node("switch", "switch0", switch_latency_s)
     bw = _bytes_per_s(link)
@@ -328,7 +358,8 @@ def leaf_spine(nranks: int, hosts_per_leaf: int = 16, oversub: float = 1.0,
                link=DEFAULT_LINK, latency_s: float = DEFAULT_LINK_LATENCY_S,
                switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S, ranks_per_host: int = 1,
                nvlink=DEFAULT_NVLINK, nvlink_latency_s: float = DEFAULT_NVLINK_LATENCY_S,
-               nics: int = 1) -> Topology:
+               nics: int = 1, framing: Framing | str | None = None,
+               mtu: int | None = None) -> Topology:
     """Two levels: leaves of ``hosts_per_leaf`` hosts, each leaf linked once to every spine.
 
     ``oversub`` = host bandwidth / uplink bandwidth of a leaf. There are
@@ -340,9 +371,11 @@ def leaf_spine(nranks: int, hosts_per_leaf: int = 16, oversub: float = 1.0,
     if not oversub > 0 or not math.isfinite(oversub):
         raise InvalidArgument(f"oversub must be a positive ratio (1 = non-blocking), got {oversub!r}")
     bw = _bytes_per_s(link)
+    fr = make_framing(framing, mtu)
     topo = Topology("leafspine", nranks,
                     f"leaf-spine, {hosts_per_leaf} hosts/leaf, oversubscription {oversub:g}:1, "
-                    f"{_rate_text(link)} links", switch_latency_s)
+                    f"{_rate_text(link)} links" + _framing_text(fr), switch_latency_s,
+                    framing=fr)
     hosts = _hosts(topo, nranks, ranks_per_host, nvlink, nvlink_latency_s)
     nleaves = math.ceil(len(hosts) / hosts_per_leaf)
     leaves = []
@@ -366,7 +399,8 @@ def fat_tree(nranks: int, radix: int = 32, link=DEFAULT_LINK,
              latency_s: float = DEFAULT_LINK_LATENCY_S,
              switch_latency_s: float = DEFAULT_SWITCH_LATENCY_S, ranks_per_host: int = 1,
              nvlink=DEFAULT_NVLINK, nvlink_latency_s: float = DEFAULT_NVLINK_LATENCY_S,
-             nics: int = 1) -> Topology:
+             nics: int = 1, framing: Framing | str | None = None,
+             mtu: int | None = None) -> Topology:
     """Three-level k-ary fat tree of radix-k switches (Al-Fares et al.): k pods of k/2 edge
     and k/2 aggregation switches, (k/2)^2 cores, k^3/4 host ports, non-blocking. Hosts fill
     edge switches in order; only switches with hosts below them are built (no cores when
@@ -387,8 +421,9 @@ def fat_tree(nranks: int, radix: int = 32, link=DEFAULT_LINK,
             f"fattree radix={radix} has {capacity} host ports (k^3/4), too few for {nhosts} "
             f"hosts x {per_host} NIC(s); use radix >= {need}")
     bw = _bytes_per_s(link)
-    topo = Topology("fattree", nranks, f"fat tree radix {radix}, {_rate_text(link)} links",
-                    switch_latency_s)
+    fr = make_framing(framing, mtu)
+    topo = Topology("fattree", nranks, f"fat tree radix {radix}, {_rate_text(link)} links"
+                    + _framing_text(fr), switch_latency_s, framing=fr)
     hosts = _hosts(topo, nranks, ranks_per_host, nvlink, nvlink_latency_s)
     # Host ports in order: port i of edge e of pod p holds NIC/host number p*half^2+e*half+i.
     hosts_per_edge = max(1, half // per_host)     # keep a host's NICs on one edge switch
@@ -419,6 +454,13 @@ def fat_tree(nranks: int, radix: int = 32, link=DEFAULT_LINK,
     return topo.finish()
 
 
+def _framing_text(fr: Framing) -> str:
+    """Said in descriptions only when it is not the default (descriptions of default
+    topologies stay as they were)."""
+    default = make_framing()
+    return "" if fr == default else f", {fr.describe()}"
+
+
 def _rate_text(rate) -> str:
     if isinstance(rate, str):
         return rate
@@ -432,12 +474,12 @@ TOPOLOGY_FORMS = (
     "leafspine:hosts_per_leaf=16,oversub=2",
     "fattree:radix=32",
     "(any of them) +ranks_per_host=8,nvlink=3600Gbps,nics=8,latency=250ns,"
-    "switch_latency=300ns,link=400Gbps",
+    "switch_latency=300ns,link=400Gbps,framing=tcp|udp|ib|none,mtu=9000",
 )
 
 _COMMON_KEYS = {"ranks_per_host": int, "nvlink": str, "nvlink_latency": parse_seconds,
                 "nics": int, "latency": parse_seconds, "switch_latency": parse_seconds,
-                "link": str}
+                "link": str, "framing": str, "mtu": int}
 _KINDS = {
     "switch": (single_switch, {}),
     "leafspine": (leaf_spine, {"hosts_per_leaf": int, "oversub": float}),
@@ -447,11 +489,13 @@ _RENAME = {"latency": "latency_s", "switch_latency": "switch_latency_s",
            "nvlink_latency": "nvlink_latency_s"}
 
 
-def parse_topology(text: str, nranks: int, link=None, **defaults) -> Topology:
+def parse_topology(text: str, nranks: int, link=None, framing: str | None = None,
+                   **defaults) -> Topology:
     """Build a topology from a ``--topology`` string (see ``TOPOLOGY_FORMS``).
 
-    ``link`` (a rate) applies unless the string sets ``link=``; ``defaults`` are keyword
-    arguments of the constructor the string's keys override."""
+    ``link`` (a rate) and ``framing`` (a :mod:`~polycast.sim.framing` preset name) apply
+    unless the string sets ``link=`` / ``framing=``; ``defaults`` are keyword arguments of
+    the constructor the string's keys override."""
     forms = "; ".join(TOPOLOGY_FORMS)
     kind, _, rest = str(text).strip().partition(":")
     kind = kind.strip().lower().replace("-", "").replace("_", "")
@@ -463,6 +507,8 @@ def parse_topology(text: str, nranks: int, link=None, **defaults) -> Topology:
     kwargs = dict(defaults)
     if link is not None:
         kwargs["link"] = link
+    if framing is not None:
+        kwargs["framing"] = framing
     for item in filter(None, (x.strip() for x in rest.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip().lower()

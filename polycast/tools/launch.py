@@ -206,12 +206,14 @@ def check_arguments(nranks: int, command: list[str], timeout_seconds: float | No
 def launch(nranks: int, command: list[str], *, port: int | None = None,
            timeout_seconds: float | None = None, straggler_seconds: float | None = None,
            extra_env: dict | None = None, prefix: bool = True, stdout=None,
-           stderr=None, argv_for=None) -> int:
+           stderr=None, argv_for=None, env_for=None) -> int:
     """Run ``command`` (an argv list; the first item a Python script path or ``-m module``)
     as ``nranks`` local ranks; return the job's exit status (see the module docstring).
 
     ``argv_for(rank)``, when given, is the whole argv of that rank instead (``polycast lab
-    run`` runs each rank's command in its host's namespace, ``ip netns exec HOST ...``).
+    run`` runs each rank's command in its host's namespace, ``ip netns exec HOST ...``);
+    ``env_for(rank)``, when given, is a dict of variables that rank gets on top of (and over)
+    the usual ones (``lab run``: its local rank and size, the master's address).
     ``timeout_seconds``: end the whole job after this long (None: no limit).
     ``straggler_seconds``: end ranks still running this long after all others exited 0
     (None: the job's POLYCAST_TIMEOUT; 0: no limit)."""
@@ -235,7 +237,9 @@ def launch(nranks: int, command: list[str], *, port: int | None = None,
     try:
         for r in range(nranks):
             proc = subprocess.Popen(argv_for(r) if argv_for else argv,
-                                    env=rank_env(r, nranks, port, job_id, extra=extra,
+                                    env=rank_env(r, nranks, port, job_id,
+                                                 extra={**extra, **(env_for(r) if env_for
+                                                                    else {})},
                                                  torch_port=torch_port),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, process_group=0,

@@ -150,9 +150,42 @@ def _allreduce_into(call: Call, t: torch.Tensor, op_obj) -> None:
 
 def allreduce(group, tensors, op_obj, submit: bool = True) -> Work:
     call = Call(group, "all_reduce")
+    if (isinstance(tensors, (list, tuple)) and len(tensors) == 1
+            and isinstance(tensors[0], torch.Tensor) and tensors[0].layout == torch.sparse_coo):
+        return _sparse_allreduce(call, tensors[0], op_obj)
     t = _one(tensors, "all_reduce")
     _allreduce_into(call, t, op_obj)
     return call.work([t], submit)
+
+
+def _sparse_allreduce(call: Call, t: torch.Tensor, op_obj) -> Work:
+    """A sparse COO tensor's sum over the ranks, in place (gloo's sparse all_reduce): every
+    rank's coalesced indices and values are all-gathered (Comm's object allgather: sizes
+    differ per rank), concatenated and coalesced, which sums duplicate indices."""
+    op, factor = reduce_op(op_obj)
+    if op != "sum" or factor is not None:
+        raise Unsupported(f"all_reduce of a sparse tensor: SUM only (as gloo), got "
+                          f"{getattr(getattr(op_obj, 'op', op_obj), 'name', op_obj)}")
+    if t.device.type != "cpu":
+        raise InvalidArgument(f"all_reduce input is on device {t.device}: the polycast "
+                              "backend serves CPU tensors")
+    c = t.coalesce()
+    mine = (tuple(t.shape), str(t.dtype), c.indices(), c.values())
+    try:
+        parts = call.comm.allgather(mine)
+    except BaseException as exc:
+        exc.polycast_comm_refused = True        # Comm's own error: raised on every rank
+        raise
+    kinds = {(shape, dtype) for shape, dtype, _, _ in parts}
+    if len(kinds) != 1:
+        raise InvalidArgument("all_reduce of a sparse tensor: the ranks' tensors differ in "
+                              "shape or dtype: " + ", ".join(
+                                  f"rank {r} {d}{list(s)}" for r, (s, d, _, _) in
+                                  enumerate(parts)))
+    total = torch.sparse_coo_tensor(torch.cat([p[2] for p in parts], dim=1),
+                                    torch.cat([p[3] for p in parts]), t.shape).coalesce()
+    t.copy_(total)
+    return call.work([t])
 
 
 def allreduce_coalesced(group, tensors, op_obj, submit: bool = True) -> Work:
@@ -333,14 +366,46 @@ def allgather(group, output_lists, inputs, submit: bool = True) -> Work:
 
 
 def allgather_coalesced(group, output_lists, inputs, submit: bool = True) -> Work:
+    """torch's ``all_gather_coalesced``: ``output_lists[r][k]`` receives rank r's
+    ``inputs[k]`` (one list per rank, as gloo reads it). The inputs' bytes travel as one
+    all-gather (dtypes may differ), then land in the outputs."""
     call = Call(group, "all_gather_coalesced")
-    inps = check_list(inputs, "inputs")
-    if len(output_lists) != len(inps):
-        raise InvalidArgument(f"{call.what}: {len(output_lists)} output lists but "
-                              f"{len(inps)} inputs")
-    lists = [check_list(lst, f"outputs[{k}]") for k, lst in enumerate(output_lists)]
-    for outs, inp in zip(lists, inps):
-        _allgather_list(call, outs, inp)
+    P = call.comm.size
+    inps = check_list(inputs, f"{call.what} inputs")
+    if not isinstance(output_lists, (list, tuple)) or len(output_lists) != P:
+        n = len(output_lists) if isinstance(output_lists, (list, tuple)) else None
+        raise InvalidArgument(f"{call.what}: output_tensor_lists needs one list per rank "
+                              f"({P}), got {n if n is not None else type(output_lists).__name__}")
+    lists = [check_list(lst, f"{call.what} outputs[{r}]") for r, lst in enumerate(output_lists)]
+    for r, outs in enumerate(lists):
+        if len(outs) != len(inps):
+            raise InvalidArgument(f"{call.what}: outputs[{r}] has {len(outs)} tensors, "
+                                  f"there are {len(inps)} inputs")
+        for k, (o, i) in enumerate(zip(outs, inps)):
+            if o.dtype != i.dtype or o.numel() != i.numel():
+                raise InvalidArgument(f"{call.what}: outputs[{r}][{k}] is {o.dtype}"
+                                      f"{list(o.shape)}, inputs[{k}] is {i.dtype}"
+                                      f"{list(i.shape)}")
+    nbytes = [i.numel() * i.element_size() for i in inps]
+    total = sum(nbytes)
+    send = torch.empty(total, dtype=torch.uint8)
+    at = 0
+    for i, n in zip(inps, nbytes):
+        if n:
+            send[at:at + n].copy_(i.contiguous().reshape(-1).view(torch.uint8))
+        at += n
+    flat = torch.empty(P * total, dtype=torch.uint8)
+    call.post(call.comm.Iallgather, raw(send), raw(flat),
+              algorithm=call.algorithm(Collective.ALLGATHER))
+
+    def copy_out():
+        for r, outs in enumerate(lists):
+            at = r * total
+            for o, n in zip(outs, nbytes):
+                if n:
+                    o.copy_(flat[at:at + n].view(o.dtype).view(o.shape))
+                at += n
+    call.then(copy_out)
     return call.work(lists, submit)
 
 

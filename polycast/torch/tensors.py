@@ -60,9 +60,15 @@ def check_list(ts, what: str) -> list:
     return [check(t, f"{what}[{i}]") for i, t in enumerate(ts)]
 
 
-@functools.lru_cache(maxsize=4096)
-def _bytes_type(nbytes: int):
-    return ctypes.c_char * nbytes
+@functools.lru_cache(maxsize=None)
+def _bytes_type(nbytes_class: int):
+    return ctypes.c_char * nbytes_class
+
+
+def _size_class(nbytes: int) -> int:
+    """The power of two at or above ``nbytes``: one ctypes array type per class (at most
+    ~48), where one per size made thousands of ~3 KiB types in a job with many sizes."""
+    return 1 << (nbytes - 1).bit_length()
 
 
 def raw(t: torch.Tensor) -> np.ndarray:
@@ -83,9 +89,11 @@ def raw(t: torch.Tensor) -> np.ndarray:
     nbytes = t.numel() * t.element_size()
     if nbytes == 0:
         return np.empty(0, dtype)
-    view = _bytes_type(nbytes).from_address(t.data_ptr())
+    # The class may reach past the tensor's end: nothing reads there, the array is cut to
+    # the tensor's elements (count).
+    view = _bytes_type(_size_class(nbytes)).from_address(t.data_ptr())
     view.tensor = t
-    return np.frombuffer(view, dtype)
+    return np.frombuffer(view, dtype, count=nbytes // np.dtype(dtype).itemsize)
 
 
 def raw_units(dtype: torch.dtype) -> int:

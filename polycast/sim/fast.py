@@ -1,0 +1,691 @@
+"""The fast path: a simulation's timing without stepping the engines, checked exact.
+
+The engine-driven simulation (:class:`~polycast.sim.driver.Simulation` stepping one
+:class:`~polycast.engine.engine.Engine` per rank) is the reference. Without loss, NIC
+queues, timeouts or failures, what the engines do with a schedule is fixed: a step starts
+when its dependencies are done; a SEND goes on its channel (FIFO per sender and peer),
+drains at its flow's rate and is done then, its message arriving one path latency later;
+a RECV is done when its step has started and its message has arrived; a COPY at once; an
+MCAST paces its datagrams (the engine's pacer) and goes as one flow on the root's tree
+when its channel is free, an MRECV is done when its stream has arrived; a multicast
+collective then sends FIN to the ring successor and completes once it has FIN from its
+predecessor. That makes the run a graph — steps, and the channels', pacers' and matches'
+edges between them — whose times are one longest-path walk, done here level by level over
+numpy arrays (every rank's ring step at once) instead of one Python event per message.
+
+The walk assumes two things the event loop decides on the fly, and then checks both:
+
+* **Channel order.** The messages of a channel leave in the order their steps started;
+  the walk assumes an order (program order at first), computes the start times, and if
+  they order a channel otherwise walks again in that order (until it settles).
+* **No binding contention.** Every flow is assumed to move at its solo rate (its path's
+  slowest link, or its pacing cap). Max-min fair sharing gives every flow its solo rate
+  exactly when, on every link, the solo rates of the flows in flight at once fit the
+  link's capacity: that is checked for every link that more than one channel uses.
+
+When a check fails (a rank sending to two peers through one port, an alltoall colliding
+on uplinks, in-network reduction) the fast path refuses with the reason and the
+simulation runs on the engines: one protocol, one answer. ``tests/test_sim_fast.py``
+compares both on every registered algorithm (the equality grid).
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import chain
+
+import numpy as np
+
+from ..engine.wire import HEADER_NBYTES
+from ..schedule.ir import Kind
+
+SEND, RECV, COPY, MCAST, MRECV, FIN = (int(Kind.SEND), int(Kind.RECV), int(Kind.COPY),
+                                       int(Kind.MCAST), int(Kind.MRECV), 5)
+DEP, ARRIVE, CHAN, PACE, MARR = range(5)       # what a graph edge carries (see _walk)
+SILENT_RTO = 3.99           # a stream later than this many rto after its MRECV started
+#                             would be pulled by the engine's recovery (mcast.SILENT_RTO_FACTOR)
+_NEG = -math.inf
+
+
+class Refused(Exception):
+    """The fast path does not cover this run; the message says why."""
+
+
+def refusal(sim) -> str | None:
+    """Why ``sim`` (posted, not run) must run on the engines, or None."""
+    cfg = sim.cfg
+    if cfg.loss:
+        return "loss injection runs the engines' recovery"
+    if cfg.nic is not None:
+        return "the NIC model's queues run the engines"
+    if cfg.record:
+        return "recording per-message timelines runs the engines"
+    if sim.on_complete is not None or sim._calls:
+        return "callbacks (on_complete, call_at) run the engines"
+    if sim._unposted:
+        return "requests not posted by every member run the engines"
+    if any(ev[2] != 5 for ev in sim._heap):           # driver._POST
+        return "the simulation already ran"
+    for q in sim._innet:
+        if sim._reqs[q][2]:
+            return "in-network reduction on a sub-communicator runs the engines"
+    for sched, _, comm in sim._reqs:
+        if sched.nranks < 2:
+            return "a one-rank collective runs the engines"
+    return None
+
+
+def _check_post_order(sim) -> None:
+    """Members of a communicator post its requests in one order (the engines number them
+    by order): the same error as the engines give, before anything runs."""
+    from .driver import SimulationError
+    order: dict[int, list] = {}
+    for ev in sorted(sim._heap):                    # (t, seq, _POST, endpoint, req, _)
+        order.setdefault(ev[3], []).append(ev[4])
+    for comm, eps in enumerate(sim._comm_eps):
+        seqs = {tuple(order.get(e, ())) for e in eps}
+        if len(seqs) > 1:
+            raise SimulationError(f"members of communicator {comm} post its requests in "
+                                  "different orders (members must post a communicator's "
+                                  "requests in the same order)")
+
+
+# -- the graph ------------------------------------------------------------------------------
+
+class _Graph:
+    """Every step of every posted request (and a FIN per rank of a multicast request) as
+    arrays; edges as a CSR of predecessors."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        posts: dict[tuple[int, int], float] = {}
+        for ev in sim._heap:                            # (t, seq, _POST, endpoint, req, _)
+            posts[(ev[3], ev[4])] = ev[0]
+        cols = {k: [] for k in ("kind", "q", "ep", "rank", "local", "peer", "tag", "idx",
+                                "nbytes", "post")}
+        dep_counts, dep_flat = [], []
+        self.reqs = []
+        base = 0
+        for q, (sched, itemsize, comm) in enumerate(sim._reqs):
+            group = sim._comm_group[comm]
+            eps = sim._comm_eps[comm]
+            n = sched.nranks
+            progs = sched.programs
+            lens = [len(p) for p in progs]
+            steps = [st for p in progs for st in p]
+            ns = len(steps)
+            local = np.repeat(np.arange(n, dtype=np.int64), lens)
+            starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64) + base
+            kind = np.fromiter((int(s.kind) for s in steps), np.int64, ns)
+            cols["kind"].append(kind)
+            cols["q"].append(np.full(ns, q, np.int64))
+            ep_arr = np.asarray(eps, dtype=np.int64)
+            g_arr = np.asarray(group, dtype=np.int64)
+            cols["ep"].append(ep_arr[local])
+            cols["rank"].append(g_arr[local])
+            cols["local"].append(local)
+            cols["peer"].append(np.fromiter((s.peer for s in steps), np.int64, ns))
+            cols["tag"].append(np.fromiter((s.tag for s in steps), np.int64, ns))
+            cols["idx"].append(np.arange(ns, dtype=np.int64) - np.repeat(starts - base, lens))
+            cols["nbytes"].append(_nbytes(sched, steps, local, itemsize))
+            pt = np.array([posts[(e, q)] for e in eps], dtype=np.float64)
+            cols["post"].append(pt[local])
+            nd = np.fromiter((len(s.deps) for s in steps), np.int64, ns)
+            dep_counts.append(nd)
+            dep_flat.append(np.fromiter(chain.from_iterable(s.deps for s in steps), np.int64,
+                                        int(nd.sum())) + np.repeat(np.repeat(starts, lens), nd))
+            self.reqs.append((sched, itemsize, comm, n, base, starts, pt))
+            base += ns
+        self.nsteps = base
+        for k, v in cols.items():
+            setattr(self, k, np.concatenate(v) if v else np.zeros(0, np.int64))
+        self.dep_counts = np.concatenate(dep_counts)
+        self.dep_flat = np.concatenate(dep_flat)
+
+
+def _nbytes(sched, steps, local, itemsize) -> np.ndarray:
+    """Payload bytes of every step (0 for control messages), memoised per block list."""
+    from ..schedule.ir import PerRank
+    lays = sched.layouts
+    uniform = {b for b, l in lays.items() if not isinstance(l, PerRank)}
+    memo: dict = {}
+    out = np.zeros(len(steps), dtype=np.int64)
+    loc = local.tolist()
+    for i, s in enumerate(steps):
+        blocks = s.blocks
+        if not blocks:
+            continue
+        buf = s.buf
+        key = (buf, blocks) if buf in uniform else (buf, loc[i], blocks)
+        v = memo.get(key)
+        if v is None:
+            v = memo[key] = lays[buf].on(loc[i]).nelems_of(blocks) * itemsize
+        out[i] = v
+    return out
+
+
+def run(sim) -> str:
+    """Time ``sim``'s posted requests without engines; fill its timelines, link bytes and
+    counters as :meth:`Simulation.run` would. Returns the mode that ran: ``walk`` (the
+    graph walk, its checks passed) or ``events`` (the flows' events, for runs whose flows
+    contend). Raises :class:`Refused` before changing anything when neither covers the
+    run."""
+    why = refusal(sim)
+    if why:
+        raise Refused(why)
+    _check_post_order(sim)
+    g = _Graph(sim)
+    if g.nsteps > sim.cfg.max_events:
+        from .driver import SimulationError
+        raise SimulationError(f"more than {sim.cfg.max_events} events; raise "
+                              "SimConfig.max_events for a bigger run")
+    plan = _Plan(sim, g)
+    try:
+        if sim._innet:
+            raise Refused("in-network reduction combines flows in the switches")
+        times = plan.settled_walk()
+        plan.check_contention(times)
+        plan.check_recovery(times)
+    except Refused as e:
+        from .fast_events import run_events
+        sim.fast_walk_refused = str(e)
+        run_events(sim, plan)
+        return "events"
+    plan.commit(times)
+    return "walk"
+
+
+class _Plan:
+    """Routes, flow durations and the graph's edges for one simulation."""
+
+    def __init__(self, sim, g: _Graph) -> None:
+        self.sim, self.g = sim, g
+        topo = sim.topo
+        self.fr = topo.framing
+        ns = g.nsteps
+        kind = g.kind
+        # FIN nodes: one per (request, member) of a request that multicasts.
+        fin_q, fin_local, fin_ep, fin_rank, fin_post, fin_idx = [], [], [], [], [], []
+        self.fin_base = ns
+        fin_of = {}
+        for q, (sched, _, comm, n, base, starts, pt) in enumerate(g.reqs):
+            if not sched.uses_multicast:
+                continue
+            eps = sim._comm_eps[comm]
+            grp = sim._comm_group[comm]
+            fin_of[q] = ns + len(fin_q)
+            for i in range(n):
+                fin_q.append(q)
+                fin_local.append(i)
+                fin_ep.append(eps[i])
+                fin_rank.append(grp[i])
+                fin_post.append(pt[i])
+        nf = len(fin_q)
+        self.fin_of = fin_of
+        self.N = N = ns + nf
+        self.kind = np.concatenate([kind, np.full(nf, FIN, np.int64)])
+        self.q = np.concatenate([g.q, np.asarray(fin_q, np.int64)])
+        self.ep = np.concatenate([g.ep, np.asarray(fin_ep, np.int64)])
+        self.rank = np.concatenate([g.rank, np.asarray(fin_rank, np.int64)])
+        self.local = np.concatenate([g.local, np.asarray(fin_local, np.int64)])
+        self.post = np.concatenate([g.post, np.asarray(fin_post, np.float64)])
+        n_of_q = np.array([r[3] for r in g.reqs], dtype=np.int64)
+        fin_peer = (np.asarray(fin_local, np.int64) + 1) % n_of_q[np.asarray(fin_q, np.int64)] \
+            if nf else np.zeros(0, np.int64)
+        self.peer = np.concatenate([g.peer, fin_peer])
+        self.nbytes = np.concatenate([g.nbytes, np.zeros(nf, np.int64)])
+        # tie-break of messages started at one instant: request, then program position
+        # (a FIN right after its last MRECV, before the steps that MRECV releases)
+        self.tie = np.concatenate([g.idx.astype(np.float64), np.zeros(nf)])
+        self.global_peer = np.full(N, -1, np.int64)
+        for q, (sched, _, comm, n, base, starts, pt) in enumerate(g.reqs):
+            sel = self.q == q
+            p = self.peer[sel]
+            grp = np.asarray(sim._comm_group[comm], dtype=np.int64)
+            gp = np.where(p >= 0, grp[np.maximum(p, 0)], -1)
+            self.global_peer[sel] = gp
+        self._match()
+        self._fin_ties()
+        self._edges_static()
+        self._flows()
+
+    # -- matching ---------------------------------------------------------------------
+    def _match(self) -> None:
+        """RECV -> its SEND (by pair and ordinal), MRECV -> its MCAST (by root and ordinal)."""
+        g, kind = self.g, self.kind[:self.g.nsteps]
+        q, loc, peer, tag = g.q, g.local, g.peer, g.tag
+        nmax = int(max(r[3] for r in g.reqs))
+        T = int(tag.max()) + 2 if len(tag) else 1
+        sends = np.flatnonzero(kind == SEND)
+        recvs = np.flatnonzero(kind == RECV)
+        key_s = ((q[sends] * nmax + loc[sends]) * nmax + peer[sends]) * T + tag[sends]
+        key_r = ((q[recvs] * nmax + peer[recvs]) * nmax + loc[recvs]) * T + tag[recvs]
+        if len(sends) != len(recvs):
+            raise Refused("a message without its match")
+        os_, or_ = np.argsort(key_s, kind="stable"), np.argsort(key_r, kind="stable")
+        if not np.array_equal(key_s[os_], key_r[or_]):
+            raise Refused("a message without its match")
+        self.recv_send = np.full(self.N, -1, np.int64)
+        self.recv_send[recvs[or_]] = sends[os_]
+        if (self.nbytes[recvs[or_]] != self.nbytes[sends[os_]]).any():
+            raise Refused("a RECV expects another size than its SEND carries")
+        mc = np.flatnonzero(kind == MCAST)
+        mr = np.flatnonzero(kind == MRECV)
+        key_m = (q[mc] * nmax + loc[mc]) * T + tag[mc]
+        key_x = (q[mr] * nmax + peer[mr]) * T + tag[mr]
+        om = np.argsort(key_m, kind="stable")
+        pos = np.searchsorted(key_m[om], key_x)
+        pos = np.minimum(pos, max(len(mc) - 1, 0))
+        if len(mr) and (not len(mc) or not np.array_equal(key_m[om][pos], key_x)):
+            raise Refused("an MRECV without its MCAST")
+        self.mrecv_mcast = np.full(self.N, -1, np.int64)
+        if len(mr):
+            self.mrecv_mcast[mr] = mc[om][pos]
+        self.sends, self.recvs, self.mcasts, self.mrecvs = sends, recvs, mc, mr
+
+    def _fin_ties(self) -> None:
+        """A FIN leaves right after its member's last MRECV completes, before the steps
+        that MRECV releases; with no MRECV, after everything its post starts."""
+        if not self.fin_of:
+            return
+        mr = self.mrecvs
+        for q, f0 in self.fin_of.items():
+            n = self.g.reqs[q][3]
+            tie = np.full(n, 1e18)
+            sel = mr[self.q[mr] == q]
+            if len(sel):
+                last = np.full(n, -1.0)
+                np.maximum.at(last, self.local[sel], self.g.idx[sel].astype(np.float64))
+                tie = np.where(last >= 0, last + 0.5, tie)
+            self.tie[f0:f0 + n] = tie
+
+    # -- routes and flows -------------------------------------------------------------
+    def _flows(self) -> None:
+        sim, fr = self.sim, self.fr
+        kind, N = self.kind, self.N
+        cap = sim.net.capacity
+        msg = np.flatnonzero((kind == SEND) | (kind == FIN))
+        self.msg = msg
+        pairs = self.rank[msg] * sim.P + self.global_peer[msg]
+        upairs, inv = np.unique(pairs, return_inverse=True)
+        links, lats, rates = [], np.empty(len(upairs)), np.empty(len(upairs))
+        for j, pr in enumerate(upairs.tolist()):
+            lk, lat = sim._route(pr // sim.P, pr % sim.P)
+            links.append(lk)
+            lats[j] = lat
+            rates[j] = float(cap[lk].min())
+        self.route_links = links                       # per route id
+        self.lat = np.zeros(N)
+        self.lat[msg] = lats[inv]
+        self.route = np.full(N, -1, np.int64)
+        self.route[msg] = inv
+        nb = self.nbytes[msg]
+        wire = nb.copy()
+        if fr.message_overhead:
+            wire = nb + -(-nb // fr.message_payload) * fr.message_overhead
+        self.wire = np.zeros(N, np.int64)
+        self.wire[msg] = wire
+        self.dur = np.zeros(N)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.dur[msg] = np.where(wire > 0, wire / rates[inv], 0.0)
+        self.rate = np.zeros(N)
+        self.rate[msg] = rates[inv]
+        self.mcap = [math.inf] * N          # a stream's pacing cap (event mode)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.goodput = np.where(self.wire > 0, self.nbytes / np.maximum(self.wire, 1),
+                                    1.0).tolist()
+        # multicast: per MCAST its stream's datagrams, pacing and tree
+        mc = self.mcasts
+        nroute = len(links)
+        mtu = sim._ecfg.mtu_nbytes
+        pace = sim._ecfg.pacing_gbps
+        self.t_eos = np.zeros(N)          # offsets from the stream's first not_before
+        self.t_next = np.zeros(N)
+        self.recv_lat: dict[int, np.ndarray] = {}
+        self.ndatagrams = 0
+        for m in mc.tolist():
+            q = int(self.q[m])
+            itemsize = self.g.reqs[q][1]
+            ce = max(1, mtu // itemsize) * itemsize
+            nbm = int(self.nbytes[m])
+            nfull, last = divmod(nbm, ce)
+            sizes = [ce] * nfull + ([last] if last else [])
+            self.ndatagrams += len(sizes) + 1                # + EOS
+            per = 8.0 / (pace * 1e9) if pace else 0.0
+            tot = sum(s + HEADER_NBYTES for s in sizes) * per
+            self.t_eos[m] = tot
+            self.t_next[m] = tot + HEADER_NBYTES * per
+            ep = int(self.ep[m])
+            tl = sim._tree(ep)
+            if nbm:
+                w = fr.datagram_wire(sizes)
+                c = math.inf
+                if len(sizes) > 1 and pace:
+                    span = sum(s + HEADER_NBYTES for s in sizes[:-1]) * per
+                    if span > 0:
+                        c = (w - fr.datagram_wire(sizes[-1])) / span
+                r = min(float(cap[tl].min()), c)
+                self.mcap[m] = c
+                self.goodput[m] = nbm / w
+                self.wire[m] = w
+                self.rate[m] = r
+                self.dur[m] = w / r
+            links.append(tl)
+            self.route[m] = nroute
+            nroute += 1
+        self.paced = bool(pace)
+        # per MRECV: the latency from its root
+        mr = self.mrecvs
+        if len(mr):
+            lat_of: dict[int, dict] = {}
+            lat = np.empty(len(mr))
+            roots = self.ep[self.mrecv_mcast[mr]].tolist()
+            me = self.ep[mr].tolist()
+            for j, (root, e) in enumerate(zip(roots, me)):
+                d = lat_of.get(root)
+                if d is None:
+                    d = lat_of[root] = {}
+                    for x, eps in sim._groups(root):
+                        for ee in eps.tolist():
+                            d[ee] = x
+                lat[j] = d[e]
+            self.lat[mr] = lat
+
+    # -- edges ------------------------------------------------------------------------
+    def _edges_static(self) -> None:
+        """Dependencies, message matches, MCAST -> MRECV, MRECVs -> FIN."""
+        g = self.g
+        src = [g.dep_flat]
+        dst = [np.repeat(np.arange(g.nsteps, dtype=np.int64), g.dep_counts)]
+        cat = [np.full(len(g.dep_flat), DEP, np.int8)]
+        r = self.recvs
+        src.append(self.recv_send[r])
+        dst.append(r)
+        cat.append(np.full(len(r), ARRIVE, np.int8))
+        mr = self.mrecvs
+        src.append(self.mrecv_mcast[mr])
+        dst.append(mr)
+        cat.append(np.full(len(mr), MARR, np.int8))
+        # FIN waits for every MRECV of its (request, member)
+        if self.fin_of:
+            fin = np.array([self.fin_of[int(qq)] for qq in self.q[mr].tolist()],
+                           dtype=np.int64) + self.local[mr] if len(mr) else np.zeros(0, np.int64)
+            src.append(mr)
+            dst.append(fin)
+            cat.append(np.full(len(mr), DEP, np.int8))
+        self.static = (np.concatenate(src), np.concatenate(dst), np.concatenate(cat))
+
+    def settled_walk(self) -> dict:
+        """Walk, re-order the channels by the start times found, walk again, until the
+        order the walk assumed is the order its times give."""
+        order = self.initial_order()
+        for _ in range(6):
+            times = self.walk(order)
+            new = self.channel_order(times)
+            if self.order_is(new, order):
+                return times
+            order = new
+        raise Refused("the channels' message order did not settle")
+
+    def initial_order(self):
+        return self._order(np.zeros(self.N))
+
+    def _order(self, emit: np.ndarray):
+        """Channel and pacer orders: nodes sorted by (channel, start time, request,
+        program position); returns (chan sorted nodes, chan keys, pacer nodes, keys)."""
+        msg = np.flatnonzero((self.kind == SEND) | (self.kind == FIN))
+        ckey = self.ep[msg] * (1 << 32) + self.peer[msg] + 1
+        mc = self.mcasts
+        mkey = self.ep[mc]
+        t = _quantize(emit)
+        o1 = np.lexsort((self.tie[msg], self.q[msg], t[msg], ckey))
+        o2 = np.lexsort((self.tie[mc], self.q[mc], t[mc], mkey))
+        return msg[o1], ckey[o1], mc[o2], mkey[o2]
+
+    @staticmethod
+    def order_is(a, b) -> bool:
+        return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+    def channel_order(self, times):
+        return self._order(times["emit"])
+
+    def _chain_edges(self, order):
+        """Edges from each message to the next on its channel, each MCAST to the next of its
+        engine (pacer) and on its multicast channel."""
+        cn, ck, mn, mk = order
+        same = ck[1:] == ck[:-1]
+        s1, d1 = cn[:-1][same], cn[1:][same]
+        same = mk[1:] == mk[:-1]
+        s2, d2 = mn[:-1][same], mn[1:][same]
+        return (np.concatenate([s1, s2, s2]), np.concatenate([d1, d2, d2]),
+                np.concatenate([np.full(len(s1), CHAN, np.int8), np.full(len(s2), CHAN, np.int8),
+                                np.full(len(s2), PACE, np.int8)]))
+
+    # -- the walk ---------------------------------------------------------------------
+    def walk(self, order) -> dict:
+        """Longest-path times of every node (Kahn's algorithm, a level of ready nodes at a
+        time)."""
+        N = self.N
+        s0, d0, c0 = self.static
+        s1, d1, c1 = self._chain_edges(order)
+        src = np.concatenate([s0, s1])
+        dst = np.concatenate([d0, d1])
+        cat = np.concatenate([c0, c1])
+        o = np.argsort(dst, kind="stable")
+        src, dst, cat = src[o], dst[o], cat[o]
+        pptr = np.zeros(N + 1, np.int64)
+        np.cumsum(np.bincount(dst, minlength=N), out=pptr[1:])
+        so = np.argsort(src, kind="stable")
+        succ = dst[so]
+        sptr = np.zeros(N + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=N), out=sptr[1:])
+        indeg = np.diff(pptr)
+        kind, post, dur, lat = self.kind, self.post, self.dur, self.lat
+        t_eos, t_next = self.t_eos, self.t_next
+        done = np.full(N, np.nan)
+        emit = np.full(N, np.nan)
+        start = np.full(N, np.nan)
+        drain = np.full(N, np.nan)
+        arrive = np.full(N, np.nan)
+        chanfree = np.full(N, np.nan)
+        pnext = np.full(N, np.nan)
+        fields = {DEP: done, ARRIVE: arrive, CHAN: chanfree, PACE: pnext, MARR: drain}
+        front = np.flatnonzero(indeg == 0)
+        seen = 0
+        levels = 0
+        while len(front):
+            levels += 1
+            seen += len(front)
+            cnt = indeg_all = pptr[front + 1] - pptr[front]
+            tot = int(cnt.sum())
+            ready = post[front].copy()
+            chan_in = np.full(len(front), _NEG)
+            arr_in = np.full(len(front), _NEG)
+            pace_in = np.full(len(front), _NEG)
+            if tot:
+                owner = np.repeat(np.arange(len(front)), cnt)
+                e = np.repeat(pptr[front] - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt) \
+                    + np.arange(tot)
+                es, ec = src[e], cat[e]
+                for c, acc in ((DEP, ready), (ARRIVE, arr_in), (CHAN, chan_in),
+                               (PACE, pace_in), (MARR, arr_in)):
+                    m = ec == c
+                    if not m.any():
+                        continue
+                    v = fields[c][es[m]]
+                    if c == MARR:
+                        v = v + lat[front[owner[m]]]
+                    np.maximum.at(acc, owner[m], v)
+            k = kind[front]
+            emit[front] = ready
+            dn = ready.copy()
+            # messages (SEND with a payload, control SEND, FIN)
+            m = (k == SEND) | (k == FIN)
+            if m.any():
+                f = front[m]
+                st = np.maximum(ready[m], chan_in[m])
+                dr = st + dur[f]
+                start[f], drain[f], chanfree[f] = st, dr, dr
+                arrive[f] = dr + lat[f]
+                dn[m] = dr
+            m = (k == RECV) | (k == MRECV)
+            if m.any():
+                dn[m] = np.maximum(ready[m], arr_in[m])
+            m = k == MCAST
+            if m.any():
+                f = front[m]
+                t0 = np.maximum(ready[m], pace_in[m])
+                st = np.maximum(t0, chan_in[m])
+                dr = np.where(self.wire[f] > 0, st + dur[f], st)
+                te = t0 + t_eos[f]
+                start[f], drain[f] = st, dr
+                chanfree[f] = np.maximum(dr, te)
+                pn = t0 + t_next[f]
+                pnext[f] = np.where(self.paced, pn, pace_in[m])
+                dn[m] = np.maximum(pn, ready[m]) if self.paced else ready[m]
+            done[front] = dn
+            # successors
+            sc = sptr[front + 1] - sptr[front]
+            stot = int(sc.sum())
+            if not stot:
+                break
+            e = np.repeat(sptr[front] - np.concatenate([[0], np.cumsum(sc)[:-1]]), sc) \
+                + np.arange(stot)
+            u, c = np.unique(succ[e], return_counts=True)
+            indeg[u] -= c
+            front = u[indeg[u] == 0]
+        if seen != N:
+            raise Refused("the schedule's steps wait on each other (a cycle) under the "
+                          "assumed channel order")
+        self.levels = levels
+        return {"done": done, "emit": emit, "start": start, "drain": drain,
+                "arrive": arrive, "chanfree": chanfree}
+
+    # -- checks -----------------------------------------------------------------------
+    def check_contention(self, times) -> None:
+        """Every link shared by several channels carries, at every instant, no more than
+        its capacity of solo rates (else max-min sharing would slow some flow)."""
+        sim = self.sim
+        cap = sim.net.capacity
+        flows = np.flatnonzero(self.wire > 0)
+        if not len(flows):
+            return
+        route = self.route[flows]
+        chan = np.where(self.kind[flows] == MCAST, self.ep[flows] * (sim.P + 2),
+                        self.ep[flows] * (sim.P + 2) + 1 + self.peer[flows])
+        # (channel, route) pairs -> links; links used by two channels or more are shared
+        uc, ci = np.unique(chan, return_index=True)
+        r_of_c = route[ci]
+        lens = np.array([len(self.route_links[r]) for r in r_of_c.tolist()], np.int64)
+        if not lens.sum():
+            return
+        lk = np.concatenate([self.route_links[r] for r in r_of_c.tolist()])
+        cnt = np.bincount(lk, minlength=len(cap))
+        shared = cnt > 1
+        if not shared.any():
+            return
+        # flows on shared links: (link, time, +-rate) events
+        ur = np.unique(route)
+        rl_sh = {r: self.route_links[r][shared[self.route_links[r]]] for r in ur.tolist()}
+        per = np.array([len(rl_sh[r]) for r in route.tolist()], np.int64)
+        sel = per > 0
+        if not sel.any():
+            return
+        f2, per = flows[sel], per[sel]
+        links = np.concatenate([rl_sh[r] for r in self.route[f2].tolist()])
+        fr = np.repeat(f2, per)
+        st, dr = times["start"][fr], times["drain"][fr]
+        rate = self.rate[fr]
+        tol = np.abs(dr) * 1e-12 + 1e-18
+        t = np.concatenate([st, dr - tol])
+        d = np.concatenate([rate, -rate])
+        isstart = np.concatenate([np.ones(len(st), np.int8), np.zeros(len(dr), np.int8)])
+        lk2 = np.concatenate([links, links])
+        o = np.lexsort((isstart, t, lk2))
+        lk2, d = lk2[o], d[o]
+        cs = np.cumsum(d)
+        first = np.flatnonzero(np.r_[True, lk2[1:] != lk2[:-1]])
+        offs = np.repeat(np.r_[0.0, cs[first[1:] - 1]], np.diff(np.r_[first, len(lk2)]))
+        load = cs - offs
+        over = load > cap[lk2] * (1 + 1e-9)
+        if over.any():
+            j = int(np.flatnonzero(over)[0])
+            raise Refused(f"flows share link {int(lk2[j])} beyond its capacity "
+                          f"({load[j] / cap[lk2[j]]:.3g}x): max-min sharing runs the engines")
+
+    def check_recovery(self, times) -> None:
+        """No stream arrives so late after its MRECV started that the engine's coarse
+        timeout would pull it (the recovery protocol runs on the engines)."""
+        mr = self.mrecvs
+        if not len(mr):
+            return
+        sim = self.sim
+        ecfg = sim._ecfg
+        rate = ecfg.pacing_gbps or ecfg.line_rate_gbps
+        # rto per (request, member): recovery floor + 2 x its multicast bytes at the rate
+        key = self.q * (1 << 32) + self.local
+        mm = np.flatnonzero((self.kind == MCAST) | (self.kind == MRECV))
+        uk, inv = np.unique(key[mm], return_inverse=True)
+        tot = np.bincount(inv, weights=self.nbytes[mm].astype(np.float64))
+        rto = ecfg.recovery_timeout_s + 2 * tot * 8 / (rate * 1e9)
+        pos = np.searchsorted(uk, key[mr])
+        late = times["done"][mr] - times["emit"][mr] > SILENT_RTO * rto[pos]
+        if late.any():
+            raise Refused("a stream arrives later than the engines' recovery timeout")
+
+    # -- results ----------------------------------------------------------------------
+    def commit(self, times) -> None:
+        sim, g = self.sim, self.g
+        done, start, arrive = times["done"], times["start"], times["arrive"]
+        nlinks = sim.net.nlinks
+        # link bytes: wire bytes per route, added once per route
+        flows = np.flatnonzero(self.wire > 0)
+        per_route = np.bincount(self.route[flows], weights=self.wire[flows].astype(np.float64),
+                                minlength=len(self.route_links))
+        lb = sim.net.link_bytes
+        for r, w in enumerate(per_route.tolist()):
+            if w:
+                lk = self.route_links[r]
+                np.add.at(lb, lk[lk < nlinks], w)
+        sim.net.flows_started += len(flows)
+        sim.datagrams += self.ndatagrams
+        # completion per (request, member)
+        tmax = 0.0
+        key = self.q * (1 << 32) + self.local
+        steps = np.arange(g.nsteps)
+        for q, (sched, _, comm, n, base, starts, pt) in enumerate(g.reqs):
+            sel = steps[g.q == q] if len(g.reqs) > 1 else steps
+            comp = np.full(n, _NEG)
+            np.maximum.at(comp, g.local[sel], done[sel])
+            comp = np.maximum(comp, pt)
+            if q in self.fin_of:
+                f0 = self.fin_of[q]
+                fins = np.arange(f0, f0 + n)
+                comp = np.maximum(comp, start[fins])               # FIN handed off
+                comp = np.maximum(comp, np.roll(arrive[fins], 1))  # FIN from rank - 1
+            grp = sim._comm_group[comm]
+            for i, r in enumerate(grp):
+                tl = sim.timelines[r]
+                tl.posted[q] = float(pt[i])
+                tl.completed[q] = float(comp[i])
+            tmax = max(tmax, float(comp.max()))
+        sim._pending = 0
+        sim._heap.clear()
+        sim.now = tmax
+        sim.events = self.N
+        sim.fast_levels = self.levels
+        nreq = sum(r[3] for r in g.reqs)
+        sim._fast_stats = {"completed": nreq, "failed": 0, "recovered_bytes": 0,
+                           "messages_out": int(len(self.msg)),
+                           "message_bytes_out": int(self.nbytes[self.msg].sum()),
+                           "datagrams_out": self.ndatagrams}
+
+
+def _quantize(t: np.ndarray) -> np.ndarray:
+    """Start times that the event loop would see as one instant (driver's batch tolerance)
+    made equal, for ordering."""
+    scale = float(np.nanmax(np.abs(t))) if len(t) else 0.0
+    if not scale or not np.isfinite(scale):
+        return np.nan_to_num(t)
+    q = scale * 1e-12
+    return np.round(np.nan_to_num(t) / q)

@@ -1,0 +1,427 @@
+"""The fast path's event mode: the flows of a run whose flows contend, without engines.
+
+When the graph walk (:mod:`polycast.sim.fast`) finds flows that would share a link beyond
+its capacity, their rates are max-min fair shares that change whenever a flow starts or
+ends: that needs the event loop. This mode runs the very loop of
+:meth:`~polycast.sim.driver.Simulation.run` -- a batch of events per instant, the same
+:class:`~polycast.sim.network.Network` settling rates once per batch, FIFO channels,
+multicast streams as one paced flow -- but a step's progress is a few array updates on the
+graph the walk built instead of an engine call with its headers, plans and actions.
+
+What the engines would do is mirrored step for step: the ready steps of a rank start in
+the order the engine's pump starts them, a rank's messages of one event are queued before
+any of its channels starts a flow, a stream's datagrams go when their pacing allows, the
+FIN of a multicast collective leaves when its last MRECV completes and before the steps it
+releases start. The equality grid (tests/test_sim_fast.py) holds it to the engines.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+import numpy as np
+
+from .driver import SimulationError
+from .fast import COPY, FIN, MCAST, MRECV, RECV, SEND, SILENT_RTO, Refused
+from .network import Network, same_time_bound
+
+_POST, _SENDDONE, _ARR, _MARR, _PACE, _KICK = range(6)
+
+
+def run_events(sim, plan) -> None:
+    """Run ``plan``'s graph through the flow model; commit the results to ``sim``."""
+    ev = _EventRun(sim, plan)
+    ev.run()
+    ev.commit()
+
+
+class _EventRun:
+    def __init__(self, sim, plan) -> None:
+        self.sim, self.plan = sim, plan
+        g = plan.g
+        N = plan.N
+        self.N = N
+        self.kind = plan.kind.tolist()
+        self.q = plan.q.tolist()
+        self.local = plan.local.tolist()
+        self.ep = plan.ep.tolist()
+        self.peer = plan.peer.tolist()
+        self.wire = plan.wire.tolist()
+        self.lat = plan.lat.tolist()
+        self.route = plan.route.tolist()
+        self.route_links = plan.route_links
+        self.t_eos = plan.t_eos.tolist()
+        self.t_next = plan.t_next.tolist()
+        self.mcap = plan.mcap
+        self.goodput = plan.goodput
+        self.paced = plan.paced
+        # DEP successors (steps' dependencies; MRECV -> FIN is handled by counting)
+        ns = g.nsteps
+        src = g.dep_flat
+        dst = np.repeat(np.arange(ns, dtype=np.int64), g.dep_counts)
+        o = np.lexsort((dst, src))
+        src, dst = src[o], dst[o]
+        ptr = np.zeros(N + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=N), out=ptr[1:])
+        self.sptr = ptr.tolist()
+        self.succ = dst.tolist()
+        self.deps_left = np.concatenate([g.dep_counts, np.zeros(N - ns, np.int64)]).tolist()
+        # per (request, member): the steps its post starts, in program order
+        rt = np.flatnonzero(g.dep_counts == 0)
+        self.roots: dict[int, list] = {}
+        for x, kk in zip(rt.tolist(), (plan.q[rt] * (1 << 32) + plan.local[rt]).tolist()):
+            self.roots.setdefault(kk, []).append(x)
+        # per (request, member): its nodes' count, MRECVs left, FIN node
+        self.base = [r[4] for r in g.reqs]
+        self.starts = [r[5] for r in g.reqs]
+        self.nmem = [r[3] for r in g.reqs]
+        key = (plan.q * (1 << 32) + plan.local)[:ns]
+        uk, cnt = np.unique(key, return_counts=True)
+        self.steps_left = dict(zip(uk.tolist(), cnt.tolist()))
+        mr = plan.mrecvs
+        self.mrecv_left = {}
+        if len(mr):
+            uk2, c2 = np.unique(key[mr], return_counts=True)
+            self.mrecv_left = dict(zip(uk2.tolist(), c2.tolist()))
+        self.fin_of = plan.fin_of
+        self.recv_of_send = {}
+        rs = plan.recv_send
+        for r in plan.recvs.tolist():
+            self.recv_of_send[int(rs[r])] = r
+        # per MCAST: its MRECV nodes grouped by latency, in the driver's order
+        self.mgroups: dict[int, list] = {}
+        mm = plan.mrecv_mcast
+        if len(mr):
+            by_m: dict[int, list] = {}
+            for x in mr.tolist():
+                by_m.setdefault(int(mm[x]), []).append(x)
+            for m, xs in by_m.items():
+                ep_of = {self.ep[x]: x for x in xs}
+                groups = []
+                for lat, eps in sim._groups(self.ep[m]):
+                    nodes = [ep_of[e] for e in eps.tolist() if e in ep_of]
+                    if nodes:
+                        groups.append((lat, nodes))
+                self.mgroups[m] = groups
+        # in-network reduction: SEND node -> senders expected to its (destination, tag)
+        self.innet_expect: dict[int, int] = {}
+        self.combine: dict[tuple, list] = {}
+        for q, groups in sim._innet.items():
+            sel = np.flatnonzero((plan.q == q) & (plan.kind == SEND) & (plan.wire > 0))
+            for n in sel.tolist():
+                e = groups.get((self.peer[n], int(g.tag[n])), 0)
+                if e >= 2:
+                    self.innet_expect[n] = e
+        self.arrived = [False] * N
+        self.started = [False] * N
+        self.done_t = [math.nan] * N
+        self.start_t = [math.nan] * N
+        self.fin_out = set()
+        self.fin_in = set()
+        self.completed: dict[int, float] = {}
+        self.pacer: dict[int, float] = {}
+        self.channels: dict[tuple, deque] = {}
+        self.busy: set = set()
+        self.kick: list = []
+        self.heap: list = []
+        self.seq = 0
+        self.events = 0
+        self.now = 0.0
+        hb = sim.net.host_bw
+        self.net = Network(sim.topo, host_bw=hb)
+        self.net.capacity = sim.net.capacity
+        self.pending = sum(self.nmem)
+        for q, r in enumerate(g.reqs):
+            pt = r[6]
+            for i in range(r[3]):
+                self._push(float(pt[i]), _POST, q, i)
+
+    # -- the loop -------------------------------------------------------------------
+    def _push(self, t, kind, a, b=None) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+
+    def run(self) -> None:
+        heap, net = self.heap, self.net
+        cfg = self.sim.cfg
+        while self.pending:
+            t_ev = heap[0][0] if heap else math.inf
+            t = min(t_ev, net.next_time())
+            if t == math.inf:
+                raise SimulationError(f"deadlock: {self.pending} (rank, request) pairs "
+                                      f"incomplete at t={self.now:.6g}s (fast path)")
+            if t > cfg.max_time_s:
+                raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
+                                      f"with {self.pending} (rank, request) pairs incomplete")
+            self.now = t
+            bound = same_time_bound(t)
+            for f in net.pop_drained(bound):
+                self._drained(f)
+            while heap and heap[0][0] <= bound:
+                e = heapq.heappop(heap)
+                self._event(e)
+            net.settle(t)
+            if self.events > cfg.max_events:
+                raise SimulationError(f"more than {cfg.max_events} events; raise "
+                                      "SimConfig.max_events for a bigger run")
+
+    def _flush(self) -> None:
+        """Start the channels the last engine call queued messages on (the driver's _do)."""
+        if self.kick:
+            ks, self.kick = self.kick, []
+            for key in ks:
+                if key not in self.busy:
+                    self._start_next(key)
+
+    def _event(self, e) -> None:
+        self.events += 1
+        _, _, kind, a, b = e
+        if kind == _ARR:                      # message of node a arrived
+            if self.kind[a] == FIN:
+                q, i = self.q[a], self.local[a]
+                self.fin_in.add((q, (i + 1) % self.nmem[q]))
+                self._maybe_complete(q, (i + 1) % self.nmem[q])
+            else:
+                r = self.recv_of_send[a]
+                self.arrived[r] = True
+                if self.started[r]:
+                    self._complete_step(r)
+        elif kind == _MARR:                   # stream a arrived at nodes b
+            for x in b:
+                self.arrived[x] = True
+                if self.started[x] and self.done_t[x] != self.done_t[x]:    # not done
+                    self._stream_complete(x)
+                    self._flush()
+            return
+        elif kind == _SENDDONE:
+            if self.kind[a] == FIN:
+                self.fin_out.add((self.q[a], self.local[a]))
+                self._maybe_complete(self.q[a], self.local[a])
+            else:
+                self._complete_step(a)
+        elif kind == _PACE:
+            self._complete_step(a)
+        elif kind == _KICK:
+            self.busy.discard(a)
+            self._start_next(a)
+        elif kind == _POST:
+            self._post(a, b)
+        self._flush()
+
+    # -- the engine's steps -------------------------------------------------------------
+    def _post(self, q: int, i: int) -> None:
+        self._pump(deque(self.roots.get(q * (1 << 32) + i, ())))
+        if q in self.fin_of and not self.mrecv_left.get(q * (1 << 32) + i, 0):
+            self._send_fin(q, i)
+        self._maybe_complete(q, i)
+
+    def _pump(self, ready: deque) -> None:
+        while ready:
+            self._start(ready.popleft(), ready)
+
+    def _start(self, n: int, ready: deque) -> None:
+        self.started[n] = True
+        self.start_t[n] = self.now
+        k = self.kind[n]
+        if k == SEND:
+            self._emit((self.ep[n], self.peer[n]), ("msg", n))
+        elif k == RECV:
+            if self.arrived[n]:
+                self._step_done(n, ready)
+        elif k == COPY:
+            self._step_done(n, ready)
+        elif k == MCAST:
+            self._start_mcast(n, ready)
+        elif k == MRECV:
+            if self.arrived[n] or not self.plan.nbytes[n]:
+                self._stream_complete(n, ready)
+
+    def _start_mcast(self, n: int, ready: deque) -> None:
+        now, ep = self.now, self.ep[n]
+        t0 = max(now, self.pacer.get(ep, 0.0)) if self.paced else now
+        key = (ep, -1)
+        self._emit(key, ("mcast", n, t0))
+        self._emit(key, ("eos", n, t0 + self.t_eos[n]))
+        if self.paced:
+            pn = t0 + self.t_next[n]
+            self.pacer[ep] = pn
+            if pn > now:
+                self._push(pn, _PACE, n)
+                return
+        self._step_done(n, ready)
+
+    def _step_done(self, n: int, ready: deque) -> None:
+        self.done_t[n] = self.now
+        sp, succ, left = self.sptr, self.succ, self.deps_left
+        for j in range(sp[n], sp[n + 1]):
+            s = succ[j]
+            left[s] -= 1
+            if left[s] == 0:
+                ready.append(s)
+        key = self.q[n] * (1 << 32) + self.local[n]
+        self.steps_left[key] -= 1
+
+    def _complete_step(self, n: int) -> None:
+        """A step done by an event (message, send done, pacing): successors, completion."""
+        ready: deque = deque()
+        self._step_done(n, ready)
+        self._pump(ready)
+        self._maybe_complete(self.q[n], self.local[n])
+
+    def _stream_complete(self, n: int, ready: deque | None = None) -> None:
+        outer = ready is None
+        if outer:
+            ready = deque()
+        self._step_done(n, ready)
+        q, i = self.q[n], self.local[n]
+        key = q * (1 << 32) + i
+        self.mrecv_left[key] -= 1
+        if self.mrecv_left[key] == 0:
+            self._send_fin(q, i)
+        if outer:
+            self._pump(ready)
+            self._maybe_complete(q, i)
+        # else: in the middle of a pump (the MRECV started with its data held): the pump
+        # goes on with the steps it released, and its caller checks completion
+
+    def _send_fin(self, q: int, i: int) -> None:
+        f = self.fin_of[q] + i
+        self._emit((self.ep[f], self.peer[f]), ("msg", f))
+
+    def _maybe_complete(self, q: int, i: int) -> None:
+        key = q * (1 << 32) + i
+        if key in self.completed or self.steps_left[key]:
+            return
+        if q in self.fin_of and not ((q, i) in self.fin_out and (q, i) in self.fin_in):
+            return
+        self.completed[key] = self.now
+        self.pending -= 1
+
+    # -- channels and flows -------------------------------------------------------------
+    def _emit(self, key, item) -> None:
+        ch = self.channels.get(key)
+        if ch is None:
+            ch = self.channels[key] = deque()
+        ch.append(item)
+        if key not in self.busy and key not in self.kick:
+            self.kick.append(key)
+
+    def _start_next(self, key) -> None:
+        ch = self.channels.get(key)
+        now = self.now
+        while ch:
+            item = ch[0]
+            if item[0] != "msg" and item[2] > same_time_bound(now):
+                self.busy.add(key)
+                self._push(item[2], _KICK, key)
+                return
+            ch.popleft()
+            n = item[1]
+            if item[0] == "eos":
+                continue
+            w = self.wire[n]
+            if item[0] == "msg":
+                if w and n in self.innet_expect:
+                    self._combine_send(key, n)
+                    self.busy.add(key)
+                    return
+                if w:
+                    self.net.add_flow(self.route_links[self.route[n]], w, now, ("msg", key, n),
+                                      goodput=self.goodput[n])
+                    self.busy.add(key)
+                    return
+                self._push(now, _SENDDONE, n)
+                self._push(now + self.lat[n], _ARR, n)
+                continue
+            if w:
+                self.net.add_flow(self.route_links[self.route[n]], w, now, ("mcast", key, n),
+                                  cap=self.mcap[n], goodput=self.goodput[n])
+                self.busy.add(key)
+                return
+            self._mcast_arrivals(n, now)
+        self.busy.discard(key)
+
+    def _combine_send(self, key, n: int) -> None:
+        """In-network reduction (the driver's _combine_send): the messages of one
+        (destination, tag) wait for each other, then go as one flow on the reverse of the
+        destination's multicast tree."""
+        q, dst = self.q[n], self.peer[n]
+        gk = (q, dst, int(self.plan.g.tag[n]))
+        waiting = self.combine.setdefault(gk, [])
+        waiting.append((key, n))
+        if len(waiting) == self.innet_expect[n]:
+            del self.combine[gk]
+            sim = self.sim
+            links, lat = sim.topo.mcast_tree(sim._node[dst])
+            self.net.add_flow(links ^ 1, self.wire[n], self.now,
+                              ("innet", None, (waiting, float(lat.max()))),
+                              goodput=self.goodput[n])
+
+    def _mcast_arrivals(self, m: int, t: float) -> None:
+        for lat, nodes in self.mgroups.get(m, ()):
+            self._push(t + lat, _MARR, m, nodes)
+
+    def _drained(self, f) -> None:
+        what, key, n = f.data
+        now = self.now
+        if what == "innet":
+            waiting, lat = n
+            for _, x in waiting:
+                self._push(now, _SENDDONE, x)
+                self._push(now + lat, _ARR, x)
+            for k, _ in waiting:
+                self.busy.discard(k)
+                self._start_next(k)
+            return
+        if what == "msg":
+            self._push(now, _SENDDONE, n)
+            self._push(now + self.lat[n], _ARR, n)
+        else:
+            self._mcast_arrivals(n, now)
+        self.busy.discard(key)
+        self._start_next(key)
+
+    # -- results ----------------------------------------------------------------------
+    def commit(self) -> None:
+        sim, plan = self.sim, self.plan
+        self._check_recovery()
+        sim.net.link_bytes += self.net.link_bytes
+        sim.net.flows_started += self.net.flows_started
+        sim.datagrams += plan.ndatagrams
+        tmax = 0.0
+        for q, r in enumerate(plan.g.reqs):
+            comm = r[2]
+            for i, rank in enumerate(sim._comm_group[comm]):
+                tl = sim.timelines[rank]
+                tl.posted[q] = float(r[6][i])
+                t = self.completed[q * (1 << 32) + i]
+                tl.completed[q] = t
+                tmax = max(tmax, t)
+        sim._pending = 0
+        sim._heap.clear()
+        sim.now = tmax
+        sim.events = self.events
+        nreq = sum(self.nmem)
+        sim._fast_stats = {"completed": nreq, "failed": 0, "recovered_bytes": 0,
+                           "messages_out": int(len(plan.msg)),
+                           "message_bytes_out": int(plan.nbytes[plan.msg].sum()),
+                           "datagrams_out": plan.ndatagrams}
+
+    def _check_recovery(self) -> None:
+        """As the walk's check: no stream so late after its MRECV started that the
+        engine's coarse timeout would have pulled it."""
+        plan = self.plan
+        mr = plan.mrecvs
+        if not len(mr):
+            return
+        times = {"done": np.asarray(self.done_t), "emit": np.asarray(self.start_t)}
+        try:
+            plan.check_recovery(times)
+        except Refused as e:
+            raise SimulationError(f"fast path: {e}; run with SimConfig(path='engine')") \
+                from None
+
+
+__all__ = ["run_events", "SILENT_RTO"]

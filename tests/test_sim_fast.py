@@ -1,0 +1,136 @@
+"""The equality grid: the fast path (polycast/sim/fast.py, fast_events.py) gives the engines'
+answer -- completion time within 0.1 %, link bytes exact -- for every registered algorithm
+of every collective, on a switch, an oversubscribed leaf-spine and a fat tree, with and
+without the host model; and it must take every case it covers (a fallback to the engines
+fails the grid). A quick subset runs by default, the full grid (more ranks, odd sizes,
+random placement, several collectives at once, P up to 1024) is marked slow."""
+
+from __future__ import annotations
+
+import pytest
+
+from polycast.algorithms import algorithms, build
+from polycast.errors import InvalidArgument
+from polycast.sim import SimConfig, Simulation
+from polycast.sim.driver import SimulationError, pacing_gbps_for
+from polycast.sim.simulate import simulate
+from polycast.sim.topology import parse_topology
+
+TOPOLOGIES = ("switch", "leafspine:hosts_per_leaf=4,oversub=4", "fattree:radix=4")
+HOST = {"host_gbps": 100.0, "host_latency_s": 2e-6}
+
+
+def _same(collective, algo, P, size, topology, **kw):
+    ref = simulate(collective, algo, P, size, topology, path="engine", **kw)
+    fast = simulate(collective, algo, P, size, topology, path="auto", **kw)
+    where = f"{collective} {algo} P={P} {topology} {kw}"
+    assert fast.path == "fast", f"{where} fell back to the engines: {fast.path_reason}"
+    assert fast.link_bytes == ref.link_bytes, where
+    assert fast.link_bytes_by_layer == ref.link_bytes_by_layer, where
+    assert fast.time_s == pytest.approx(ref.time_s, rel=1e-3, abs=1e-12), where
+    for a, b in zip(fast.rank_times_s, ref.rank_times_s):
+        assert a == pytest.approx(b, rel=1e-3, abs=1e-12), where
+    return fast
+
+
+def _cases(P):
+    return [(a.collective, a.name) for a in algorithms() if a.unsupported_reason(P) is None]
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_every_algorithm_equal_quick(topology):
+    P = 8
+    modes = set()
+    for coll, algo in _cases(P):
+        modes.add(_same(coll, algo, P, 64 * 1024 * P, topology).fast_mode)
+    assert modes == {"walk", "events"}          # both modes ran
+
+
+def test_host_model_equal_quick():
+    P = 8
+    for coll, algo in _cases(P):
+        _same(coll, algo, P, 48 * 1024 * P + 4, "fattree:radix=4", **HOST)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("P", [5, 16, 64])
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("host", [False, True])
+def test_every_algorithm_equal_grid(P, topology, host):
+    kw = HOST if host else {}
+    for coll, algo in _cases(P):
+        _same(coll, algo, P, 123457 * P, topology, **kw)
+
+
+@pytest.mark.slow
+def test_hosts_of_several_ranks_and_random_placement_equal():
+    for topo in ("switch:ranks_per_host=4,nics=2", "fattree:radix=4,ranks_per_host=2,nics=2"):
+        for coll, algo in _cases(12):
+            _same(coll, algo, 12, 65536 * 12, topo, placement="random", seed=3)
+    for coll, algo in _cases(5):
+        _same(coll, algo, 5, 99999, "leafspine:hosts_per_leaf=2,oversub=2", nchunks=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["ring", "mcast"])
+def test_1024_ranks_equal(algo):
+    _same("allgather", algo, 1024, 64 << 20, "fattree:radix=32")
+
+
+def _both(P, topology, posts, comms=()):
+    """Several collectives at once (communicators, per-rank post times) on both paths."""
+    out = []
+    for path in ("engine", "auto"):
+        topo = parse_topology(topology, P)
+        eng = {"line_rate_gbps": 400.0,
+               "pacing_gbps": pacing_gbps_for([s for s, _, _ in posts], 400.0, topo.framing)}
+        sim = Simulation(topo, SimConfig(engine=eng, path=path))
+        cids = [0] + [sim.add_comm(g) for g in comms]
+        reqs = [sim.post(s, 4, at=at, comm=cids[c]) for s, at, c in posts]
+        sim.run()
+        out.append((sim, [sim.completion_time(r) for r in reqs]))
+    (ref, t_ref), (fast, t_fast) = out
+    assert fast.path == "fast", fast.path_reason
+    assert fast.net.link_bytes.sum() == ref.net.link_bytes.sum()
+    assert t_fast == pytest.approx(t_ref, rel=1e-3)
+    for r in range(P):
+        assert fast.timelines[r].completed == pytest.approx(ref.timelines[r].completed,
+                                                             rel=1e-3)
+    return fast
+
+
+def test_collectives_at_once_equal():
+    P = 16
+    _both(P, "fattree:radix=4", [(build("allgather", "ring", P, 4096), 0.0, 0),
+                                 (build("reduce_scatter", "ring", P, 4096), 0.0, 0)])
+    _both(P, "leafspine:hosts_per_leaf=4,oversub=2",
+          [(build("allgather", "mcast", P, 4096), [i * 1e-7 for i in range(P)], 0),
+           (build("allreduce", "dbtree", P, 4096 * P), 5e-6, 0)])
+    half = P // 2
+    _both(P, "fattree:radix=4", [(build("allgather", "ring", half, 4096), 0.0, 1),
+                                 (build("allgather", "mcast", half, 4096), 0.0, 2),
+                                 (build("reduce_scatter", "ring", P, 4096), 1e-6, 0)],
+          comms=(list(range(0, P, 2)), list(range(1, P, 2))))
+
+
+@pytest.mark.slow
+def test_collectives_at_once_equal_1024():
+    P = 1024
+    _both(P, "fattree:radix=32", [(build("allgather", "mcast", P, 16384), 0.0, 0),
+                                  (build("reduce_scatter", "ring", P, 16384), 0.0, 0)])
+
+
+def test_what_runs_on_the_engines():
+    P = 8
+    r = simulate("allgather", "mcast", P, 1 << 20, "switch", loss=0.05, seed=1)
+    assert r.path == "engine" and "loss" in r.path_reason
+    r = simulate("allgather", "ring", P, 1 << 20, "switch", record=True)
+    assert r.path == "engine" and "record" in r.path_reason
+    r = simulate("allgather", "ring", P, 1 << 20, "switch", path="engine")
+    assert r.path == "engine"
+    with pytest.raises(SimulationError, match="fast path cannot"):
+        simulate("allgather", "ring", P, 1 << 20, "switch", path="fast", loss=0.1)
+    with pytest.raises((SimulationError, InvalidArgument), match="path"):
+        simulate("allgather", "ring", P, 1 << 20, "switch", path="quick")
+    r = simulate("allgather", "ring", P, 1 << 20, "switch")
+    assert r.to_json()["path"] == "fast" and r.to_json()["fast_mode"] == "walk"
