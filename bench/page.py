@@ -74,12 +74,20 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def provenance(doc: dict) -> str:
+def provenance(doc: dict, simulated: bool = False) -> str:
     """The line under a section's title: how and when its figures were measured."""
     lb = "/".join(fmt(x, 2) for x in doc.get("load_before", []))
-    return (f"`{doc['command']}` — {doc['date']}, commit {doc['commit']}, "
+    line = (f"`{doc['command']}` — {doc['date']}, commit {doc['commit']}, "
             f"{doc.get('cores', '?')} cores, load {lb} before, {fmt(doc.get('load_peak_1min'), 2)} "
             f"at most during the run ({fmt(doc.get('wall_s'))} s).")
+    cores, peak = doc.get("cores") or 1, doc.get("load_peak_1min") or 0
+    if peak > 2 * cores and simulated:
+        line += " (Simulated figures do not depend on the load; wall seconds do.)"
+    elif peak > 2 * cores:
+        line += (f" **The load was over twice the cores**: times measured in this run are "
+                 f"mostly the scheduler's; read them as a record, and re-run on a quiet machine "
+                 f"before drawing conclusions.")
+    return line
 
 
 def kept(name: str) -> dict | None:
@@ -96,6 +104,7 @@ class Section:
     measure: str                               # the command(s) that keep them
     intro: str                                 # what and why: no figures
     render: Callable[..., str]                 # (*docs) -> markdown body
+    simulated: bool = False                    # figures from the simulator (load-free)
 
     @property
     def anchor(self) -> str:
@@ -196,23 +205,55 @@ def _nic_sweep(doc: dict) -> str:
     return "\n".join(out)
 
 
+def size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def _peers(*docs: dict) -> str:
+    out = []
+    for doc in docs:
+        r = doc["result"]
+        def bw(rec, name):
+            x = rec.get(name) or {}
+            return x.get("busbw") if "na" not in x else "n/a"
+        rows = []
+        for rec in r["busbw"]:
+            auto = rec.get("polycast_auto") or {}
+            rows.append([rec["collective"], size(rec["nbytes"]), bw(rec, "polycast"),
+                         rec.get("polycast_algorithm") or "", auto.get("busbw"),
+                         bw(rec, "mpich"), bw(rec, "gloo"), rec.get("polycast_vs_mpich"),
+                         rec.get("auto_vs_mpich"), rec.get("polycast_vs_gloo")])
+        status = "; ".join(f"{n}: {v['library'] or n} ({v['status']})"
+                           for n, v in r["peers"].items())
+        out.append(f"**{r['nranks']} ranks** ({r['polycast_calls']} calls; {status}). busbw "
+                   f"GB/s; *engine* is polycast's best explicit algorithm, *auto* its default "
+                   f"(symmetric memory on one host):\n")
+        out.append(table(["collective", "size", "engine", "engine algo", "auto", "MPICH", "gloo",
+                          "engine/MPICH", "auto/MPICH", "engine/gloo"], rows) + "\n")
+    return "\n".join(out)
+
+
 SECTIONS: list[Section] = [
     Section("The simulator", ("sim",), "python bench/keep.py sim -- python bench/sim.py --quick",
             "The paper's traffic claim on its own testbed's shape: 188 nodes on a three-level "
             "fat tree of radix-32 switches at 400 Gbit/s, a 64 MiB allgather by ring and by "
             "reliable multicast, link bytes counted per layer. Simulated: exact for the model, "
-            "independent of the load (framing as the default topology has it).", _sim),
+            "independent of the load (framing as the default topology has it).", _sim, simulated=True),
     Section("The engine", ("engine",), "python bench/keep.py engine -- python bench/engine.py",
             "What the sans-I/O engine costs per event (a message, a datagram), copies "
             "excluded: is it ever what limits a run?", _engine),
     Section("polycast beside MPICH and gloo", ("peers-4", "peers-2"),
-            "python bench/keep.py peers-4 -- python bench/peers.py -n 4 --peers polycast,mpich,gloo; "
-            "the same with -n 2 as peers-2",
+            "python bench/keep.py peers-4 --json bench/results/peers-4.json -- python "
+            "bench/peers.py -n 4 --algo auto --json bench/results/peers-4.json; the same with "
+            "-n 2 as peers-2",
             "polycast, MPICH (through mpi4py) and torch.distributed's gloo on the same local "
             "ranks in the same run, nccl-tests' measures per collective and size: `auto` "
             "(symmetric memory on one host) and the engine's schedules (`POLYCAST_SYMM=0`, "
             "best algorithm each). 4 ranks on 2 cores are oversubscribed, so 2 ranks are "
-            "shown too.", _rows),
+            "shown too.", _peers),
     Section("Where a small call's CPU goes", ("floor",),
             "python bench/keep.py floor -- python bench/floor.py --realtime",
             "An 8-byte engine-path call split into the engine's own events, the Python API "
@@ -250,7 +291,8 @@ SECTIONS: list[Section] = [
             "A multicast allgather on 16 simulated ranks with every receiver behind the "
             "BlueField-3 DPA or a Python host, the link swept from 5 Gbit/s to 3.2 Tbit/s: "
             "where each keeps up, and beyond that the time against the ideal and the share of "
-            "the bytes the protocol recovered ([NIC model](nic.md)).", _nic_sweep),
+            "the bytes the protocol recovered ([NIC model](nic.md)).", _nic_sweep,
+            simulated=True),
     Section("The lab beside the simulator", ("lab",), "sudo python bench/keep.py lab -- python bench/lab.py",
             "8 hosts on 2 leaves in network namespaces, uplinks 1:1 and 4:1, ranks placed "
             "linear or interleaved: ring and multicast allgather (and FSDP's pair) measured, "
@@ -269,13 +311,16 @@ def render_page() -> str:
     parts = [HEADER, "## Contents\n",
              "\n".join(f"* [{s.title}](#{s.anchor})" for s in SECTIONS) + "\n"]
     for s in SECTIONS:
-        docs = [kept(n) for n in s.names]
+        docs = [d for d in (kept(n) for n in s.names) if d is not None]
         parts.append(f"## {s.title}\n\n{s.intro.strip()}\n")
-        if any(d is None for d in docs):
+        if s.names and not docs:
             parts.append(f"Not measured yet. Measure with: `{s.measure}`.\n")
             continue
+        if len(docs) < len(s.names):
+            missing = [n for n in s.names if kept(n) is None]
+            parts.append(f"Not kept yet: {', '.join(missing)} (`{s.measure}`).\n")
         if docs:
-            parts.append("\n".join(provenance(d) for d in docs) + "\n")
+            parts.append("\n".join(provenance(d, s.simulated) for d in docs) + "\n")
         parts.append(s.render(*docs).strip() + "\n")
         for d in docs:
             if d.get("plot"):

@@ -52,6 +52,10 @@ ROWS = {
                                       topology=FAT32), 60, 8),
     "allreduce-dbtree-8k": ("one", dict(collective="allreduce", algorithm="dbtree",
                                         nodes=8192, topology=FAT32), 60, 8),
+    "ring-2k": ("one", dict(collective="allgather", algorithm="ring", nodes=2048,
+                            topology=FAT32), None, 8),
+    "mcast-2k": ("one", dict(collective="allgather", algorithm="mcast", nodes=2048,
+                             topology=FAT32), None, 8),
     "hring-64k-gpus": ("one", dict(collective="allgather", algorithm="hring", nodes=65536,
                                    topology=GPUS_65K), 600, 16),
     "hmcast-64k-gpus": ("one", dict(collective="allgather", algorithm="hmcast", nodes=65536,
@@ -113,8 +117,11 @@ def spawn(name: str, path: str, timeout: float) -> dict:
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", name, "--path", path]
+    # the goal rows' memory budget is 8-16 GiB: let schedules use 8 GiB (default 4)
+    env = {**os.environ, "POLYCAST_MAX_SCHEDULE_GIB": os.environ.get(
+        "POLYCAST_MAX_SCHEDULE_GIB", "8")}
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"row": name, "error": f"not done in {timeout:.0f} s (killed)",
                 "wall_s": time.perf_counter() - t0, "load": [load0, os.getloadavg()[0]]}

@@ -242,7 +242,9 @@ def main() -> None:
     grew = []
     if args.tracemalloc:
         snap = tracemalloc.take_snapshot()
-        for stat in snap.compare_to(snap_mid, "traceback")[:8]:
+        diffs = snap.compare_to(snap_mid, "traceback")
+        traced_growth = sum(stat.size_diff for stat in diffs)
+        for stat in diffs[:8]:
             grew.append({"bytes": stat.size_diff, "count": stat.count_diff,
                          # the innermost frames (a traceback lists the oldest first)
                          "where": [f"{f.filename}:{f.lineno}" for f in stat.traceback][-5:]})
@@ -258,6 +260,7 @@ def main() -> None:
         "fds_start": start["fds"], "fds_mid": mid["fds"], "fds_end": open_fds(),
         "samples": samples, "grew": grew,
         "traced_bytes": traced if args.tracemalloc else None,
+        "traced_growth_second_half": traced_growth if args.tracemalloc else None,
         "mcast": mcast,
         "faults": faults.counts if faults else None, "drops": dict(st.drops),
         "recovered_bytes": getattr(st, "recovered_bytes", 0),

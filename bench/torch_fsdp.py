@@ -59,13 +59,17 @@ def _rank_main(args) -> None:
     dist.init_process_group("gloo")
     rank, P = dist.get_rank(), dist.get_world_size()
     gloo = dist.group.WORLD
-    groups = {"gloo": gloo,
-              "auto": dist.new_group(backend="polycast"),
-              "ring": dist.new_group(backend="polycast", pg_options=pt.Options(
-                  allgather="ring", reduce_scatter="ring")),
-              "mcast": dist.new_group(backend="polycast", pg_options=pt.Options(
-                  allgather="mcast"))}
-    cfg = argparse.Namespace(vocab=1024, width=256, layers=4, seq=64, batch=4, threads=1)
+    names = args.groups.split(",")
+    make = {"gloo": lambda: gloo,
+            "auto": lambda: dist.new_group(backend="polycast"),
+            "ring": lambda: dist.new_group(backend="polycast", pg_options=pt.Options(
+                allgather="ring", reduce_scatter="ring")),
+            "mcast": lambda: dist.new_group(backend="polycast", pg_options=pt.Options(
+                allgather="mcast"))}
+    groups = {name: make[name]() for name in names}
+    GROUPS = tuple(names)
+    cfg = argparse.Namespace(vocab=1024, width=args.width, layers=args.layers, seq=64,
+                             batch=4, threads=1)
 
     def slowest(seconds: float) -> float:
         t = torch.tensor([seconds], dtype=torch.float64)
@@ -104,12 +108,12 @@ def _rank_main(args) -> None:
             per_round[name].append(steps(name, args.steps))
     fsdp = {name: {"step_ms": 1e3 * statistics.median(v), "rounds_ms": [1e3 * x for x in v]}
             for name, v in per_round.items()}
-    mcast_bytes = groups["mcast"].comm.stats().datagram_bytes_out
+    mcast_bytes = groups["mcast"].comm.stats().datagram_bytes_out if "mcast" in groups else 0
 
     # -- fused vs unfused ----------------------------------------------------------------
-    g = groups["auto"]
+    g = groups.get("auto")
     fused = []
-    for m, k, n in FUSED_SIZES:
+    for m, k, n in FUSED_SIZES if g is not None and not args.no_fused else ():
         x = torch.randn(m, k)
         w = torch.randn(k, n)
         xs = torch.randn(P * m, k)
@@ -156,6 +160,7 @@ def _rank_main(args) -> None:
     if rank == 0:
         Path(os.environ["BENCH_OUT"]).write_text(json.dumps(
             {"ranks": P, "fsdp2": fsdp, "fused": fused, "mcast_datagram_bytes": mcast_bytes,
+             "width": args.width, "layers": args.layers,
              "rounds": args.rounds, "steps": args.steps, "iters": args.iters,
              "nchunks": args.nchunks}))
     dist.destroy_process_group()
@@ -168,10 +173,18 @@ def _run_job(nranks: int, args) -> dict:
         out = Path(tmp) / "result.json"
         cmd = [str(Path(__file__).resolve()), "--rank-side", "--rounds", str(args.rounds),
                "--steps", str(args.steps), "--iters", str(args.iters),
-               "--nchunks", str(args.nchunks)]
-        status = launch(nranks, cmd, timeout_seconds=args.timeout,
-                        extra_env={"BENCH_OUT": str(out), "OMP_NUM_THREADS": "1",
-                                   "PYTHONWARNINGS": "ignore"})
+               "--nchunks", str(args.nchunks), "--groups", args.groups,
+               "--width", str(args.width), "--layers", str(args.layers)]
+        if args.no_fused:
+            cmd.append("--no-fused")
+        env = {"BENCH_OUT": str(out), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        if args.lab:
+            from polycast.lab import runner
+            status, _ = runner.run([sys.executable, *cmd], name=args.lab, nranks=nranks,
+                                   where=args.placement, timeout_s=args.timeout,
+                                   extra_env=env)
+        else:
+            status = launch(nranks, cmd, timeout_seconds=args.timeout, extra_env=env)
         if status != 0 or not out.exists():
             raise SystemExit(f"bench/torch_fsdp.py: the {nranks}-rank job failed "
                              f"(status {status})")
@@ -194,6 +207,19 @@ def main() -> None:
     p.add_argument("--nchunks", type=int, default=4, help="fused: chunks per call")
     p.add_argument("--timeout", type=float, default=900.0, help="per job, seconds")
     p.add_argument("--json", default=str(DEFAULT_JSON))
+    p.add_argument("--groups", default=",".join(GROUPS),
+                   help="groups to train on (gloo first: it is the reference)")
+    p.add_argument("--width", type=int, default=256, help="model width")
+    p.add_argument("--layers", type=int, default=4, help="model blocks")
+    p.add_argument("--no-fused", action="store_true", help="FSDP2 steps only")
+    p.add_argument("--placement", default=None,
+                   help="with --lab: linear (default), interleave (ring neighbours on "
+                        "different leaves: every ring hop crosses the uplinks)...")
+    p.add_argument("--lab", metavar="NAME",
+                   help="run the ranks on lab NAME's hosts (polycast lab up; root), one per "
+                        "host: e.g. `polycast lab up --name fsdp --hosts 4 --leaves 2 --link "
+                        "200Mbps --uplink 4:1` then --lab fsdp --ranks 4 --groups "
+                        "gloo,ring,mcast --no-fused")
     p.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_side:
@@ -201,17 +227,23 @@ def main() -> None:
         return
     from polycast.cli.table import print_table
     ranks = [int(r) for r in args.ranks.split(",") if r.strip()]
+    names = args.groups.split(",")
+    if not names or names[0] != "gloo" or any(n not in GROUPS for n in names):
+        p.error(f"--groups {args.groups!r}: gloo first, then any of {', '.join(GROUPS[1:])}")
     load_before = _load()
     results = [_run_job(n, args) for n in ranks]
     load_after = _load()
     rows = []
     for res in results:
         gloo = res["fsdp2"]["gloo"]["step_ms"]
-        for name in GROUPS:
+        for name in res["fsdp2"]:
             ms = res["fsdp2"][name]["step_ms"]
             rows.append([res["ranks"], "gloo" if name == "gloo" else f"polycast {name}",
                          round(ms, 1), round(gloo / ms, 2)])
-    print_table("FSDP2 step (3.7 M-parameter transformer, batch 4 x 64 tokens per rank)",
+    where = (f"lab {args.lab}, one rank per host, placement {args.placement or 'linear'}"
+             if args.lab else "one host")
+    print_table(f"FSDP2 step (transformer width {args.width}, {args.layers} blocks; batch 4 x "
+                f"64 tokens per rank; {where})",
                 ["ranks", "backend", "step ms", "gloo / this"], rows)
     frows = []
     for res in results:
@@ -234,7 +266,8 @@ def main() -> None:
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"results": results, "load_before": load_before,
-                               "load_after": load_after}, indent=1))
+                               "load_after": load_after, "lab": args.lab,
+                               "placement": args.placement}, indent=1))
     print(f"wrote {out}")
 
 

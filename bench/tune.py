@@ -47,15 +47,20 @@ def run_sim(args) -> int:
                                                     else SIZES)).split(",")]
     colls = args.collectives.split(",")
     cells = [Cell(c, n, s, t) for c in colls for t in TOPOLOGIES for n in nodes for s in sizes]
-    cache = str(RESULTS / "tune_sims.jsonl")
+    cache = args.cache or str(RESULTS / "tune_sims.jsonl")
     RESULTS.mkdir(exist_ok=True)
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
 
     def progress(done, total, dt):
         print(f"  simulated {done}/{total} new points ({time.perf_counter() - t0:.0f} s)",
               file=sys.stderr, flush=True)
-    verdicts = run_cells(cells, workers=args.workers, cache=cache, progress=progress)
+    counts: dict = {}
+    verdicts = run_cells(cells, workers=args.workers, cache=cache, progress=progress,
+                         counts=counts)
     wall = time.perf_counter() - t0
+    print(f"{counts.get('simulated', 0)} points simulated now, {counts.get('cached', 0)} "
+          f"read from the cache ({cache})")
     ok = sum(v.ok for v in verdicts)
     for coll in colls:
         rows = [[v.cell.topology.split(":")[0], v.cell.nodes, format_size(v.cell.nbytes),
@@ -68,8 +73,10 @@ def run_sim(args) -> int:
                     right={"nodes", "size", "auto/best", "estimate/sim"})
     share = ok / len(verdicts)
     print(f"\n{ok} of {len(verdicts)} cells within 10 % of the best ({100 * share:.1f} %; "
-          f"target >= 95 %); {wall:.0f} s wall, load {os.getloadavg()[0]:.1f}")
+          f"target >= 95 %); {wall:.0f} s wall, {time.process_time() - cpu0:.0f} s CPU "
+          f"here (workers' own CPU not counted), load {os.getloadavg()[0]:.1f}")
     out = {"cells": len(verdicts), "within_10pct": ok, "share": share, "wall_s": wall,
+           "points_simulated": counts.get("simulated"), "points_cached": counts.get("cached"),
            "load": os.getloadavg(), "nodes": nodes, "sizes": sizes,
            "topologies": list(TOPOLOGIES), "collectives": colls,
            "verdicts": [{"collective": v.cell.collective, "nodes": v.cell.nodes,
@@ -152,6 +159,9 @@ def main(argv=None) -> int:
     s.add_argument("--workers", type=int, default=1,
                    help="local processes simulating at once (default 1: a shared machine)")
     s.add_argument("--json", default=None)
+    s.add_argument("--cache", default=None,
+                   help="JSON-lines cache of simulated points (default "
+                        "bench/results/tune_sims.jsonl; a new file: every point simulated)")
     s.set_defaults(func=run_sim)
     lo = sub.add_parser("local", help="polycast bench on this machine")
     lo.add_argument("--nranks", type=int, default=4)

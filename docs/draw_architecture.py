@@ -43,8 +43,8 @@ LAYERS: tuple[Layer, ...] = (
           "sans-I/O state machine per rank: events in, actions out; reliable multicast"),
     Layer("drivers", ("polycast/runtime", "polycast/sim", "polycast/lab"),
           "runtime (transports, driver, symmetric memory, offload), simulator, lab"),
-    Layer("models", ("polycast/models",),
-          "topologies, NIC and host models"),
+    Layer("models", ("polycast/models", "polycast/workload"),
+          "topologies, NIC and host models, workload graphs"),
 )
 
 # One blocking ``comm.Allgather(send, recv)`` between processes on one host.

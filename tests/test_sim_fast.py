@@ -52,6 +52,25 @@ def test_host_model_equal_quick():
         _same(coll, algo, P, 48 * 1024 * P + 4, "fattree:radix=4", **HOST)
 
 
+# a receiver NIC slower than the link with room for everything (no drops), and one that
+# keeps up (the paper's DPA)
+ROOMY_NIC = "clock=1GHz,cores=1,cycles=1000,chunk=4KiB,queue=100000"
+
+
+@pytest.mark.parametrize("nic", ["bf3-dpa", ROOMY_NIC])
+def test_nic_model_without_drops_equal_quick(nic):
+    P = 8
+    for coll, algo in _cases(P):
+        r = _same(coll, algo, P, 1 << 20, "fattree:radix=4", nic=nic)
+        assert r.nic_dropped_nbytes == 0
+
+
+def test_nic_that_drops_runs_the_engines():
+    r = simulate("allgather", "mcast", 8, 8 << 20, "switch",
+                 nic="clock=1GHz,cores=1,cycles=1000,chunk=4KiB,queue=64")
+    assert r.path == "engine" and "dropped" in r.path_reason and r.nic_dropped_nbytes > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("P", [5, 16, 64])
 @pytest.mark.parametrize("topology", TOPOLOGIES)
@@ -72,6 +91,7 @@ def test_hosts_of_several_ranks_and_random_placement_equal():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)          # the engines take 1-2 minutes of CPU each here
 @pytest.mark.parametrize("algo", ["ring", "mcast"])
 def test_1024_ranks_equal(algo):
     _same("allgather", algo, 1024, 64 << 20, "fattree:radix=32")
@@ -114,9 +134,12 @@ def test_collectives_at_once_equal():
 
 
 @pytest.mark.slow
-def test_collectives_at_once_equal_1024():
-    P = 1024
+@pytest.mark.timeout(1200)
+def test_collectives_at_once_equal_256():
+    P = 256
     _both(P, "fattree:radix=32", [(build("allgather", "mcast", P, 16384), 0.0, 0),
+                                  (build("reduce_scatter", "ring", P, 16384), 0.0, 0)])
+    _both(P, "fattree:radix=32", [(build("allgather", "ring", P, 16384), 0.0, 0),
                                   (build("reduce_scatter", "ring", P, 16384), 0.0, 0)])
 
 

@@ -164,9 +164,9 @@ def test_fsdp_single_layer_is_allgather_compute_reduce_scatter():
 
 
 @pytest.mark.parametrize("ag,rs,shard", [("ring", "ring", None), ("mcast", "innet", None),
-                                         ("ring", "ring", 4)])
+                                         ("ring", "innet", None), ("ring", "ring", 4)])
 def test_memo_of_repeated_layers_equals_the_full_run(ag, rs, shard):
-    P, L = 8, 7
+    P, L = 8, 9
     kw = dict(topology=_switch(P), layers=L, layer_bytes=4 * MIB, compute_per_layer_s=3e-4,
               ag=ag, rs=rs, shard=shard)
     full = simulate_fsdp(None, P, memo=False, **kw)
@@ -180,6 +180,25 @@ def test_memo_of_repeated_layers_equals_the_full_run(ag, rs, shard):
     assert memo.link_bytes_by_layer == full.link_bytes_by_layer
     assert memo.collectives == full.collectives
     assert [c["count"] for c in memo.rank_classes] == [c["count"] for c in full.rank_classes]
+
+
+@pytest.mark.slow
+def test_memo_on_a_fat_tree_is_within_its_tolerance_of_the_full_run():
+    # 32 ranks over two pods of a radix-8 fat tree: ECMP routes and unequal latencies, so
+    # per-rank times wobble by microseconds from block to block (module docstring)
+    P, L = 32, 12
+    topo = parse_topology("fattree:radix=8", P, link="400Gbps")
+    kw = dict(topology=topo, layers=L, layer_bytes=32 * MIB, compute_per_layer_s=4e-4)
+    full = simulate_fsdp(None, P, memo=False, **kw)
+    memo = simulate_fsdp(None, P, memo=True, **kw)
+    assert memo.memo["period_s"] is not None and L not in memo.memo["blocks_simulated"]
+    added = L - max(memo.memo["blocks_simulated"])
+    # off by at most the block-to-block wobble (a path latency or two) per added block
+    assert abs(memo.step_s - full.step_s) <= added * 2e-6
+    for ph, v in full.exposed_s.items():
+        assert abs(memo.exposed_s[ph] - v) <= added * 4e-6
+    assert memo.step_link_bytes == full.step_link_bytes
+    assert memo.link_bytes_by_layer == full.link_bytes_by_layer
 
 
 def test_hsdp_allreduces_across_replicas():
@@ -270,7 +289,7 @@ def test_cli_fsdp_compare_json(capsys):
     assert rows[3]["step_s"] < rows[0]["step_s"]
     for r in rows:
         assert r["formula_step_s"] > 0 and abs(r["formula_diff_pct"]) < 50
-        assert r["memo"]["blocks_simulated"] == [2, 3, 4]
+        assert r["memo"]["blocks_simulated"] == [2, 4, 6]
         assert r["exposed_s"]["forward"] > 0 and r["bubble_pct"] > 0
     assert main(["sim", "fsdp", "--model", "gpt5", "-n", "4"]) == 2
     assert "llama2-7b" in capsys.readouterr().err
@@ -288,3 +307,24 @@ def test_cli_fsdp_bad_input_is_one_line_before_work(capsys, tmp_path):
         assert main(["sim", "fsdp", "-n", "8", *argv]) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and text in err, (argv, err)
+
+
+def test_cli_fsdp_trace_and_plot(tmp_path, capsys):
+    from polycast.cli.main import main
+    trace, plot = tmp_path / "t.json", tmp_path / "p.png"
+    assert main(["sim", "fsdp", "-n", "4", "-t", "switch", "--layers", "3", "--layer-bytes",
+                 "4MiB", "--compute-per-layer", "50us", "--ag", "mcast", "--rs", "innet",
+                 "--trace", str(trace), "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    events = json.loads(trace.read_text())["traceEvents"]
+    procs = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert procs == {f"{row}: rank {r}" for row in ("ring/ring", "mcast/innet")
+                     for r in range(4)}
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert tracks == {"compute", "allgather", "reduce_scatter"}
+    slices = [e for e in events if e["ph"] == "X" and e["pid"] == 4]     # mcast/innet rank 0
+    names = {e["name"] for e in slices}
+    assert {"AG 0", "F 0", "AG' 1", "B 2", "RS 0", "optimizer"} <= names
+    assert all(e["dur"] >= 0 for e in slices)
+    out = capsys.readouterr().out
+    assert "ring" in out and "mcast" in out

@@ -3,9 +3,11 @@ within the timeout (no hang)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from torch_helpers import ROOT, needs_torch, results, spawn
+from torch_helpers import ROOT, needs_torch, polycast_run, results, spawn
 
 pytestmark = needs_torch
 TIMEOUT_SECONDS = 20
@@ -27,3 +29,20 @@ def test_rank_dying_mid_step_raises_on_the_others_in_time(tmp_path):
         assert r["error_type"] == "PeerLost" or (
             r["error_type"] == "RuntimeError" and "PeerLost: lost rank 2" in r["error"]), r
         assert r["seconds"] < TIMEOUT_SECONDS, r
+
+
+@pytest.mark.slow                   # two ranks wait out a 4 s timeout plus torch's retry delay
+def test_unreachable_store_fails_within_the_timeout_naming_it(tmp_path):
+    """Under polycast's launcher, a torch job whose store nobody serves (here: every rank a
+    client, as under an agent store that is not there) fails within POLYCAST_TIMEOUT with
+    the address, not after torch's 30 minutes."""
+    proc = polycast_run(2, ROOT / "tests" / "torch_store_worker.py", timeout=120,
+                        POLYCAST_TIMEOUT=4, RESULT_DIR=tmp_path,
+                        TORCHELASTIC_USE_AGENT_STORE="True")
+    got = results(tmp_path)
+    assert [r["rank"] for r in got] == [0, 1], proc.stdout[-2000:] + proc.stderr[-3000:]
+    for r in got:
+        assert r["error_type"] == "CollectiveTimeout", r
+        assert re.search(r"store at 127\.0\.0\.1:\d+ \(env://\) not reached within 4 s",
+                         r["error"]), r
+        assert r["seconds"] < 60, r

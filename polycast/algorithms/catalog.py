@@ -11,3 +11,4 @@ from . import allreduce  # noqa: F401
 from . import hierarchical  # noqa: F401
 from . import innet  # noqa: F401
 from . import scan  # noqa: F401
+from . import compact  # noqa: F401  (vectorised columns of some of the above)

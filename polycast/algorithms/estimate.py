@@ -29,6 +29,10 @@ DEFAULT_LIMIT_GIB = 4.0
 # Measured resident bytes of built schedules (ring/mcast allgather, bruck, rabenseifner at
 # 512-1024 ranks): about 300 B per step and 130 B per block or dependency reference.
 STEP_NBYTES, REF_NBYTES = 300, 130
+# A compact schedule (polycast/schedule/compact.py) timed on the simulator's fast path:
+# the columns plus the fast path's graph, measured at its peak (1024-rank ring allgather:
+# 2.1 M steps, ~1.0 GB resident).
+FAST_STEP_NBYTES = 480
 _SAMPLES = ((16, 32), (32, 64), (8, 16), (9, 36), (12, 24), (6, 12), (4, 8))
 
 
@@ -44,10 +48,13 @@ class Estimate:
     steps: float
     refs: float
     exponent: float                 # memory grows as P ** exponent
+    compact: bool = False           # built as columns, timed on the fast path
 
     @property
     def nbytes(self) -> float:
         """Estimated resident memory of the built schedule, in bytes."""
+        if self.compact:
+            return self.steps * FAST_STEP_NBYTES
         return self.steps * STEP_NBYTES + self.refs * REF_NBYTES
 
     def max_ranks(self, limit_nbytes: float) -> int:
@@ -106,9 +113,11 @@ def _sample(coll: Collective, algorithm: str, nranks: int, nchunks: int, channel
 
 
 def estimate(collective, algorithm: str, nranks: int, nchunks: int = 1, channels: int = 1,
-             **options) -> Estimate | None:
+             compact: bool = False, **options) -> Estimate | None:
     """The estimated size of ``build(collective, algorithm, nranks, ...)``, or None when no
-    small instance of the algorithm could be built to extrapolate from."""
+    small instance of the algorithm could be built to extrapolate from. ``compact``: of
+    the compact form (``build(..., compact=True)``) where the algorithm has one, on the
+    simulator's fast path."""
     coll = Collective.parse(collective)
     got = _sample(coll, algorithm, nranks, nchunks, channels,
                   tuple(sorted((k, v) for k, v in options.items())))
@@ -124,7 +133,12 @@ def estimate(collective, algorithm: str, nranks: int, nchunks: int = 1, channels
     steps, _ = grow(s1, s2)
     refs, _ = grow(r1, r2)
     _, e_mem = grow(s1 * STEP_NBYTES + r1 * REF_NBYTES, s2 * STEP_NBYTES + r2 * REF_NBYTES)
-    return Estimate(str(coll), algorithm, nranks, steps, refs, e_mem)
+    if compact:
+        from .registry import _COMPACT
+        compact = (coll, algorithm) in _COMPACT and channels == 1 and "counts" not in options
+        if compact:
+            _, e_mem = grow(s1, s2)
+    return Estimate(str(coll), algorithm, nranks, steps, refs, e_mem, compact)
 
 
 def _gib(nbytes: float) -> str:
@@ -132,11 +146,12 @@ def _gib(nbytes: float) -> str:
 
 
 def check(collective, algorithm: str, nranks: int, nchunks: int = 1, channels: int = 1,
-          **options) -> Estimate | None:
-    """Raise :class:`TooLarge` if the schedule would not fit the memory limit."""
+          compact: bool = False, **options) -> Estimate | None:
+    """Raise :class:`TooLarge` if the schedule would not fit the memory limit (``compact``:
+    as the simulator's fast path holds it, where the algorithm has a compact form)."""
     if nranks <= CHECK_ABOVE_RANKS:
         return None
-    est = estimate(collective, algorithm, nranks, nchunks, channels, **options)
+    est = estimate(collective, algorithm, nranks, nchunks, channels, compact, **options)
     limit = limit_nbytes()
     if est is None or est.nbytes <= limit:
         return est
@@ -147,7 +162,7 @@ def check(collective, algorithm: str, nranks: int, nchunks: int = 1, channels: i
             continue
         if other.unsupported_reason(nranks, options or None):
             continue
-        o = estimate(collective, other.name, nranks, nchunks, channels, **options)
+        o = estimate(collective, other.name, nranks, nchunks, channels, compact, **options)
         if o is not None and o.nbytes <= limit:
             fits.append(other.name)
     cheaper = f"at most about {est.max_ranks(limit):,} ranks with {algorithm}"

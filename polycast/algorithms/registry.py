@@ -80,6 +80,7 @@ class Algorithm:
 
 
 _REGISTRY: dict[tuple[Collective, str], Algorithm] = {}
+_COMPACT: dict[tuple[Collective, str], Callable] = {}
 
 
 def register(collective: Collective | str, name: str, summary: str, **flags):
@@ -91,6 +92,18 @@ def register(collective: Collective | str, name: str, summary: str, **flags):
         if key in _REGISTRY:
             raise RuntimeError(f"algorithm {name!r} registered twice for {coll}")
         _REGISTRY[key] = Algorithm(coll, name, fn, summary, **flags)
+        return fn
+    return deco
+
+
+def register_compact(collective: Collective | str, name: str):
+    """Decorator: a vectorised generator of registered algorithm ``name``'s columns
+    (:mod:`polycast.schedule.compact`), for ``build(..., compact=True)``. It must give
+    exactly the columns of the algorithm's own schedule (tests/test_compact.py)."""
+    coll = Collective.parse(collective)
+
+    def deco(fn):
+        _COMPACT[(coll, name)] = fn
         return fn
     return deco
 
@@ -112,8 +125,12 @@ def get(collective: Collective | str, name: str) -> Algorithm:
 
 
 def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
-          root: int = 0, nchunks: int = 1, channels: int = 1, **options) -> Schedule:
-    """Generate the schedule of ``algorithm`` for one call (the single entry point)."""
+          root: int = 0, nchunks: int = 1, channels: int = 1, compact: bool = False,
+          **options) -> Schedule:
+    """Generate the schedule of ``algorithm`` for one call (the single entry point).
+    ``compact``: a :class:`~polycast.schedule.compact.CompactSchedule` (columns from the
+    algorithm's vectorised generator, Step programs built only when asked for) where the
+    algorithm has one for this call, else the ordinary schedule."""
     coll = Collective.parse(collective)
     check_rank_args(nranks, root, count)
     if not isinstance(nchunks, int) or nchunks < 1:
@@ -139,10 +156,26 @@ def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
         raise Unsupported(f"{coll} algorithm {algorithm!r} {reason} (asked for {nranks}); "
                           f"valid for {nranks} ranks: "
                           f"{', '.join(supported(coll, nranks)) or 'none'}")
+    spec = Spec(coll, nranks, count, root, nchunks, dict(options))
+    gen = _COMPACT.get((coll, algorithm)) if compact else None
+    if gen is not None and channels == 1 and options.get("counts") is None and nranks > 1:
+        if nranks > estimate.CHECK_ABOVE_RANKS:    # as columns, timed on the fast path
+            estimate.check(coll, algorithm, nranks, nchunks, channels, compact=True,
+                           **options)
+        try:
+            cols = gen(spec)
+        except NotImplementedError:
+            cols = None
+        if cols is not None:
+            from ..schedule.compact import CompactSchedule
+            return CompactSchedule(
+                coll, algorithm, nranks, root, count,
+                {"nchunks": nchunks, **spec.options, **cols.options}, cols,
+                lambda: build(coll, algorithm, nranks, count, root, nchunks, channels,
+                              **options))
     if nranks > estimate.CHECK_ABOVE_RANKS:    # refuse what would not fit in memory
         estimate.check(coll, algorithm, nranks, nchunks, channels,   # counts: same shape
                        **{k: v for k, v in options.items() if k != "counts"})
-    spec = Spec(coll, nranks, count, root, nchunks, dict(options))
     # Schedules are millions of small immutable objects at 1024 ranks; the cyclic garbage
     # collector would rescan them all repeatedly (15-40 % of build time) and finds nothing.
     was_enabled = gc.isenabled()

@@ -105,10 +105,12 @@ def print_notes(command: str, notes: list[str]) -> None:
 
 
 def schedule_fits(collective: Collective, algorithm: str, nranks: int, nchunks: int = 1,
-                  channels: int = 1, **options) -> None:
-    """Refuse (TooLarge) a schedule that would not fit in memory; see algorithms.estimate."""
+                  channels: int = 1, compact: bool = False, **options) -> None:
+    """Refuse (TooLarge) a schedule that would not fit in memory; see algorithms.estimate
+    (``compact``: held as the simulator's fast path holds it)."""
     if algorithm != "auto":
-        check_schedule_size(collective, algorithm, nranks, nchunks, channels, **options)
+        check_schedule_size(collective, algorithm, nranks, nchunks, channels, compact,
+                            **options)
 
 
 def _bytes(n: int) -> str:

@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+
+_T0 = time.perf_counter()
 
 from ..algorithms import get
 from ..collectives import Collective
@@ -102,6 +105,8 @@ def add_parser(sub) -> None:
                        help="auto (default): the fast path where its checks pass, else the "
                             "engines; engine: always step the engines (the reference); fast: "
                             "fail where the fast path cannot run (docs/simulator.md)")
+        c.add_argument("--stats", action="store_true",
+                       help="print the simulation's wall and CPU time, events and peak memory")
         c.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
         c.add_argument("--plot", metavar="FILE", help="write a figure (png/pdf/svg)")
         c.set_defaults(func=run_collective, collective=coll.value)
@@ -243,7 +248,6 @@ def run_collective(args: argparse.Namespace) -> int:
     from ..sim.topology import parse_seconds
     host_latency_s = parse_seconds(args.host_latency)
     if args.host_gbps is not None and not args.host_gbps > 0:
-        from ..errors import InvalidArgument
         raise InvalidArgument(f"--host-gbps must be > 0, got {args.host_gbps:g}")
     nic = None
     if args.nic is not None:
@@ -269,23 +273,32 @@ def run_collective(args: argparse.Namespace) -> int:
         name, k = (auto[0], args.nchunks or auto[1]) if name == "auto" else \
             (name, args.nchunks or 1)
         checks.schedule_fits(coll, name, args.nodes, k, args.channels,
+                             compact=args.path != "engine" and not args.loss and nic is None
+                             and not (args.trace or args.plot),
                              **algorithm_options(coll, name, topo, {
                                  o: v for o, v in options.items()
                                  if o in get(coll, name).options}))
     checks.print_notes("sim", notes)
     record = bool(args.trace or args.plot)
+    if args.path == "fast":
+        from ..sim.fast import static_refusal
+        why = static_refusal(loss=args.loss, nic=nic, record=record)
+        if why:
+            raise InvalidArgument(f"--path fast: {why} (use --path auto or engine)")
     results = []
+    cpu0 = time.process_time()
     for name in names:
         nchunks, label = args.nchunks or 1, None
         opts = options
         if name == "auto":
             name, nchunks, label = auto[0], args.nchunks or auto[1], f"auto({auto[0]})"
             opts = {k: v for k, v in options.items() if k in get(coll, name).options}
-        r = simulate(coll, name, args.nodes, nbytes, topo, dtype=args.dtype, root=args.root,
-                     nchunks=nchunks, channels=args.channels, options=opts,
-                     loss=args.loss, seed=args.seed, record=record, placement=args.placement,
-                     nic=nic, host_gbps=args.host_gbps, host_latency_s=host_latency_s,
-                     path=args.path)
+        with progress(f"simulating {coll} {name} on {args.nodes} ranks", args.json):
+            r = simulate(coll, name, args.nodes, nbytes, topo, dtype=args.dtype,
+                         root=args.root, nchunks=nchunks, channels=args.channels,
+                         options=opts, loss=args.loss, seed=args.seed, record=record,
+                         placement=args.placement, nic=nic, host_gbps=args.host_gbps,
+                         host_latency_s=host_latency_s, path=args.path)
         if label:
             r.algorithm = label
         results.append(r)
@@ -295,8 +308,12 @@ def run_collective(args: argparse.Namespace) -> int:
     if args.plot:
         from ..sim.plots import plot_results
         plot_results(results, args.plot)
+    stats = _stats(cpu0) if args.stats else None
     if args.json:
         objs = [r.to_json() for r in results]
+        if stats:
+            for o in objs:
+                o["stats"] = stats
         print(json.dumps(objs if args.compare else objs[0], indent=1))
         return 0
     print(topo.summary())
@@ -327,7 +344,58 @@ def run_collective(args: argparse.Namespace) -> int:
                        base.link_bytes / r.link_bytes if r.link_bytes else float("nan")]
                       for r in results[1:]]
         print_table("ratios", ["", "time", "link bytes"], ratio_rows)
+    if stats:
+        for r in results:
+            print(f"{r.algorithm}: {r.wall_s:.2f} s wall simulating, {r.events} events "
+                  f"({r.path}{' ' + r.fast_mode if r.fast_mode else ''})")
+        print(f"stats: {stats['wall_s']:.2f} s wall, {stats['cpu_s']:.2f} s CPU, "
+              f"peak memory {stats['peak_rss_bytes'] / 2**20:.0f} MiB")
     return 0
+
+
+def _stats(cpu0: float) -> dict:
+    """Wall (since the process started), CPU and peak resident memory of this process."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"wall_s": time.perf_counter() - _T0, "cpu_s": time.process_time(),
+            "cpu_s_simulating": time.process_time() - cpu0,
+            "peak_rss_bytes": ru.ru_maxrss * 1024}
+
+
+class progress:
+    """A spinner with the elapsed time on stderr (rich), shown only when the work takes
+    longer than ``after_s`` and stderr is a terminal; silent with --json."""
+
+    def __init__(self, what: str, quiet: bool = False, after_s: float = 2.0) -> None:
+        self.what, self.quiet, self.after_s = what, quiet, after_s
+        self._timer = self._live = None
+
+    def __enter__(self):
+        if self.quiet or not sys.stderr.isatty():
+            return self
+        import threading
+        self._timer = threading.Timer(self.after_s, self._show)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def _show(self) -> None:
+        try:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        except ImportError:
+            return
+        p = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                     console=Console(stderr=True), transient=True)
+        p.add_task(self.what, total=None)
+        p.start()
+        self._live = p
+
+    def __exit__(self, *exc) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._live is not None:
+            self._live.stop()
 
 
 def _size(nbytes: int) -> str:

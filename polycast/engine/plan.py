@@ -50,6 +50,9 @@ def _uses_multicast(schedule: Schedule) -> bool:
 
 
 _RUNS: dict[tuple, tuple] = {}
+# ~450 bytes an entry: 16,384 (7 MiB) hold a 1,024-rank schedule's blocks several times over,
+# and bound what a long job of many sizes keeps (200,000 grew ~85 MiB before the first clear).
+_RUNS_MAX = 16_384
 
 
 def _runs(layout, blocks: tuple[int, ...]) -> tuple:
@@ -58,7 +61,7 @@ def _runs(layout, blocks: tuple[int, ...]) -> tuple:
     key = (layout, blocks)
     hit = _RUNS.get(key)
     if hit is None:
-        if len(_RUNS) >= 200_000:
+        if len(_RUNS) >= _RUNS_MAX:
             _RUNS.clear()
         runs = tuple(layout.runs(blocks))
         hit = _RUNS[key] = (runs, sum(b - a for a, b in runs))

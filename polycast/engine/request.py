@@ -59,8 +59,8 @@ class Request:
 
     @property
     def desc(self) -> str:
-        """The call, for error messages: formatted on first use (every post formatting it
-        measured ~2 us of a small collective's engine time). ``_desc`` holds (dtype, op)
+        """The call, for error messages: formatted on first use, not on every post (where it
+        was a visible share of a small collective's engine time). ``_desc`` holds (dtype, op)
         until then."""
         d = self._desc
         if isinstance(d, tuple):

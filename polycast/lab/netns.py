@@ -30,7 +30,7 @@ import subprocess
 import time
 
 from ..errors import PolycastError
-from .plan import LabPlan
+from .plan import HOST_IFNAME, LabPlan
 
 STATE_DIR = os.environ.get("POLYCAST_LAB_STATE_DIR", "/run/polycast-lab")
 _CMD_TIMEOUT_S = 20.0
@@ -257,16 +257,16 @@ def _build(plan: LabPlan, state: dict, path: str) -> None:
     for k in range(plan.hosts):
         ns, lns = plan.host_ns(k), plan.leaf_ns(plan.leaf_of(k))
         add_ns(ns)
-        ip("-n", lns, "link", "add", f"h{k}", "type", "veth", "peer", "name", "eth0",
+        ip("-n", lns, "link", "add", f"h{k}", "type", "veth", "peer", "name", HOST_IFNAME,
            "netns", ns)
         port(lns, f"h{k}")
-        ip("-n", ns, "link", "set", "eth0", "mtu", str(plan.mtu))
-        _quiet(ns, "eth0")
-        ip("-n", ns, "addr", "add", f"{plan.addr(k)}/24", "dev", "eth0")
-        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", HOST_IFNAME, "mtu", str(plan.mtu))
+        _quiet(ns, HOST_IFNAME)
+        ip("-n", ns, "addr", "add", f"{plan.addr(k)}/24", "dev", HOST_IFNAME)
+        ip("-n", ns, "link", "set", HOST_IFNAME, "up")
         if plan.mcast_route:
             # Multicast leaves through eth0 (the runtime finds its interface by this route).
-            ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0")
+            ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", HOST_IFNAME)
     for link in plan.links():
         if link.rate_bps is not None:
             shape(link.shape_ns, link.shape_dev, link.rate_bps, plan.mtu, plan.buffer_s)

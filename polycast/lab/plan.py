@@ -35,6 +35,7 @@ from ..errors import InvalidArgument
 from ..units import parse_rate
 
 SUBNET = "10.77.0"                   # host k is SUBNET.(k+1)/24, inside the lab only
+HOST_IFNAME = "eth0"                 # every host's one interface (its link to the leaf)
 MAX_HOSTS = 250
 DEFAULT_NAME = "pclab"
 DEFAULT_MTU = 9000
@@ -189,7 +190,7 @@ class LabPlan:
         for k in range(self.hosts):
             h, leaf = f"h{k}", f"leaf{self.leaf_of(k)}"
             lns = self.leaf_ns(self.leaf_of(k))
-            out.append(Link(h, leaf, "host-leaf", self.link_bps, self.host_ns(k), "eth0",
+            out.append(Link(h, leaf, "host-leaf", self.link_bps, self.host_ns(k), HOST_IFNAME,
                             lns, h, "rx"))
             out.append(Link(leaf, h, "host-leaf", self.link_bps, lns, h, lns, h, "tx"))
         if self.leaves > 1:

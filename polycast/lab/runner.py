@@ -21,6 +21,8 @@ POLYCAST_LOCAL_SIZE,        R
 LOCAL_WORLD_SIZE
 GROUP_RANK                  ``r // R``: the node's index (torchrun's name)
 GROUP_WORLD_SIZE            the number of nodes
+GLOO_SOCKET_IFNAME          the host's interface, unless set in the environment (gloo binds
+                            to what its hostname resolves to: loopback, in every namespace)
 POLYCAST_PACING_GBPS        host link rate / 2, unless set in the environment (below)
 =========================== ==================================================================
 
@@ -53,7 +55,7 @@ from dataclasses import dataclass
 from ..errors import InvalidArgument
 from . import counters
 from .netns import LabError, current, unavailable_reason
-from .plan import LabPlan
+from .plan import HOST_IFNAME, LabPlan
 
 PLACEMENTS = ("linear", "interleave", "random:SEED", "H0,H1,...")
 
@@ -87,6 +89,10 @@ class Placement:
                "POLYCAST_LOCAL_RANK": str(local), "LOCAL_RANK": str(local),
                "POLYCAST_LOCAL_SIZE": str(R), "LOCAL_WORLD_SIZE": str(R),
                "GROUP_RANK": str(group), "GROUP_WORLD_SIZE": str(len(self.nodes))}
+        # gloo (torch's CPU backend, and any job's default group) binds to the address its
+        # hostname resolves to, loopback in every namespace alike: name the host's link.
+        if "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = HOST_IFNAME
         # Present but empty means "unpaced": only an absent variable gets the lab's default.
         if plan.link_bps and "POLYCAST_PACING_GBPS" not in os.environ:
             env["POLYCAST_PACING_GBPS"] = f"{plan.link_bps / 2e9:g}"
@@ -168,6 +174,30 @@ class _MarkServer(threading.Thread):
         self.join(timeout=5)
 
 
+def _check_master(plan: LabPlan, where_: Placement, addr: str | None) -> None:
+    """Before any rank starts: torch's store (rank 0's, at MASTER_ADDR) must be on node 0's
+    host and routable from every other host, else every other rank would wait for it
+    until torch's timeout (30 minutes by default) and say nothing."""
+    if not addr:
+        return
+    from .netns import ip
+    ns0 = plan.host_ns(where_.host(0))
+    if len(set(where_.hosts)) > 1 and (addr.startswith("127.") or addr in ("::1",
+                                                                          "localhost")):
+        raise InvalidArgument(f"MASTER_ADDR {addr} is loopback: every host has its own, and "
+                              f"torch's store is on rank 0's host {ns0} "
+                              f"({plan.addr(where_.host(0))}); unset it to get that")
+    mine = ip("-n", ns0, "-o", "addr", "show", check=False).stdout
+    if f" {addr}/" not in mine:
+        raise InvalidArgument(f"MASTER_ADDR {addr} is not an address of rank 0's host {ns0} "
+                              f"({plan.addr(where_.host(0))}): torch's store, which rank 0 "
+                              "serves, would be unreachable from the other hosts")
+    for h in sorted(set(where_.hosts)):
+        if ip("-n", plan.host_ns(h), "route", "get", addr, check=False).returncode != 0:
+            raise InvalidArgument(f"host {plan.host_ns(h)} has no route to MASTER_ADDR "
+                                  f"{addr} (rank 0's host, torch's store)")
+
+
 def run(command: list[str], name: str = "pclab", nranks: int | None = None,
         where: str | list[int] | None = None, timeout_s: float | None = None,
         extra_env: dict | None = None, marks: bool = False, state_dir: str | None = None,
@@ -195,6 +225,7 @@ def run(command: list[str], name: str = "pclab", nranks: int | None = None,
         env["POLYCAST_LAB_MARKS"] = tmp
         server = _MarkServer(plan, tmp)
         server.start()
+    _check_master(plan, where_, {**where_.env(plan, 0), **env}.get("MASTER_ADDR"))
     port = 20000 + random.randrange(30000)       # inside rank 0's namespace: free
     try:
         # The caller's variables win over the placement's (a benchmark sets its pacing).

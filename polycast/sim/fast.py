@@ -32,8 +32,6 @@ compares both on every registered algorithm (the equality grid).
 from __future__ import annotations
 
 import math
-from itertools import chain
-
 import numpy as np
 
 from ..engine.wire import HEADER_NBYTES
@@ -51,15 +49,22 @@ class Refused(Exception):
     """The fast path does not cover this run; the message says why."""
 
 
+def static_refusal(loss: float = 0.0, nic=None, record: bool = False) -> str | None:
+    """What of a run's configuration alone sends it to the engines (known before any work;
+    a NIC model is not: the fast path runs it until its queue drops a datagram)."""
+    if loss:
+        return "loss injection runs the engines' recovery"
+    if record:
+        return "recording per-message timelines runs the engines"
+    return None
+
+
 def refusal(sim) -> str | None:
     """Why ``sim`` (posted, not run) must run on the engines, or None."""
     cfg = sim.cfg
-    if cfg.loss:
-        return "loss injection runs the engines' recovery"
-    if cfg.nic is not None:
-        return "the NIC model's queues run the engines"
-    if cfg.record:
-        return "recording per-message timelines runs the engines"
+    why = static_refusal(cfg.loss, cfg.nic, cfg.record)
+    if why:
+        return why
     if sim.on_complete is not None or sim._calls:
         return "callbacks (on_complete, call_at) run the engines"
     if sim._unposted:
@@ -69,6 +74,8 @@ def refusal(sim) -> str | None:
     for q in sim._innet:
         if sim._reqs[q][2]:
             return "in-network reduction on a sub-communicator runs the engines"
+    if cfg.nic is not None and any(comm for _, _, comm in sim._reqs):
+        return "the NIC model on a sub-communicator runs the engines"
     for sched, _, comm in sim._reqs:
         if sched.nranks < 2:
             return "a one-rank collective runs the engines"
@@ -93,10 +100,11 @@ def _check_post_order(sim) -> None:
 # -- the graph ------------------------------------------------------------------------------
 
 class _Graph:
-    """Every step of every posted request (and a FIN per rank of a multicast request) as
-    arrays; edges as a CSR of predecessors."""
+    """Every step of every posted request as arrays (the schedules' columns,
+    :func:`~polycast.schedule.compact.columns_of`, side by side)."""
 
     def __init__(self, sim) -> None:
+        from ..schedule.compact import columns_of
         self.sim = sim
         posts: dict[tuple[int, int], float] = {}
         for ev in sim._heap:                            # (t, seq, _POST, endpoint, req, _)
@@ -110,30 +118,23 @@ class _Graph:
             group = sim._comm_group[comm]
             eps = sim._comm_eps[comm]
             n = sched.nranks
-            progs = sched.programs
-            lens = [len(p) for p in progs]
-            steps = [st for p in progs for st in p]
-            ns = len(steps)
-            local = np.repeat(np.arange(n, dtype=np.int64), lens)
-            starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64) + base
-            kind = np.fromiter((int(s.kind) for s in steps), np.int64, ns)
-            cols["kind"].append(kind)
+            c = columns_of(sched)
+            ns = c.nsteps
+            local = c.local.astype(np.int64)
+            starts = c.starts[:-1] + base
+            cols["kind"].append(c.kind.astype(np.int64))
             cols["q"].append(np.full(ns, q, np.int64))
-            ep_arr = np.asarray(eps, dtype=np.int64)
-            g_arr = np.asarray(group, dtype=np.int64)
-            cols["ep"].append(ep_arr[local])
-            cols["rank"].append(g_arr[local])
+            cols["ep"].append(np.asarray(eps, dtype=np.int64)[local])
+            cols["rank"].append(np.asarray(group, dtype=np.int64)[local])
             cols["local"].append(local)
-            cols["peer"].append(np.fromiter((s.peer for s in steps), np.int64, ns))
-            cols["tag"].append(np.fromiter((s.tag for s in steps), np.int64, ns))
-            cols["idx"].append(np.arange(ns, dtype=np.int64) - np.repeat(starts - base, lens))
-            cols["nbytes"].append(_nbytes(sched, steps, local, itemsize))
+            cols["peer"].append(c.peer.astype(np.int64))
+            cols["tag"].append(c.tag.astype(np.int64))
+            cols["idx"].append(c.idx)
+            cols["nbytes"].append(c.nelems * itemsize)
             pt = np.array([posts[(e, q)] for e in eps], dtype=np.float64)
             cols["post"].append(pt[local])
-            nd = np.fromiter((len(s.deps) for s in steps), np.int64, ns)
-            dep_counts.append(nd)
-            dep_flat.append(np.fromiter(chain.from_iterable(s.deps for s in steps), np.int64,
-                                        int(nd.sum())) + np.repeat(np.repeat(starts, lens), nd))
+            dep_counts.append(c.dep_counts.astype(np.int64))
+            dep_flat.append(c.dep_flat + base)
             self.reqs.append((sched, itemsize, comm, n, base, starts, pt))
             base += ns
         self.nsteps = base
@@ -141,27 +142,6 @@ class _Graph:
             setattr(self, k, np.concatenate(v) if v else np.zeros(0, np.int64))
         self.dep_counts = np.concatenate(dep_counts)
         self.dep_flat = np.concatenate(dep_flat)
-
-
-def _nbytes(sched, steps, local, itemsize) -> np.ndarray:
-    """Payload bytes of every step (0 for control messages), memoised per block list."""
-    from ..schedule.ir import PerRank
-    lays = sched.layouts
-    uniform = {b for b, l in lays.items() if not isinstance(l, PerRank)}
-    memo: dict = {}
-    out = np.zeros(len(steps), dtype=np.int64)
-    loc = local.tolist()
-    for i, s in enumerate(steps):
-        blocks = s.blocks
-        if not blocks:
-            continue
-        buf = s.buf
-        key = (buf, blocks) if buf in uniform else (buf, loc[i], blocks)
-        v = memo.get(key)
-        if v is None:
-            v = memo[key] = lays[buf].on(loc[i]).nelems_of(blocks) * itemsize
-        out[i] = v
-    return out
 
 
 def run(sim) -> str:
@@ -183,6 +163,8 @@ def run(sim) -> str:
     try:
         if sim._innet:
             raise Refused("in-network reduction combines flows in the switches")
+        if sim.cfg.nic is not None:
+            raise Refused("the NIC model's queues change with every flow")
         times = plan.settled_walk()
         plan.check_contention(times)
         plan.check_recovery(times)
@@ -342,6 +324,7 @@ class _Plan:
         self.t_eos = np.zeros(N)          # offsets from the stream's first not_before
         self.t_next = np.zeros(N)
         self.recv_lat: dict[int, np.ndarray] = {}
+        self.dgram_sizes: dict[int, np.ndarray] = {}     # per MCAST: its datagrams' payloads
         self.ndatagrams = 0
         for m in mc.tolist():
             q = int(self.q[m])
@@ -350,6 +333,7 @@ class _Plan:
             nbm = int(self.nbytes[m])
             nfull, last = divmod(nbm, ce)
             sizes = [ce] * nfull + ([last] if last else [])
+            self.dgram_sizes[m] = np.array(sizes, dtype=np.int64)
             self.ndatagrams += len(sizes) + 1                # + EOS
             per = 8.0 / (pace * 1e9) if pace else 0.0
             tot = sum(s + HEADER_NBYTES for s in sizes) * per
@@ -377,18 +361,19 @@ class _Plan:
         # per MRECV: the latency from its root
         mr = self.mrecvs
         if len(mr):
-            lat_of: dict[int, dict] = {}
+            roots = self.ep[self.mrecv_mcast[mr]]
+            me = self.ep[mr]
+            o = np.argsort(roots, kind="stable")
+            ur, first = np.unique(roots[o], return_index=True)
+            bounds = np.r_[first, len(o)]
+            row = np.full(int(max(self.ep.max(), 0)) + 1, np.nan)
             lat = np.empty(len(mr))
-            roots = self.ep[self.mrecv_mcast[mr]].tolist()
-            me = self.ep[mr].tolist()
-            for j, (root, e) in enumerate(zip(roots, me)):
-                d = lat_of.get(root)
-                if d is None:
-                    d = lat_of[root] = {}
-                    for x, eps in sim._groups(root):
-                        for ee in eps.tolist():
-                            d[ee] = x
-                lat[j] = d[e]
+            for j, root in enumerate(ur.tolist()):
+                row.fill(np.nan)
+                for x, eps in sim._groups(root):
+                    row[eps] = x
+                seg = o[bounds[j]:bounds[j + 1]]
+                lat[seg] = row[me[seg]]
             self.lat[mr] = lat
 
     # -- edges ------------------------------------------------------------------------
@@ -413,13 +398,19 @@ class _Plan:
             src.append(mr)
             dst.append(fin)
             cat.append(np.full(len(mr), DEP, np.int8))
-        self.static = (np.concatenate(src), np.concatenate(dst), np.concatenate(cat))
+        ix = np.int32 if self.N < 2**31 - 1 else np.int64
+        self.static = (np.concatenate(src).astype(ix), np.concatenate(dst).astype(ix),
+                       np.concatenate(cat))
 
     def settled_walk(self) -> dict:
         """Walk, re-order the channels by the start times found, walk again, until the
         order the walk assumed is the order its times give."""
         order = self.initial_order()
-        for _ in range(6):
+        if len(self.g.reqs) > 1:
+            # Several requests share channels: first order each channel by the start times
+            # a walk finds when each request had its channels to itself.
+            order = self.channel_order(self.walk(self._order(np.zeros(self.N), True)))
+        for _ in range(8):
             times = self.walk(order)
             new = self.channel_order(times)
             if self.order_is(new, order):
@@ -430,13 +421,17 @@ class _Plan:
     def initial_order(self):
         return self._order(np.zeros(self.N))
 
-    def _order(self, emit: np.ndarray):
+    def _order(self, emit: np.ndarray, per_request: bool = False):
         """Channel and pacer orders: nodes sorted by (channel, start time, request,
-        program position); returns (chan sorted nodes, chan keys, pacer nodes, keys)."""
+        program position); returns (chan sorted nodes, chan keys, pacer nodes, keys).
+        ``per_request``: every request its own channels (a first guess)."""
         msg = np.flatnonzero((self.kind == SEND) | (self.kind == FIN))
         ckey = self.ep[msg] * (1 << 32) + self.peer[msg] + 1
         mc = self.mcasts
         mkey = self.ep[mc]
+        if per_request:
+            ckey = ckey * len(self.g.reqs) + self.q[msg]
+            mkey = mkey * len(self.g.reqs) + self.q[mc]
         t = _quantize(emit)
         o1 = np.lexsort((self.tie[msg], self.q[msg], t[msg], ckey))
         o2 = np.lexsort((self.tie[mc], self.q[mc], t[mc], mkey))
@@ -466,17 +461,20 @@ class _Plan:
         """Longest-path times of every node (Kahn's algorithm, a level of ready nodes at a
         time)."""
         N = self.N
+        ix = np.int32 if N < 2**31 - 1 else np.int64     # node numbers: half the memory
         s0, d0, c0 = self.static
         s1, d1, c1 = self._chain_edges(order)
-        src = np.concatenate([s0, s1])
-        dst = np.concatenate([d0, d1])
+        src = np.concatenate([s0, s1]).astype(ix)
+        dst = np.concatenate([d0, d1]).astype(ix)
         cat = np.concatenate([c0, c1])
+        del s1, d1, c1
         o = np.argsort(dst, kind="stable")
         src, dst, cat = src[o], dst[o], cat[o]
+        del o
         pptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(dst, minlength=N), out=pptr[1:])
-        so = np.argsort(src, kind="stable")
-        succ = dst[so]
+        succ = dst[np.argsort(src, kind="stable")]
+        del dst
         sptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(src, minlength=N), out=sptr[1:])
         indeg = np.diff(pptr)

@@ -27,7 +27,7 @@ from .driver import SimulationError
 from .fast import COPY, FIN, MCAST, MRECV, RECV, SEND, SILENT_RTO, Refused
 from .network import Network, same_time_bound
 
-_POST, _SENDDONE, _ARR, _MARR, _PACE, _KICK = range(6)
+_POST, _SENDDONE, _ARR, _MARR, _PACE, _KICK, _EOS = range(7)
 
 
 def run_events(sim, plan) -> None:
@@ -86,6 +86,13 @@ class _EventRun:
             uk2, c2 = np.unique(key[mr], return_counts=True)
             self.mrecv_left = dict(zip(uk2.tolist(), c2.tolist()))
         self.fin_of = plan.fin_of
+        # per (request, member): bytes of its MCAST and MRECV steps (the engine's rto)
+        mm = np.flatnonzero((plan.kind == MCAST) | (plan.kind == MRECV))
+        self.mcast_nbytes: dict[int, int] = {}
+        if len(mm):
+            uk3, inv3 = np.unique(key[mm], return_inverse=True)
+            tot = np.bincount(inv3, weights=plan.nbytes[mm].astype(np.float64))
+            self.mcast_nbytes = dict(zip(uk3.tolist(), tot.tolist()))
         self.recv_of_send = {}
         rs = plan.recv_send
         for r in plan.recvs.tolist():
@@ -132,6 +139,13 @@ class _EventRun:
         hb = sim.net.host_bw
         self.net = Network(sim.topo, host_bw=hb)
         self.net.capacity = sim.net.capacity
+        # receivers behind a NIC (SimConfig.nic): the driver's queues, run here until one
+        # drops a datagram (recovery: the engines)
+        self.nic, self.rx_cap = None, math.inf
+        if sim.cfg.nic is not None:
+            from .nic import ReceiveQueues
+            self.nic = ReceiveQueues(sim.cfg.nic, sim.P, sim.cfg.seed)
+            self.rx_cap = self.nic.rate
         self.pending = sum(self.nmem)
         for q, r in enumerate(g.reqs):
             pt = r[6]
@@ -156,6 +170,8 @@ class _EventRun:
                 raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
                                       f"with {self.pending} (rank, request) pairs incomplete")
             self.now = t
+            if self.nic is not None:
+                self.nic.advance(t)
             bound = same_time_bound(t)
             for f in net.pop_drained(bound):
                 self._drained(f)
@@ -208,6 +224,8 @@ class _EventRun:
             self._start_next(a)
         elif kind == _POST:
             self._post(a, b)
+        elif kind == _EOS:                    # a spaced end-of-stream repeat (its timer)
+            self._emit((self.ep[a], -1), ("eos", a, self.now))
         self._flush()
 
     # -- the engine's steps -------------------------------------------------------------
@@ -244,6 +262,11 @@ class _EventRun:
         key = (ep, -1)
         self._emit(key, ("mcast", n, t0))
         self._emit(key, ("eos", n, t0 + self.t_eos[n]))
+        if self.nic is not None:
+            # The engine repeats the EOS later by timer (engine/mcast.eos_delays); each takes
+            # a chunk of room in every receiver's queue, so with a NIC they count.
+            for d in self._eos_delays(n):
+                self._push(t0 + self.t_eos[n] + d, _EOS, n)
         if self.paced:
             pn = t0 + self.t_next[n]
             self.pacer[ep] = pn
@@ -251,6 +274,18 @@ class _EventRun:
                 self._push(pn, _PACE, n)
                 return
         self._step_done(n, ready)
+
+    def _eos_delays(self, n: int) -> list:
+        from ..engine.mcast import eos_delays
+        from ..engine.wire import HEADER_NBYTES
+        ecfg = self.sim._ecfg
+        rate = ecfg.pacing_gbps or ecfg.line_rate_gbps
+        key = self.q[n] * (1 << 32) + self.local[n]
+        tot = self.mcast_nbytes.get(key, 0)
+        rto = ecfg.recovery_timeout_s + 2 * tot * 8 / (rate * 1e9)
+        nb = int(self.plan.nbytes[n])
+        span = (nb + len(self.plan.dgram_sizes[n]) * HEADER_NBYTES) * 8 / (rate * 1e9)
+        return eos_delays(ecfg.eos_repeats, rto, span)
 
     def _step_done(self, n: int, ready: deque) -> None:
         self.done_t[n] = self.now
@@ -320,6 +355,8 @@ class _EventRun:
             ch.popleft()
             n = item[1]
             if item[0] == "eos":
+                if self.nic is not None:            # a marker takes a chunk of room
+                    self.nic.take(None, self.ep[n], np.zeros(1, np.int64))
                 continue
             w = self.wire[n]
             if item[0] == "msg":
@@ -329,6 +366,7 @@ class _EventRun:
                     return
                 if w:
                     self.net.add_flow(self.route_links[self.route[n]], w, now, ("msg", key, n),
+                                      cap=self.rx_cap * w / int(self.plan.nbytes[n]),
                                       goodput=self.goodput[n])
                     self.busy.add(key)
                     return
@@ -336,11 +374,14 @@ class _EventRun:
                 self._push(now + self.lat[n], _ARR, n)
                 continue
             if w:
-                self.net.add_flow(self.route_links[self.route[n]], w, now, ("mcast", key, n),
-                                  cap=self.mcap[n], goodput=self.goodput[n])
+                f = self.net.add_flow(self.route_links[self.route[n]], w, now,
+                                      ("mcast", key, n), cap=self.mcap[n],
+                                      goodput=self.goodput[n])
+                if self.nic is not None:
+                    self.nic.add(f, self.ep[n])
                 self.busy.add(key)
                 return
-            self._mcast_arrivals(n, now)
+            self._mcast_arrivals(n, now, None)
         self.busy.discard(key)
 
     def _combine_send(self, key, n: int) -> None:
@@ -355,13 +396,26 @@ class _EventRun:
             del self.combine[gk]
             sim = self.sim
             links, lat = sim.topo.mcast_tree(sim._node[dst])
-            self.net.add_flow(links ^ 1, self.wire[n], self.now,
+            w = self.wire[n]
+            self.net.add_flow(links ^ 1, w, self.now,
                               ("innet", None, (waiting, float(lat.max()))),
+                              cap=self.rx_cap * w / int(self.plan.nbytes[n]),
                               goodput=self.goodput[n])
 
-    def _mcast_arrivals(self, m: int, t: float) -> None:
+    def _mcast_arrivals(self, m: int, t: float, fid) -> None:
+        delay = None
+        if self.nic is not None:
+            keep, delay = self.nic.take(fid, self.ep[m], self.plan.dgram_sizes[m])
+            if keep is not None:
+                raise Refused("a NIC's receive queue dropped datagrams: the engines recover "
+                              "them")
         for lat, nodes in self.mgroups.get(m, ()):
-            self._push(t + lat, _MARR, m, nodes)
+            if delay is None:
+                self._push(t + lat, _MARR, m, nodes)
+                continue
+            d = delay[[self.ep[x] for x in nodes]]       # world: endpoint == rank
+            for x in np.unique(d).tolist():
+                self._push(t + lat + x, _MARR, m, [y for y, e in zip(nodes, d) if e == x])
 
     def _drained(self, f) -> None:
         what, key, n = f.data
@@ -379,7 +433,7 @@ class _EventRun:
             self._push(now, _SENDDONE, n)
             self._push(now + self.lat[n], _ARR, n)
         else:
-            self._mcast_arrivals(n, now)
+            self._mcast_arrivals(n, now, f.fid)
         self.busy.discard(key)
         self._start_next(key)
 
@@ -389,6 +443,8 @@ class _EventRun:
         self._check_recovery()
         sim.net.link_bytes += self.net.link_bytes
         sim.net.flows_started += self.net.flows_started
+        if self.nic is not None:
+            sim.nic = self.nic                       # its counters, for the result
         sim.datagrams += plan.ndatagrams
         tmax = 0.0
         for q, r in enumerate(plan.g.reqs):

@@ -36,6 +36,7 @@ from ..workload.graph import COLLECTIVE, COMPUTE, NOOP, RECV, SEND, WORLD, Workl
 from .driver import SimConfig, Simulation, pacing_gbps_for
 from .topology import LAYERS
 
+CLASS_RTOL = 1e-5            # rank classes: times equal to this fraction of the step
 # per-rank-input collectives whose schedule count is that input / group size
 _DIVIDED = (Collective.REDUCE_SCATTER, Collective.ALLTOALL, Collective.SCATTER)
 
@@ -96,10 +97,13 @@ class PipelineResult:
         phases = sorted({p for e in exposed for p in e})
         step = max(end) if P else 0.0
         crit = max(range(P), key=lambda r: (end[r], -r)) if P else 0
+        # a class: ranks whose times agree to 1e-5 of the step (a rank a switch farther
+        # away finishes a microsecond later; that is not a class of its own)
+        grain = CLASS_RTOL * step if step > 0 else 1e-12
         classes: dict[tuple, list[int]] = {}
         for r in range(P):
-            key = (round(end[r], 12), round(busy[r], 12)) + tuple(
-                round(exposed[r].get(p, 0.0), 12) for p in phases)
+            key = (round(end[r] / grain), round(busy[r] / grain)) + tuple(
+                round(exposed[r].get(p, 0.0) / grain) for p in phases)
             classes.setdefault(key, []).append(r)
         rank_classes = sorted(
             (RankClass(_ranges(rs), len(rs), end[rs[0]], busy[rs[0]], dict(exposed[rs[0]]))

@@ -9,7 +9,8 @@ Both read a :class:`~polycast.sim.pipeline.PipelineResult`'s recorded ranks (its
   in ui.perfetto.dev or chrome://tracing.
 * :func:`plot_timelines` -- one panel per run, one lane per stream of one rank, runs one
   above the other on a shared time axis, so the bubbles (gaps in the compute lane) of, say,
-  ring and multicast allgather stand side by side.
+  ring and multicast allgather stand side by side (compute: forward, then backward a
+  shade darker, the optimizer darkest).
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ from ..workload.graph import COMPUTE, NOOP, RECV, SEND
 
 COLORS = {"compute": "#4c72b0", "cpu": "#8172b2", "allgather": "#dd8452",
           "reduce_scatter": "#55a868", "allreduce": "#c44e52", "p2p": "#937860"}
+
+
+PHASE_SHADE = {"backward": 0.72, "optimizer": 0.45}    # darker: backward, optimizer
+
+
+def _color(stream: str, n) -> tuple:
+    """The stream's colour; compute a shade darker in backward and the optimizer."""
+    from matplotlib.colors import to_rgb
+    r, g, b = to_rgb(COLORS.get(stream, "#999999"))
+    f = PHASE_SHADE.get(n.phase, 1.0) if n.kind == COMPUTE else 1.0
+    return (r * f, g * f, b * f)
 
 
 def _stream(n) -> str:
@@ -95,8 +107,9 @@ def plot_timelines(runs: list[tuple[str, object]], path: str, rank: int = 0,
                              sharex=True, squeeze=False)
     for ax, (label, res, lanes) in zip(axes[:, 0], lanes_of):
         for y, stream in enumerate(reversed(streams)):
-            bars = [(s * 1e3, (e - s) * 1e3) for s, e, _ in lanes.get(stream, [])]
-            ax.broken_barh(bars, (y + 0.1, 0.8), facecolors=COLORS.get(stream, "#999999"),
+            spans = lanes.get(stream, [])
+            ax.broken_barh([(s * 1e3, (e - s) * 1e3) for s, e, _ in spans], (y + 0.1, 0.8),
+                           facecolors=[_color(stream, n) for _, _, n in spans],
                            edgecolor="white", linewidth=0.3)
         ax.set_yticks([y + 0.5 for y in range(len(streams))])
         ax.set_yticklabels(list(reversed(streams)))

@@ -327,6 +327,12 @@ def _check_common(nranks: int, ranks_per_host: int, nics: int) -> None:
         raise InvalidArgument(f"ranks_per_host must be a positive integer, got {ranks_per_host!r}")
     if not isinstance(nics, int) or nics < 1:
         raise InvalidArgument(f"nics must be a positive integer, got {nics!r}")
+    if nics > 1 and ranks_per_host == 1:
+        raise InvalidArgument(f"nics={nics} with ranks_per_host=1: a host of one rank has "
+                              "one link; give ranks_per_host > 1 or drop nics")
+    if nranks % ranks_per_host:
+        raise InvalidArgument(f"ranks_per_host={ranks_per_host} does not divide {nranks} "
+                              f"ranks into whole hosts")
 
 
 def _attach(topo: Topology, host: int, switch: int, bw: float, lat: float, nics: int) -> None:

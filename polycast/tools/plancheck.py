@@ -106,8 +106,9 @@ def _key(pt: Point) -> str:
 
 
 def run_cells(cells: list[Cell], *, workers: int | None = 1, cache: str | None = None,
-              progress=None) -> list[Verdict]:
-    """Simulate every cell's candidates (reusing ``cache``) and judge the planner."""
+              progress=None, counts: dict | None = None) -> list[Verdict]:
+    """Simulate every cell's candidates (reusing ``cache``) and judge the planner.
+    ``counts`` (a dict) gets the points simulated now and those read from the cache."""
     plans = [plan_cell(c) for c in cells]
     known: dict[str, dict] = {}
     if cache and os.path.exists(cache):
@@ -125,6 +126,9 @@ def run_cells(cells: list[Cell], *, workers: int | None = 1, cache: str | None =
                 todo.append(pt)
     # Cheapest first (the simulator's cost grows with ranks): early cells finish early.
     todo.sort(key=lambda p: (p.nodes, p.nbytes))
+    if counts is not None:
+        needed = {_key(pt) for pts, _ in plans for pt in pts}
+        counts.update(simulated=len(todo), cached=len(needed) - len(todo))
     batch = max(1, (workers or 1) * 2)
     for i in range(0, len(todo), batch):
         chunk = todo[i:i + batch]

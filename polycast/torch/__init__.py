@@ -26,6 +26,7 @@ except ImportError as exc:          # pragma: no cover - depends on the environm
 
 from .fused import allgather_matmul, matmul_reduce_scatter
 from .process_group import BACKEND_NAME, Options, ProcessGroupPolycast, create
+from .rendezvous import bound_store_wait
 from .work import Work
 
 
@@ -36,6 +37,7 @@ def _register() -> None:
 
 
 _register()
+bound_store_wait()
 
 __all__ = ["BACKEND_NAME", "Options", "ProcessGroupPolycast", "Work", "allgather_matmul",
            "matmul_reduce_scatter"]

@@ -74,3 +74,45 @@ def open_comm(store, rank: int, size: int, timeout_seconds: float):
     from ..comm.lifecycle import open_comm as _open
     return _open(job_for(store, rank, size, timeout_seconds),
                  store=TorchStore(store, timeout_seconds))
+
+
+def bound_store_wait() -> None:
+    """Under polycast's launchers (``polycast run``, ``polycast lab run``: POLYCAST_JOB_ID
+    is set), torch's ``env://`` and ``tcp://`` rendezvous wait for the job's store at most
+    the job's timeout (POLYCAST_TIMEOUT, as every polycast wait), not torch's 30-minute
+    default, and a store that cannot be reached is a polycast error naming its address.
+    torch has no public hook for this: the two handlers in its registry are wrapped (once;
+    jobs torch's own launchers start are left alone)."""
+    if not os.environ.get("POLYCAST_JOB_ID"):
+        return
+    import importlib
+    rdzv = importlib.import_module("torch.distributed.rendezvous")  # (dist.rendezvous: a function)
+    handlers = getattr(rdzv, "_rendezvous_handlers", None)
+    if not isinstance(handlers, dict):
+        return
+    for scheme in ("env", "tcp"):
+        handler = handlers.get(scheme)
+        if handler is not None and not getattr(handler, "polycast_bounded", False):
+            handlers[scheme] = _bounded(handler, scheme)
+
+
+def _bounded(handler, scheme: str):
+    from ..runtime.bootstrap.env import timeout_from_env
+
+    def bounded(url: str, timeout: datetime.timedelta | None = None, **kwargs):
+        seconds = timeout_from_env()
+        if timeout is None or timeout.total_seconds() > seconds:
+            timeout = datetime.timedelta(seconds=seconds)
+        gen = handler(url, timeout=timeout, **kwargs)
+        try:
+            first = next(gen)
+        except (dist.DistError, RuntimeError) as exc:
+            where = (f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+                     if scheme == "env" else url)
+            raise CollectiveTimeout(
+                f"torch's store at {where} ({scheme}://) not reached within "
+                f"{timeout.total_seconds():g} s (POLYCAST_TIMEOUT): {exc}") from exc
+        yield first
+        yield from gen
+    bounded.polycast_bounded = True
+    return bounded

@@ -230,14 +230,11 @@ def _check_matching(w: Workload) -> None:
             k = next((i for i, (a, b) in enumerate(zip(keys, ref_keys)) if a != b),
                      min(len(keys), len(ref_keys)))
             name = f"communicator {comm!r} {list(g)[:8]}{'...' if len(g) > 8 else ''}"
-            if k >= len(keys):
+            if k >= min(len(keys), len(ref_keys)):
+                which, extra = ("next", ref[k]) if k >= len(keys) else ("extra", mine[k])
                 raise WorkloadError(f"{w.where(r)}: {name}: rank {r} issues {len(keys)} "
-                                    f"collectives, rank {first} {len(ref_keys)} (the next is "
-                                    f"{_node_text(ref[k])}: {_coll_text(ref[k])})")
-            if k >= len(ref_keys):
-                raise WorkloadError(f"{w.where(r)}: {name}: rank {r} issues {len(keys)} "
-                                    f"collectives, rank {first} {len(ref_keys)} (the extra is "
-                                    f"{_node_text(mine[k])}: {_coll_text(mine[k])})")
+                                    f"collectives, rank {first} {len(ref_keys)} (the {which} is "
+                                    f"{_node_text(extra)}: {_coll_text(extra)})")
             raise WorkloadError(f"{w.where(r)}: {_node_text(mine[k])}: collective {k + 1} "
                                 f"on {name} is {_coll_text(mine[k])} at rank {r} but "
                                 f"{_coll_text(ref[k])} at rank {first}")

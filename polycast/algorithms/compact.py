@@ -1,0 +1,228 @@
+"""Vectorised generators: the columns (:mod:`polycast.schedule.compact`) of algorithms whose
+every rank runs one program up to a shift, built with numpy for all ranks at once.
+
+Each gives exactly the columns of the algorithm's own generator -- steps, peers, message
+ordinals, element counts and the dependencies the builder infers -- which
+``tests/test_compact.py`` checks for every P up to 33 and several pipelining depths. Only
+the uniform call (no vector ``counts``, one channel) has a compact form; anything else is
+built by the algorithm's own generator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..schedule.compact import Columns, block_lengths
+from ..schedule.ir import Kind, Layout
+from .registry import Spec, register_compact
+
+_SEND, _RECV, _COPY, _MCAST, _MRECV = (int(Kind.SEND), int(Kind.RECV), int(Kind.COPY),
+                                       int(Kind.MCAST), int(Kind.MRECV))
+
+
+def _columns(P: int, kind, peer, tag, nelems, deps) -> Columns:
+    """Columns from per-rank rows: ``kind``/``tag`` (L,) or (P, L), ``peer``/``nelems``
+    (P, L), ``deps`` a list (per template step) of dependency positions, the same on
+    every rank."""
+    L = kind.shape[-1]
+    kind = np.broadcast_to(kind, (P, L)).astype(np.int8).ravel()
+    tag = np.broadcast_to(tag, (P, L)).astype(np.int32).ravel()
+    local = np.repeat(np.arange(P, dtype=np.int32), L)
+    counts = np.array([len(d) for d in deps], dtype=np.int32)
+    flat_t = np.array([x for d in deps for x in d], dtype=np.int64)
+    dep_counts = np.tile(counts, P)
+    base = (np.arange(P, dtype=np.int64) * L)[:, None]
+    dep_flat = (base + flat_t[None, :]).ravel()
+    return Columns(P, kind, local, np.asarray(peer, np.int32).ravel(), tag,
+                   np.asarray(nelems, np.int64).ravel(), dep_counts, dep_flat)
+
+
+@register_compact("allgather", "ring")
+def ring_allgather(spec: Spec) -> Columns:
+    """copy; then per step i and piece s: send (r-i)%P's piece to r+1, receive (r-i-1)%P's
+    from r-1. A send depends on the copy (i = 0) or on the receive of the same piece one
+    step earlier; receives write blocks nothing read before (no dependency)."""
+    P, k = spec.nranks, spec.nchunks
+    blen = block_lengths(Layout(P * spec.count, P, k))
+    n = (P - 1) * k
+    L = 1 + 2 * n
+    r = np.arange(P, dtype=np.int64)[:, None]
+    i = np.repeat(np.arange(P - 1, dtype=np.int64), k)[None, :]
+    s = np.tile(np.arange(k, dtype=np.int64), P - 1)[None, :]
+    kind = np.empty(L, np.int64)
+    kind[0], kind[1::2], kind[2::2] = _COPY, _SEND, _RECV
+    tag = np.empty(L, np.int64)
+    tag[0] = -1
+    tag[1::2] = tag[2::2] = np.arange(n)
+    peer = np.empty((P, L), np.int64)
+    peer[:, 0] = -1
+    peer[:, 1::2] = (r + 1) % P
+    peer[:, 2::2] = (r - 1) % P
+    nel = np.empty((P, L), np.int64)
+    nel[:, 0] = spec.count
+    nel[:, 1::2] = blen[((r - i) % P) * k + s]
+    nel[:, 2::2] = blen[((r - i - 1) % P) * k + s]
+    deps = [()] + [d for j in range(n)
+                   for d in (((0,) if j < k else (2 + 2 * (j - k),)), ())]
+    return _columns(P, kind, peer, tag, nel, deps)
+
+
+@register_compact("allgather", "mcast")
+def mcast_allgather(spec: Spec) -> Columns:
+    """copy; the token from r-1 (unless r starts a sequence); the multicast of r's shard
+    (after the token); the token to r+1 (unless it starts one); an MRECV from every other
+    rank. Programs differ in length by the tokens: built per kind of rank."""
+    P, k = spec.nranks, spec.nchunks
+    roots = min(max(1, int(spec.opt("roots", 2))), P)
+    firsts = np.zeros(P + 1, bool)
+    firsts[[g * P // roots for g in range(roots)]] = True
+    firsts[P] = True                                     # no rank P to pass a token to
+    part = block_lengths(Layout(P * spec.count, P, 1))
+    rows = []
+    for r in range(P):
+        kinds, peers, tags, nels, deps = [_COPY], [-1], [-1], [spec.count], [()]
+        token = ()
+        if not firsts[r]:
+            kinds.append(_RECV), peers.append(r - 1), tags.append(0), nels.append(0)
+            deps.append(())
+            token = (len(kinds) - 1,)
+        m = len(kinds)
+        kinds.append(_MCAST), peers.append(-1), tags.append(0), nels.append(spec.count)
+        deps.append(token)
+        if not firsts[r + 1]:
+            kinds.append(_SEND), peers.append(r + 1), tags.append(0), nels.append(0)
+            deps.append((m,))
+        rows.append((kinds, peers, tags, nels, deps))
+    # every program ends with the MRECVs from every other rank, in rank order
+    heads = [len(x[0]) for x in rows]
+    L = np.array(heads, np.int64) + (P - 1)
+    starts = np.concatenate([[0], np.cumsum(L)[:-1]])
+    total = int(L.sum())
+    kind = np.full(total, _MRECV, np.int8)
+    peer = np.empty(total, np.int32)
+    tag = np.zeros(total, np.int32)
+    nel = np.empty(total, np.int64)
+    dep_counts = np.zeros(total, np.int32)
+    dep_flat = []
+    others = np.arange(P)
+    for r, (kinds, peers, tags, nels, deps) in enumerate(rows):
+        b, h = int(starts[r]), heads[r]
+        kind[b:b + h] = kinds
+        peer[b:b + h] = peers
+        tag[b:b + h] = tags
+        nel[b:b + h] = nels
+        for j, d in enumerate(deps):
+            dep_counts[b + j] = len(d)
+            dep_flat.extend(b + x for x in d)
+        rest = others[others != r]
+        peer[b + h:b + h + P - 1] = rest
+        nel[b + h:b + h + P - 1] = part[rest]
+    local = np.repeat(np.arange(P, dtype=np.int32), L)
+    return Columns(P, kind, local, peer, tag, nel, dep_counts,
+                   np.array(dep_flat, dtype=np.int64), options={"roots": roots})
+
+
+@register_compact("alltoall", "pairwise")
+def pairwise_alltoall(spec: Spec) -> Columns:
+    """copy of r's own part; then per round i: send part r+i to r+i (after round i-1's
+    receive), receive part r-i from r-i."""
+    P = spec.nranks
+    k = spec.nchunks
+    plen = block_lengths(Layout(P * spec.count, P, k)).reshape(P, k).sum(axis=1)
+    L = 1 + 2 * (P - 1)
+    r = np.arange(P, dtype=np.int64)[:, None]
+    i = np.arange(1, P, dtype=np.int64)[None, :]
+    kind = np.empty(L, np.int64)
+    kind[0], kind[1::2], kind[2::2] = _COPY, _SEND, _RECV
+    tag = np.zeros(L, np.int64)
+    tag[0] = -1
+    peer = np.empty((P, L), np.int64)
+    peer[:, 0] = -1
+    peer[:, 1::2] = (r + i) % P
+    peer[:, 2::2] = (r - i) % P
+    nel = np.empty((P, L), np.int64)
+    nel[:, 0] = plen[r[:, 0]]
+    nel[:, 1::2] = plen[(r + i) % P]
+    nel[:, 2::2] = plen[(r - i) % P]
+    deps = [()] + [d for j in range(P - 1)
+                   for d in ((() if j == 0 else (2 * j,)), ())]
+    return _columns(P, kind, peer, tag, nel, deps)
+
+
+@register_compact("reduce_scatter", "ring")
+def ring_reduce_scatter(spec: Spec) -> Columns:
+    """Per round t and piece s: send the partial sum of part (r-t-1)%P to r+1 (from send
+    at t = 0, else after the receive that made it), copy r's own input of part (r-t-2)%P
+    into tmp, receive-and-reduce r-1's partial sum of it (after that copy); finally copy
+    the reduced part r into recv."""
+    P, k = spec.nranks, spec.nchunks
+    if P < 2:
+        raise NotImplementedError
+    blen = block_lengths(Layout(P * spec.count, P, k))
+    n = (P - 1) * k
+    L = 3 * n + 1
+    r = np.arange(P, dtype=np.int64)[:, None]
+    t = np.repeat(np.arange(P - 1, dtype=np.int64), k)[None, :]
+    s = np.tile(np.arange(k, dtype=np.int64), P - 1)[None, :]
+    kind = np.empty(L, np.int64)
+    kind[0:3 * n:3], kind[1:3 * n:3], kind[2:3 * n:3], kind[-1] = _SEND, _COPY, _RECV, _COPY
+    tag = np.full(L, -1, np.int64)
+    tag[0:3 * n:3] = tag[2:3 * n:3] = np.arange(n)
+    peer = np.full((P, L), -1, np.int64)
+    peer[:, 0:3 * n:3] = (r + 1) % P
+    peer[:, 2:3 * n:3] = (r - 1) % P
+    nel = np.empty((P, L), np.int64)
+    out = blen[((r - t - 1) % P) * k + s]
+    inn = blen[((r - t - 2) % P) * k + s]
+    nel[:, 0:3 * n:3] = out
+    nel[:, 1:3 * n:3] = inn
+    nel[:, 2:3 * n:3] = inn
+    nel[:, -1] = blen.reshape(P, k).sum(axis=1)[r[:, 0]]
+    deps = []
+    for j in range(n):
+        deps += [() if j < k else (3 * (j - k) + 2,), (), (3 * j + 1,)]
+    deps.append(tuple(3 * ((P - 2) * k + x) + 2 for x in range(k)))
+    return _columns(P, kind, peer, tag, nel, deps)
+
+
+@register_compact("allreduce", "ring")
+def ring_allreduce(spec: Spec) -> Columns:
+    """The ring reduce-scatter above in place in recv (no final copy), then a ring
+    allgather of the reduced parts: per round u and piece s, send part (r-u)%P (after the
+    reduce-scatter's last receive of it, or the previous round's receive), receive part
+    (r-u-1)%P (after the reduce-scatter wrote it and its next send read it)."""
+    P, k = spec.nranks, spec.nchunks
+    if P < 2:
+        raise NotImplementedError
+    blen = block_lengths(Layout(spec.count, P, k))
+    n = (P - 1) * k
+    L = 5 * n
+    r = np.arange(P, dtype=np.int64)[:, None]
+    t = np.repeat(np.arange(P - 1, dtype=np.int64), k)[None, :]
+    s = np.tile(np.arange(k, dtype=np.int64), P - 1)[None, :]
+    kind = np.empty(L, np.int64)
+    rs, ag = slice(0, 3 * n), slice(3 * n, L)
+    kind[0:3 * n:3], kind[1:3 * n:3], kind[2:3 * n:3] = _SEND, _COPY, _RECV
+    kind[3 * n::2], kind[3 * n + 1::2] = _SEND, _RECV
+    tag = np.full(L, -1, np.int64)
+    tag[0:3 * n:3] = tag[2:3 * n:3] = np.arange(n)
+    tag[3 * n::2] = tag[3 * n + 1::2] = n + np.arange(n)
+    peer = np.full((P, L), -1, np.int64)
+    peer[:, 0:3 * n:3] = peer[:, 3 * n::2] = (r + 1) % P
+    peer[:, 2:3 * n:3] = peer[:, 3 * n + 1::2] = (r - 1) % P
+    nel = np.empty((P, L), np.int64)
+    inn = blen[((r - t - 2) % P) * k + s]
+    nel[:, 0:3 * n:3] = blen[((r - t - 1) % P) * k + s]
+    nel[:, 1:3 * n:3] = nel[:, 2:3 * n:3] = inn
+    nel[:, 3 * n::2] = blen[((r - t) % P) * k + s]
+    nel[:, 3 * n + 1::2] = blen[((r - t - 1) % P) * k + s]
+    deps = []
+    for j in range(n):
+        deps += [() if j < k else (3 * (j - k) + 2,), (), (3 * j + 1,)]
+    for j in range(n):
+        u, x = divmod(j, k)
+        send = (3 * ((P - 2) * k + x) + 2,) if u == 0 else (3 * n + 2 * (j - k) + 1,)
+        recv = () if u == 0 else (3 * ((u - 1) * k + x) + 2, 3 * (u * k + x))
+        deps += [send, recv]
+    del rs, ag
+    return _columns(P, kind, peer, tag, nel, deps)

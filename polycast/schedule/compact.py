@@ -1,0 +1,148 @@
+"""Schedules as columns: the same steps as a :class:`~polycast.schedule.ir.Schedule`, held
+as numpy arrays instead of millions of :class:`~polycast.schedule.ir.Step` objects.
+
+A 1024-rank ring allgather is two million steps; as objects they take seconds to build and
+about 300 bytes each, as columns a few tens of milliseconds and about 30 bytes. What times
+a schedule (the simulator's fast path, :mod:`polycast.sim.fast`) needs only the columns:
+per step its kind, rank, peer, tag (the message ordinal), element count and dependencies.
+
+* :class:`Columns` -- the arrays, steps of rank 0 first, each rank's in program order.
+* :func:`columns_of` -- the columns of any schedule (one pass over its steps).
+* :class:`CompactSchedule` -- a schedule whose columns come from a vectorised generator
+  (registered beside the algorithm's own, :func:`polycast.algorithms.registry.register_compact`)
+  and whose ``programs`` are built by the algorithm's own generator only when something
+  asks for them (the engines, the verifier). Tests hold every vectorised generator to
+  ``columns_of`` of the algorithm's own schedule, so a compact schedule is that schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from .ir import Kind, PerRank, Schedule
+
+
+@dataclass(eq=False)
+class Columns:
+    nranks: int
+    kind: np.ndarray          # int8 Kind per step
+    local: np.ndarray         # int32 rank of the step (non-decreasing)
+    peer: np.ndarray          # int32 (-1: none)
+    tag: np.ndarray           # int32 message ordinal (-1: COPY)
+    nelems: np.ndarray        # int64 elements the step moves (0: control)
+    dep_counts: np.ndarray    # int32 dependencies per step
+    dep_flat: np.ndarray      # int64 step numbers (in these columns) of the dependencies
+    options: dict = field(default_factory=dict)   # generator options the schedule records
+
+    @property
+    def nsteps(self) -> int:
+        return len(self.kind)
+
+    @property
+    def starts(self) -> np.ndarray:
+        """First step of each rank (and the total at the end)."""
+        return np.searchsorted(self.local, np.arange(self.nranks + 1)).astype(np.int64)
+
+    @property
+    def idx(self) -> np.ndarray:
+        """Position of every step in its rank's program."""
+        return np.arange(self.nsteps, dtype=np.int64) - self.starts[self.local]
+
+    @property
+    def uses_multicast(self) -> bool:
+        return bool(((self.kind == Kind.MCAST) | (self.kind == Kind.MRECV)).any())
+
+    def same_as(self, other: "Columns") -> bool:
+        return self.nranks == other.nranks and all(
+            np.array_equal(getattr(self, f), getattr(other, f))
+            for f in ("kind", "local", "peer", "tag", "nelems", "dep_counts", "dep_flat"))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, f).nbytes for f in ("kind", "local", "peer", "tag", "nelems",
+                                                      "dep_counts", "dep_flat"))
+
+
+def columns_of(schedule: Schedule) -> Columns:
+    """The columns of any schedule (of a compact one: its own)."""
+    cols = getattr(schedule, "columns", None)
+    if cols is not None:
+        return cols
+    progs = schedule.programs
+    n = schedule.nranks
+    lens = [len(p) for p in progs]
+    steps = [st for p in progs for st in p]
+    ns = len(steps)
+    local = np.repeat(np.arange(n, dtype=np.int32), lens)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    kind = np.fromiter((s.kind for s in steps), np.int8, ns)
+    peer = np.fromiter((s.peer for s in steps), np.int32, ns)
+    tag = np.fromiter((s.tag for s in steps), np.int32, ns)
+    nd = np.fromiter((len(s.deps) for s in steps), np.int32, ns)
+    flat = np.fromiter(chain.from_iterable(s.deps for s in steps), np.int64, int(nd.sum()))
+    flat += np.repeat(np.repeat(starts, lens), nd)
+    lays = schedule.layouts
+    uniform = {b for b, l in lays.items() if not isinstance(l, PerRank)}
+    memo: dict = {}
+    nelems = np.zeros(ns, dtype=np.int64)
+    loc = local.tolist()
+    for i, s in enumerate(steps):
+        blocks = s.blocks
+        if not blocks:
+            continue
+        buf = s.buf
+        key = (buf, blocks) if buf in uniform else (buf, loc[i], blocks)
+        v = memo.get(key)
+        if v is None:
+            v = memo[key] = lays[buf].on(loc[i]).nelems_of(blocks)
+        nelems[i] = v
+    return Columns(n, kind, local, peer, tag, nelems, nd, flat)
+
+
+class CompactSchedule(Schedule):
+    """A :class:`Schedule` given by its columns; ``programs`` (the Step objects) are built
+    by ``expand()`` -- the algorithm's own generator -- on first use."""
+
+    def __init__(self, collective, algorithm, nranks, root, count, options,
+                 columns: Columns, expand) -> None:
+        for k, v in (("collective", collective), ("algorithm", algorithm), ("nranks", nranks),
+                     ("root", root), ("count", count), ("options", options),
+                     ("columns", columns), ("_expand", expand)):
+            object.__setattr__(self, k, v)
+
+    def __getattr__(self, name):
+        if name in ("programs", "layouts"):         # only when not built yet
+            full = self._expand()
+            object.__setattr__(self, "programs", full.programs)
+            object.__setattr__(self, "layouts", full.layouts)
+            return getattr(full, name)
+        raise AttributeError(name)
+
+    @property
+    def uses_multicast(self) -> bool:
+        return self.columns.uses_multicast
+
+    @property
+    def nsteps(self) -> int:
+        return self.columns.nsteps
+
+    def __repr__(self) -> str:
+        return f"CompactSchedule({self.describe()}, {self.nsteps} steps)"
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+
+def block_lengths(layout) -> np.ndarray:
+    """Elements of every block of an even layout (parts near-equal, pieces near-equal)."""
+    p = np.arange(layout.parts, dtype=np.int64)
+    n = layout.nelems
+    lo, hi = p * n // layout.parts, (p + 1) * n // layout.parts
+    w = (hi - lo)[:, None]
+    s = np.arange(layout.sub, dtype=np.int64)[None, :]
+    return ((s + 1) * w // layout.sub - s * w // layout.sub).ravel()

@@ -1,0 +1,38 @@
+"""Compact schedules: every vectorised generator gives exactly the columns of the
+algorithm's own schedule (steps, peers, ordinals, element counts, inferred dependencies),
+and a compact schedule builds its Step programs on demand, equal to the ordinary ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from polycast.algorithms import build
+from polycast.algorithms.registry import _COMPACT   # (importing polycast.algorithms registers all)
+from polycast.schedule.compact import CompactSchedule, columns_of
+
+COMPACT = sorted((str(c), n) for c, n in _COMPACT)
+
+
+@pytest.mark.parametrize("collective,algo", COMPACT)
+def test_compact_columns_equal_the_generator(collective, algo):
+    for P in list(range(2, 18)) + [31, 33, 64]:
+        for k in (1, 3):
+            for count in (P * 5 + 3, 7):
+                full = build(collective, algo, P, count, nchunks=k)
+                comp = build(collective, algo, P, count, nchunks=k, compact=True)
+                assert isinstance(comp, CompactSchedule)
+                assert comp.columns.same_as(columns_of(full)), (collective, algo, P, k, count)
+                assert comp.options == full.options
+                assert comp.uses_multicast == full.uses_multicast
+
+
+def test_compact_expands_to_the_ordinary_schedule():
+    comp = build("allgather", "mcast", 6, 12, nchunks=2, compact=True, roots=3)
+    assert "programs" not in vars(comp)
+    full = build("allgather", "mcast", 6, 12, nchunks=2, roots=3)
+    assert comp.programs == full.programs and comp.layouts == full.layouts
+    assert comp.options["roots"] == 3
+    # no compact form: the ordinary schedule
+    assert not isinstance(build("allgather", "bruck", 6, 12, compact=True), CompactSchedule)
+    assert not isinstance(build("allgather", "ring", 3, 6, compact=True, counts=[1, 2, 3]),
+                          CompactSchedule)
