@@ -29,8 +29,9 @@ DEFAULT_FAULTS = "loss=0.05,dup=0.02,reorder=0.05,replay=0.02,seed=11"
 
 def run_soak(ranks: int, calls: int, outstanding: int, max_count: int, seed: int,
              faults: str, timeout_s: float, path: str = "numpy", sample_every: int = 0,
-             trace: bool = False) -> dict:
+             trace: bool = False, series_dir: str | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", REPO),
+               **({"SOAK_SERIES_DIR": series_dir} if series_dir else {}),
                POLYCAST_FAULTS=faults, POLYCAST_TIMEOUT=os.environ.get("POLYCAST_TIMEOUT",
                                                                        "60"))
     cmd = [sys.executable, "-m", "polycast.cli.main", "run", "-n", str(ranks), "--timeout",
@@ -125,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tracemalloc", action="store_true",
                     help="trace Python allocations; report what grew in the second half")
     ap.add_argument("--plot", help="draw resident memory over the run (needs matplotlib)")
+    ap.add_argument("--series-dir", help="each rank appends its samples here as it goes "
+                                         "(JSON lines; kept if the run is cut short)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "soak.json"))
     args = ap.parse_args(argv)
     try:
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
             for faults in ([args.faults, ""] if args.compare_clean else [args.faults]):
                 runs.append(run_soak(P, args.calls, args.outstanding, args.max_count,
                                      args.seed, faults, args.timeout, path,
-                                     args.sample_every, args.tracemalloc))
+                                     args.sample_every, args.tracemalloc, args.series_dir))
     print(f"{'path':>6s} {'ranks':>5s} {'faults':>7s} {'calls':>6s} {'failed':>6s} {'calls/s':>8s} "
           f"{'rss MiB start->end':>19s} {'fds':>8s} {'injected':>9s} {'dropped':>8s} "
           f"{'recovered':>10s}")

@@ -190,6 +190,10 @@ def main() -> None:
         tracemalloc.start(8)
     start = {"rss_bytes": rss_bytes(), "fds": open_fds(), "calls": 0, "t": time.monotonic()}
     samples = [(0, start["rss_bytes"], 0.0, malloc_bytes())]
+    series = None
+    if os.environ.get("SOAK_SERIES_DIR"):
+        series = open(os.path.join(os.environ["SOAK_SERIES_DIR"],
+                                   f"{args.path}-rank-{r}.jsonl"), "w")
     mid = None
     snap_mid = None
     t0 = time.monotonic()
@@ -232,6 +236,9 @@ def main() -> None:
         batches += 1
         if args.sample_every and done // args.sample_every != prev // args.sample_every:
             samples.append((done, rss_bytes(), time.monotonic() - t0, malloc_bytes()))
+            if series is not None:           # as it goes: a run cut short keeps its curve
+                series.write(json.dumps(samples[-1]) + "\n")
+                series.flush()
         if mid is None and done >= args.calls // 2:
             mid = {"rss_bytes": rss_bytes(), "fds": open_fds()}
             if args.tracemalloc:

@@ -2,9 +2,11 @@
 
     python docs/draw_architecture.py [--out docs/architecture.png]
 
-The layers and the call's steps are data (``LAYERS``, ``CALL``); every step names the module
-that carries it out, and tests/test_docs.py checks each named module and folder exists, so
-the picture cannot silently drift from the code. Needs matplotlib (the ``plot`` extra).
+The layers are read from the import-linter contract in pyproject.toml (the one CI enforces:
+imports only go down), so the picture is the code's layering by construction. The call's
+steps are data (``CALL``), each naming the module that carries it out; tests/test_docs.py
+checks that each module exists and sits in a layer of the contract, and that the png is
+what this script draws. Needs matplotlib (the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -12,53 +14,65 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+import tomllib
 from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-
-@dataclass(frozen=True)
-class Layer:
-    name: str
-    folders: tuple[str, ...]     # where it lives (paths under the repository root)
-    owns: str                    # one line
+# One line per top-level package, for the picture (a package missing here is drawn by name).
+WHAT = {
+    "cli": "the polycast command", "lab": "network namespaces as hosts",
+    "tools": "launcher, doctor, selftest, calibration", "torch": "torch.distributed backend",
+    "comm": "Comm: mpi4py's methods", "dispatch": "the path that runs a call",
+    "sim": "simulator: event clock + network model",
+    "runtime": "runtime: bootstrap, transport, driver, symm, offload",
+    "planner": "auto: algorithm + pipelining depth", "algorithms": "schedule generators",
+    "engine": "sans-I/O engine, reliable multicast", "reference": "reference results",
+    "memory": "memory ops", "graph": "trees", "models": "topology, NIC and host models",
+    "workload": "workload graphs", "schedule": "IR, builder, verifier", "ops": "reduction ops",
+    "debug": "POLYCAST_DEBUG", "buffers": "buffer specs", "collectives": "names",
+    "units": "units", "environ": "environment", "version": "version", "errors": "exceptions",
+    "config": "configuration",
+}
 
 
 @dataclass(frozen=True)
 class Step:
-    layer: str                   # the Layer.name it happens in
     text: str                    # what happens
     module: str                  # the module that does it (dotted)
 
 
-# Top to bottom: a layer imports only from the layers below it.
-LAYERS: tuple[Layer, ...] = (
-    Layer("API", ("polycast/comm", "polycast/torch", "polycast/cli"),
-          "Comm (mpi4py's methods), the torch backend, the CLI"),
-    Layer("planner", ("polycast/planner",),
-          "collective + size + fabric -> algorithm and pipelining depth"),
-    Layer("schedules", ("polycast/algorithms", "polycast/schedule", "polycast/graph"),
-          "per-rank programs of steps over chunks: pure data; the verifier proves them"),
-    Layer("engine", ("polycast/engine",),
-          "sans-I/O state machine per rank: events in, actions out; reliable multicast"),
-    Layer("drivers", ("polycast/runtime", "polycast/sim", "polycast/lab"),
-          "runtime (transports, driver, symmetric memory, offload), simulator, lab"),
-    Layer("models", ("polycast/models", "polycast/workload"),
-          "topologies, NIC and host models, workload graphs"),
-)
-
 # One blocking ``comm.Allgather(send, recv)`` between processes on one host.
 CALL: tuple[Step, ...] = (
-    Step("API", "Comm.Allgather checks its arguments", "polycast.comm.collectives"),
-    Step("drivers", "symmetric memory takes it, or not", "polycast.dispatch.routing"),
-    Step("planner", "auto: cheapest algorithm for this size", "polycast.planner.choose"),
-    Step("schedules", "build (once) the schedule", "polycast.algorithms.registry"),
-    Step("engine", "post: the steps become actions", "polycast.engine.engine"),
-    Step("drivers", "progress: execute the actions", "polycast.runtime.driver.progress"),
-    Step("drivers", "shm ring / TCP / UDP multicast", "polycast.runtime.transport.shm"),
-    Step("engine", "bytes arrive: events in, completion out", "polycast.engine.engine"),
-    Step("API", "the request completes; Allgather returns", "polycast.runtime.driver.request"),
+    Step("Comm.Allgather checks its arguments", "polycast.comm.collectives"),
+    Step("which path runs it (symmetric memory or not)", "polycast.dispatch.routing"),
+    Step("auto: cheapest algorithm for this size", "polycast.planner.choose"),
+    Step("build (once) the schedule", "polycast.algorithms.registry"),
+    Step("post: the steps become actions", "polycast.engine.engine"),
+    Step("progress: execute the actions", "polycast.runtime.driver.progress"),
+    Step("shm ring / TCP / UDP multicast", "polycast.runtime.transport.shm"),
+    Step("bytes arrive: events in, completion out", "polycast.engine.engine"),
+    Step("the request completes; Allgather returns", "polycast.runtime.driver.request"),
 )
+
+
+def layers() -> list[list[str]]:
+    """The top-level layers of polycast, top first: the contract's ``layers`` whose
+    container is ``polycast``, each a list of the packages that share it."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for c in cfg["tool"]["importlinter"]["contracts"]:
+        if c.get("type") == "layers" and c.get("containers") == ["polycast"]:
+            return [[p.strip() for p in layer.split("|")] for layer in c["layers"]]
+    raise SystemExit("pyproject.toml has no import-linter layers contract for polycast")
+
+
+def layer_of(module: str, stack: list[list[str]]) -> int:
+    top = module.split(".")[1]
+    for i, names in enumerate(stack):
+        if top in names:
+            return i
+    raise ValueError(f"{module}: package {top} is in no layer of the contract")
+
 
 def draw(out: pathlib.Path) -> None:
     import matplotlib
@@ -66,45 +80,45 @@ def draw(out: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-    n = len(LAYERS)
-    row = {l.name: i for i, l in enumerate(LAYERS)}
-    fig, ax = plt.subplots(figsize=(13, 0.95 * n + 1.6), dpi=110)
+    stack = layers()
+    n = len(stack)
+    h = 0.62                                            # a row's height
+    legend_rows = len(CALL)
+    fig_h = n * h + 1.2 + 0.17 * legend_rows
+    fig, ax = plt.subplots(figsize=(13, fig_h), dpi=110)
     ax.set_xlim(0, 13)
-    ax.set_ylim(-0.2, n + 1.0)
+    ax.set_ylim(-0.25 - 0.17 * legend_rows, n * h + 0.8)
     ax.axis("off")
-    y = lambda i: n - 1 - i + 0.1                     # noqa: E731 (row i's bottom)
+    y = lambda i: (n - 1 - i) * h + 0.05                # noqa: E731 (row i's bottom)
     colors = ["#dbe8f5", "#e6f2e0", "#fbe9d7", "#efe3f3", "#fdf3c4", "#e0eef0", "#eeeeee"]
-    for i, l in enumerate(LAYERS):
-        ax.add_patch(FancyBboxPatch((0.1, y(i)), 6.0, 0.78, boxstyle="round,pad=0.02",
-                                    fc=colors[i % len(colors)], ec="#555555", lw=0.8))
-        ax.text(0.25, y(i) + 0.52, l.name, fontsize=11, weight="bold", va="center")
-        ax.text(1.45, y(i) + 0.52, "  ".join(f.removeprefix("polycast/") + "/"
-                                              for f in l.folders),
-                fontsize=8.5, family="monospace", va="center")
-        ax.text(0.25, y(i) + 0.2, l.owns, fontsize=8, va="center", color="#333333")
-        ax.add_patch(FancyBboxPatch((6.3, y(i)), 6.6, 0.78, boxstyle="round,pad=0.02",
-                                    fc=colors[i % len(colors)], ec="none", alpha=0.35))
-    ax.text(3.1, n + 0.55, "layers (imports only go down)", ha="center", fontsize=12,
-            weight="bold")
-    ax.text(9.6, n + 0.55, "one blocking Allgather, step by step", ha="center", fontsize=12,
-            weight="bold")
-    # the call: a zig-zag across the right half, one box per step at its layer's row
+    for i, names in enumerate(stack):
+        c = colors[i % len(colors)]
+        ax.add_patch(FancyBboxPatch((0.1, y(i)), 6.0, h - 0.1, boxstyle="round,pad=0.02",
+                                    fc=c, ec="#555555", lw=0.8))
+        ax.text(0.25, y(i) + 0.37, " | ".join(names), fontsize=9, weight="bold",
+                va="center", family="monospace")
+        ax.text(0.25, y(i) + 0.14, "; ".join(WHAT.get(p, p) for p in names),
+                fontsize=7.2, va="center", color="#333333")
+        ax.add_patch(FancyBboxPatch((6.3, y(i)), 6.6, h - 0.1, boxstyle="round,pad=0.02",
+                                    fc=c, ec="none", alpha=0.35))
+    ax.text(3.1, n * h + 0.4, "layers of pyproject's import-linter contract (imports go down)",
+            ha="center", fontsize=10.5, weight="bold")
+    ax.text(9.6, n * h + 0.4, "one blocking Allgather, step by step", ha="center",
+            fontsize=10.5, weight="bold")
     xs = [6.45 + k * (6.3 / len(CALL)) for k in range(len(CALL))]
     prev = None
     for k, (s, x) in enumerate(zip(CALL, xs)):
-        yy = y(row[s.layer]) + 0.39
-        ax.text(x + 0.3, yy, f"{k + 1}", fontsize=10, weight="bold", ha="center", va="center",
-                bbox=dict(boxstyle="circle,pad=0.25", fc="white", ec="#aa3311"))
+        yy = y(layer_of(s.module, stack)) + (h - 0.1) / 2
+        ax.text(x + 0.3, yy, f"{k + 1}", fontsize=9, weight="bold", ha="center", va="center",
+                bbox=dict(boxstyle="circle,pad=0.2", fc="white", ec="#aa3311"))
         if prev is not None:
-            ax.add_patch(FancyArrowPatch(prev, (x + 0.16, yy), arrowstyle="-|>",
-                                         mutation_scale=11, color="#aa3311", lw=1.2,
-                                         shrinkA=9, shrinkB=9))
+            ax.add_patch(FancyArrowPatch(prev, (x + 0.3, yy), arrowstyle="-|>",
+                                         mutation_scale=10, color="#aa3311", lw=1.1,
+                                         shrinkA=8, shrinkB=8))
         prev = (x + 0.3, yy)
     legend = "\n".join(f"{k + 1}. {s.text}  ({s.module})" for k, s in enumerate(CALL))
     ax.text(0.1, -0.15, legend, fontsize=7.5, va="top", family="monospace")
-    fig.subplots_adjust(left=0.01, right=0.99, top=0.98, bottom=0.02)
-    fig.set_size_inches(13, 0.95 * n + 1.6 + 0.16 * len(CALL))
-    ax.set_ylim(-0.25 - 0.17 * len(CALL), n + 1.0)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.99, bottom=0.01)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, metadata={"Software": None})
     plt.close(fig)

@@ -16,9 +16,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 3
 CASES = [(m, p) for m in ("kill", "stop") for p in ("shm", "tcp", "mcast", "symm")] + [
     ("between", "shm")]
+# A stopped peer is found only when the timeout fires: the engine's wait (shm) and the
+# symmetric-memory wait stay in the README's command, TCP and multicast (the same engine
+# wait) are in the slow set.
+SLOW = {("stop", "tcp"), ("stop", "mcast")}
 
 
-@pytest.mark.parametrize("mode, path", CASES, ids=[f"{m}-{p}" for m, p in CASES])
+@pytest.mark.parametrize("mode, path", [
+    pytest.param(m, p, id=f"{m}-{p}", marks=pytest.mark.slow if (m, p) in SLOW else ())
+    for m, p in CASES])
 def test_survivors_name_the_dead_or_stopped_rank(mode, path):
     env = dict(os.environ, PYTHONPATH=REPO, POLYCAST_TIMEOUT=str(TIMEOUT_S),
                POLYCAST_TRANSPORT="tcp" if path == "tcp" else "auto")
