@@ -81,7 +81,7 @@ def run_row(name: str, path: str) -> dict:
         r = simulate(kw["collective"], kw["algorithm"], kw["nodes"], SIZE, kw["topology"],
                      link=LINK, **extra)
         out.update(sim_time_s=r.time_s, events=r.events, link_bytes=r.link_bytes,
-                   path=getattr(r, "path", "engine"))
+                   path=getattr(r, "path", "engine"), fast_mode=getattr(r, "fast_mode", ""))
     else:
         from polycast.algorithms import build
         from polycast.sim import SimConfig, Simulation
@@ -94,6 +94,7 @@ def run_row(name: str, path: str) -> dict:
         for coll, algo in (("allgather", kw["ag"]), ("reduce_scatter", kw["rs"])):
             c = Collective.parse(coll)
             scheds.append(build(c, algo, P, count_for(c, P, SIZE, 4),
+                                compact=path != "engine",
                                 **algorithm_options(c, algo, topo, {})))
         link_gbps = topo.host_link_bw * 8 / 1e9
         eng = {"line_rate_gbps": link_gbps, "pacing_gbps": pacing_gbps_for(scheds, link_gbps,
@@ -106,7 +107,7 @@ def run_row(name: str, path: str) -> dict:
         sim.run()
         out.update(sim_time_s=max(sim.completion_time(r) for r in reqs), events=sim.events,
                    link_bytes=int(round(float(sim.net.link_bytes.sum()))),
-                   path=getattr(sim, "path", "engine"))
+                   path=getattr(sim, "path", "engine"), fast_mode=getattr(sim, "fast_mode", ""))
     cpu1, rss = _rusage()
     out.update(wall_s=time.perf_counter() - t0, cpu_s=cpu1 - cpu0, peak_rss_bytes=rss)
     return out
@@ -174,7 +175,8 @@ def main(argv=None) -> int:
                          f"{r['load'][0]:.1f}/{r['load'][1]:.1f}", goal or "-",
                          r["error"][:60]])
             continue
-        rows.append([r["row"], r.get("path", "?"), round(r["wall_s"], 2), round(r["cpu_s"], 2),
+        path = r.get("path", "?") + (f" {r['fast_mode']}" if r.get("fast_mode") else "")
+        rows.append([r["row"], path, round(r["wall_s"], 2), round(r["cpu_s"], 2),
                      round(r["peak_rss_bytes"] / 2**30, 2), r["events"],
                      round(r["sim_time_s"] * 1e3, 4), f"{r['load'][0]:.1f}/{r['load'][1]:.1f}",
                      goal or "-", {True: "yes", False: "NO", None: "-"}[r["met"]]])

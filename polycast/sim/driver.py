@@ -45,15 +45,13 @@ import numpy as np
 
 from ..engine import actions as A
 from ..engine.wire import MsgKind
-from ..errors import PolycastError
+from .errors import SimulationError
 from .network import Network, same_time_bound
 
 # event kinds
 _MSG, _DGRAM, _SENDDONE, _TIMER, _KICK, _POST, _CALL = range(7)
 
 
-class SimulationError(PolycastError):
-    """The simulation could not finish: a request failed, or a bound was exceeded."""
 
 
 @dataclass

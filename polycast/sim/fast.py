@@ -35,18 +35,12 @@ import math
 import numpy as np
 
 from ..engine.wire import HEADER_NBYTES
-from ..schedule.ir import Kind
+from .errors import SimulationError
+from .fast_events import run_events
+from .fast_kinds import (ARRIVE, CHAN, COPY, DEP, FIN, MARR, MCAST, MRECV, PACE, RECV, SEND,
+                         SILENT_RTO, Refused)
 
-SEND, RECV, COPY, MCAST, MRECV, FIN = (int(Kind.SEND), int(Kind.RECV), int(Kind.COPY),
-                                       int(Kind.MCAST), int(Kind.MRECV), 5)
-DEP, ARRIVE, CHAN, PACE, MARR = range(5)       # what a graph edge carries (see _walk)
-SILENT_RTO = 3.99           # a stream later than this many rto after its MRECV started
-#                             would be pulled by the engine's recovery (mcast.SILENT_RTO_FACTOR)
 _NEG = -math.inf
-
-
-class Refused(Exception):
-    """The fast path does not cover this run; the message says why."""
 
 
 def static_refusal(loss: float = 0.0, nic=None, record: bool = False) -> str | None:
@@ -85,7 +79,6 @@ def refusal(sim) -> str | None:
 def _check_post_order(sim) -> None:
     """Members of a communicator post its requests in one order (the engines number them
     by order): the same error as the engines give, before anything runs."""
-    from .driver import SimulationError
     order: dict[int, list] = {}
     for ev in sorted(sim._heap):                    # (t, seq, _POST, endpoint, req, _)
         order.setdefault(ev[3], []).append(ev[4])
@@ -156,7 +149,6 @@ def run(sim) -> str:
     _check_post_order(sim)
     g = _Graph(sim)
     if g.nsteps > sim.cfg.max_events:
-        from .driver import SimulationError
         raise SimulationError(f"more than {sim.cfg.max_events} events; raise "
                               "SimConfig.max_events for a bigger run")
     plan = _Plan(sim, g)
@@ -169,7 +161,6 @@ def run(sim) -> str:
         plan.check_contention(times)
         plan.check_recovery(times)
     except Refused as e:
-        from .fast_events import run_events
         sim.fast_walk_refused = str(e)
         run_events(sim, plan)
         return "events"

@@ -23,8 +23,8 @@ from collections import deque
 
 import numpy as np
 
-from .driver import SimulationError
-from .fast import COPY, FIN, MCAST, MRECV, RECV, SEND, SILENT_RTO, Refused
+from .errors import SimulationError
+from .fast_kinds import COPY, FIN, MCAST, MRECV, RECV, SEND, Refused
 from .network import Network, same_time_bound
 
 _POST, _SENDDONE, _ARR, _MARR, _PACE, _KICK, _EOS = range(7)
@@ -480,4 +480,4 @@ class _EventRun:
                 from None
 
 
-__all__ = ["run_events", "SILENT_RTO"]
+__all__ = ["run_events"]
