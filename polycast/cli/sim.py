@@ -459,6 +459,10 @@ def run_fsdp(args: argparse.Namespace) -> int:
     if args.nic is not None:
         from ..models.nic import parse_nic
         nic = parse_nic(args.nic)
+        if args.shard and args.shard < args.nodes and (args.compare or get(
+                Collective.ALLGATHER, args.ag).multicast):
+            raise InvalidArgument("--nic covers multicast on the world communicator only, "
+                                  "not HSDP's shard groups (--shard)")
     timeline = bool(args.trace or args.plot)
     kw = dict(layers=args.layers,
               layer_bytes=parse_size(args.layer_bytes) if args.layer_bytes else None,
