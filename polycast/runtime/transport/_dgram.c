@@ -305,6 +305,21 @@ static int append_up(PyObject *up, const uint8_t *data, size_t n, int placed) {
     return r;
 }
 
+/* (progress, up, consumed, consumed_nbytes, duplicates, duplicate_eos) since the counts
+ * given (a recv's or feed's result); steals ``up``. */
+static PyObject *result(Placer *self, PyObject *up, unsigned long long n0,
+                        unsigned long long nb0, unsigned long long dup0,
+                        unsigned long long de0) {
+    PyObject *prog = take_progress(self);
+    if (!prog) {
+        Py_DECREF(up);
+        return NULL;
+    }
+    return Py_BuildValue("(NNKKKK)", prog, up, self->c_consumed - n0,
+                         self->c_consumed_nbytes - nb0, self->c_duplicates - dup0,
+                         self->c_duplicate_eos - de0);
+}
+
 /* Placer.feed(data): one datagram from memory (held datagrams, tests, the fuzzer). Returns
  * (progress, up, consumed, consumed_nbytes, duplicates, duplicate_eos) like recv. */
 static PyObject *Placer_feed(Placer *self, PyObject *arg) {
@@ -331,14 +346,7 @@ static PyObject *Placer_feed(Placer *self, PyObject *arg) {
         Py_XDECREF(up);
         return NULL;
     }
-    PyObject *prog = take_progress(self);
-    if (!prog) {
-        Py_DECREF(up);
-        return NULL;
-    }
-    return Py_BuildValue("(NNKKKK)", prog, up, self->c_consumed - n0,
-                         self->c_consumed_nbytes - nb0, self->c_duplicates - dup0,
-                         self->c_duplicate_eos - de0);
+    return result(self, up, n0, nb0, dup0, de0);
 }
 
 /* Placer.recv(fd, max_datagrams, linger_us=0, gap_us=0): read and handle up to max
@@ -422,14 +430,7 @@ static PyObject *Placer_recv(Placer *self, PyObject *args) {
             t0 = mono_us();
         total += n;
     }
-    PyObject *prog = take_progress(self);
-    if (!prog) {
-        Py_DECREF(up);
-        return NULL;
-    }
-    return Py_BuildValue("(NNKKKK)", prog, up, self->c_consumed - n0,
-                         self->c_consumed_nbytes - nb0, self->c_duplicates - dup0,
-                         self->c_duplicate_eos - de0);
+    return result(self, up, n0, nb0, dup0, de0);
 }
 
 static PyObject *Placer_set_gro(Placer *self, PyObject *arg) {

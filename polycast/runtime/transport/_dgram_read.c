@@ -143,6 +143,22 @@ static int note_up(Placer *p, const uint8_t *ptr, size_t len, int placed) {
     return 0;
 }
 
+/* The datagram size of message i: a GRO buffer's segment size, else its length. */
+static size_t segment_nbytes(Placer *p, int i) {
+    size_t len = p->msgs[i].msg_len;
+    if (!p->gro)
+        return len;
+    struct msghdr *mh = &p->msgs[i].msg_hdr;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c))
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+            int gs;
+            memcpy(&gs, CMSG_DATA(c), sizeof(int));
+            if (gs > 0 && (size_t)gs < len)
+                return (size_t)gs;
+        }
+    return len;
+}
+
 /* One recvmmsg batch and its handling; the datagrams to hand up are noted in p->up (valid
  * until the next batch). Returns the messages read (0: none waiting), -2 on a memory error.
  * No GIL. */
@@ -168,19 +184,9 @@ int read_batch(Placer *p, int fd, int vlen) {
     p->last_d = NULL;
     /* phase 1: landed datagrams settled; those that missed gathered out */
     for (int i = 0; i < n; i++) {
-        size_t len = p->msgs[i].msg_len, seg = len;
-        if (p->gro) {
-            struct msghdr *mh = &p->msgs[i].msg_hdr;
-            for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c))
-                if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
-                    int gs;
-                    memcpy(&gs, CMSG_DATA(c), sizeof(int));
-                    if (gs > 0 && (size_t)gs < len) {
-                        seg = (size_t)gs;
-                        p->c_gro_buffers++;
-                    }
-                }
-        }
+        size_t len = p->msgs[i].msg_len, seg = segment_nbytes(p, i);
+        if (seg < len)
+            p->c_gro_buffers++;
         if (seg && (int)((len + seg - 1) / seg) > most_segs)
             most_segs = (int)((len + seg - 1) / seg);
         if (!p->plan[i].nseg) {             /* read into its slot: placed in phase 2 */
@@ -254,17 +260,7 @@ int read_batch(Placer *p, int fd, int vlen) {
         if (p->plan[i].nseg)
             continue;
         uint8_t *buf = p->slots + (size_t)i * SLOT_NBYTES;
-        size_t len = p->msgs[i].msg_len, seg = len;
-        if (p->gro) {
-            struct msghdr *mh = &p->msgs[i].msg_hdr;
-            for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c))
-                if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
-                    int gs;
-                    memcpy(&gs, CMSG_DATA(c), sizeof(int));
-                    if (gs > 0 && (size_t)gs < len)
-                        seg = (size_t)gs;
-                }
-        }
+        size_t len = p->msgs[i].msg_len, seg = segment_nbytes(p, i);
         for (size_t off = 0; off < len; off += seg) {
             size_t m = len - off < seg ? len - off : seg;
             int r = handle_one(p, buf + off, m);
