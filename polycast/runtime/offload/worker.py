@@ -166,7 +166,7 @@ class Worker:
             for k in e.dests:
                 self.placer.hold(key + (k,), waiting)
             for _, data in e.held:             # whole datagrams (see datagram())
-                self._take(self.placer.feed(data))
+                self._take(self.placer.feed(data), hand_up=False)   # (held already)
         else:
             for h, data in e.held:
                 self._place(e, d, h, data)
@@ -216,8 +216,9 @@ class Worker:
         else:
             self._take(self.placer.feed(data))
 
-    def _take(self, got) -> None:
-        """What the helper placed (per local rank's copy of a stream) and handed up."""
+    def _take(self, got, hand_up: bool = True) -> None:
+        """What the helper placed (per local rank's copy of a stream) and handed up
+        (``hand_up`` False: a held datagram fed again, whose copies are held already)."""
         progress, up, consumed, nbytes, _ = got
         c = self.counters
         c["datagrams"] += consumed
@@ -233,8 +234,9 @@ class Worker:
                 c["placed"] += c1 - c0
             d.eos = d.eos or eos
             self.dirty.add((key, rank))
-        for data, placed in up:
-            self.datagram(data, placed)
+        if hand_up:
+            for data, placed in up:
+                self.datagram(data, placed)
 
     def datagram(self, data: bytes, placed: bool = False) -> None:
         """A datagram the helper did not consume (or, ``placed``, a copy to hold for local
@@ -339,7 +341,9 @@ class Worker:
             for comm, socks in list(self.socks.items()):
                 for sock in socks:
                     if self.placer is not None and faults is None:
-                        got = self.placer.recv(sock, READ_BATCH)
+                        # no lingering: this loop serves every root's socket and the
+                        # offload process's commands (a CLOSE holds up its rank until acked)
+                        got = self.placer.recv(sock, READ_BATCH, linger_us=0)
                         if got[2] or got[1]:
                             busy = True
                             self._take(got)
