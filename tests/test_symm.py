@@ -322,13 +322,14 @@ def _auto_suite(comm, check, leftovers) -> None:
     check("auto/slots-not-yet", st.slots is None)
     st.slot_nbytes = 1024
     # Above the slots, allgather reads peers' arrays single-copy where the rings' probes
-    # said every rank may (POLYCAST_CMA=0: never; then it stages like the rest).
+    # said every rank may (the cma=0 test hook: never; then it stages like the rest).
     from polycast.runtime.transport import cma
     world = comm._driver.world
-    may = cma.disabled_reason() is None and not world.single_copy_refused
+    may = cma.disabled_reason(None, comm.config.hooks.cma) is None \
+        and not world.single_copy_refused
     check("auto/single-copy-as-probed", st.single_copy == may,
           f"single_copy={st.single_copy}, this rank may read its peers: {may}")
-    if os.environ.get("POLYCAST_CMA") == "0":
+    if not comm.config.hooks.cma:
         check("auto/single-copy-off", not st.single_copy)
 
     def stage_nbytes() -> int:
@@ -486,19 +487,20 @@ def _auto_suite(comm, check, leftovers) -> None:
     check("no-writev/bcast", np.array_equal(buf, want) and np.array_equal(buf2, want))
     nowrite.Free()
 
-    # POLYCAST_SYMM=0: the engine's schedules, same results.
-    os.environ["POLYCAST_SYMM"] = "0"
+    # POLYCAST_SYMM=0 (a communicator made with it): the engine's schedules, same results.
+    from test_runtime_helpers import with_config
+    off = with_config(comm, symm=False)
     got = np.empty(3)
-    req = comm.Iallreduce(np.full(3, r + 1.0), got)
+    req = off.Iallreduce(np.full(3, r + 1.0), got)
     req.Wait()
     check("env-off/allreduce", "symm" not in req.desc
           and np.array_equal(got, np.full(3, P * (P + 1) / 2)), req.desc)
     got = np.empty(2 * P)
-    req = comm.Iallgather(np.full(2, float(r)), got)
+    req = off.Iallgather(np.full(2, float(r)), got)
     req.Wait()
     check("env-off/allgather", "symm" not in req.desc
           and np.array_equal(got, np.repeat(np.arange(P, dtype=float), 2)), req.desc)
-    del os.environ["POLYCAST_SYMM"]
+    off.Free()
     # An explicit algorithm name is the engine's schedule, as before.
     req = comm.Iallreduce(np.full(3, r + 1.0), got[:3], algorithm="ring")
     req.Wait()
@@ -611,21 +613,22 @@ def _needs_symm_native():
 
 
 # native: "1" the compiled barrier and small calls where built, "0" the Python fallback on
-# every rank (POLYCAST_NATIVE=0), "mixed" the fallback on rank 1 only (same layout).
+# every rank (the native=0 test hook), "mixed" the fallback on rank 1 only (same layout).
 @pytest.mark.parametrize("nranks,single_copy,native", [
     (2, "1", "1"), (3, "1", "1"), (4, "1", "1"), (3, "0", "1"), (3, "1", "0"),
     pytest.param(3, "1", "mixed", marks=_needs_symm_native())])
 def test_symm_auto_staged_plain_arrays(nranks, single_copy, native, tmp_path):
     """``auto`` on one host runs ordinary arrays through a staging symmetric buffer (large
-    allgathers single-copy, unless POLYCAST_CMA=0), with the compiled helper, without, and
-    with one rank without it."""
+    allgathers single-copy, unless the cma=0 test hook), with the compiled helper, without,
+    and with one rank without it."""
     before = _symm_files()
     prof = _symm_first_profile(tmp_path / "profile.json")
     results = spawn_ranks(nranks, [HERE, "--suite", "auto"],
                           env={"POLYCAST_TIMEOUT": "20", "POLYCAST_PROFILE": prof,
-                               "POLYCAST_CMA": single_copy,
-                               "POLYCAST_NATIVE": "0" if native == "0" else "1"},
-                          per_rank={1: {"POLYCAST_NATIVE": "0"}} if native == "mixed" else None,
+                               "POLYCAST_TEST_HOOKS":
+                                   f"cma={single_copy},native={int(native != '0')}"},
+                          per_rank={1: {"POLYCAST_TEST_HOOKS": f"cma={single_copy},native=0"}}
+                          if native == "mixed" else None,
                           timeout=120)
     for res in results:
         assert res.returncode == 0 and SUITE_OK in res.out, (

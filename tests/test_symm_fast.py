@@ -8,7 +8,7 @@ allgather, symm_empty arrays), and a rank that calls differently while
 its peers take it makes EVERY rank raise (MismatchError, or InvalidArgument on the rank
 whose arguments are bad), never a hang or wrong data. Waits stay bounded (a silent or dead
 peer: CollectiveTimeout / PeerLost naming it). Runs compiled, with the Python fallback on
-every rank (POLYCAST_NATIVE=0: never armed) and mixed (rank 1 Python).
+every rank (the native=0 test hook: never armed) and mixed (rank 1 Python).
 
 Run as a rank: ``python tests/test_symm_fast.py --suite fast|hang|death``."""
 
@@ -45,7 +45,7 @@ def _rank_main(suite: str) -> int:
     def uses() -> int:
         return B.compiled.stats()["fast"] if B.compiled is not None else 0
 
-    native = os.environ.get("POLYCAST_NATIVE") != "0" and B.compiled is not None
+    native = comm.config.hooks.native and B.compiled is not None
 
     def counted(name: str, before: int, n: int) -> None:
         """This rank's fast path ran exactly n calls since ``before`` (none in Python)."""
@@ -304,8 +304,9 @@ def _run(nranks, suite, tmp_path, native="1", timeout_s="10", script=HERE):
     """``script --suite suite`` as ``nranks`` ranks (``native`` "mixed": rank 1 in Python)."""
     results = spawn_ranks(nranks, [script, "--suite", suite],
                           env={"POLYCAST_TIMEOUT": timeout_s, "POLYCAST_PROFILE": _profile(
-                              tmp_path), "POLYCAST_NATIVE": "0" if native == "0" else "1"},
-                          per_rank={1: {"POLYCAST_NATIVE": "0"}} if native == "mixed" else None,
+                              tmp_path), "POLYCAST_TEST_HOOKS": f"native={int(native != '0')}"},
+                          per_rank={1: {"POLYCAST_TEST_HOOKS": "native=0"}} if native == "mixed"
+                          else None,
                           timeout=120)
     return results
 

@@ -36,7 +36,7 @@ def _rank_main(suite: str) -> int:
     P, r = comm.size, comm.rank
     failures: list[str] = []
     checks = 0
-    native = os.environ.get("POLYCAST_NATIVE") != "0" and B.compiled is not None
+    native = comm.config.hooks.native and B.compiled is not None
 
     def check(name: str, ok: bool, detail: str = "") -> None:
         nonlocal checks
@@ -120,11 +120,10 @@ def _rank_main(suite: str) -> int:
     check("refuse/nonblocking", np.array_equal(out.reshape(P, N)[:, 0],
                                                7.0 + np.arange(P, dtype=np.float32)))
     check("refuse/explicit-algorithm", allgather(30, algorithm="ring"))
-    os.environ["POLYCAST_SYMM"] = "0"
-    try:
-        check("refuse/POLYCAST_SYMM=0", allgather(31))
-    finally:
-        del os.environ["POLYCAST_SYMM"]
+    from test_runtime_helpers import with_config
+    off = with_config(comm, symm=False)         # POLYCAST_SYMM=0: the engine's schedules
+    check("refuse/POLYCAST_SYMM=0", allgather(31, off))
+    off.Free()
     counted("refuse/none-counted", before, 0)
     before = stat("single")
     check("refuse/then-fast-again", allgather(32))

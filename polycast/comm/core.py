@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from .. import environ
+from .. import config as _config
 from .. import ops as _ops
 from ..algorithms import build
 from ..collectives import Collective
@@ -27,9 +27,6 @@ _SYMM_STAGED = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCE_SC
                 Collective.BROADCAST)
 _NO_BUFFER = np.empty(0, np.uint8)
 _UINT8 = np.dtype(np.uint8)
-# The variables a call's derived values depend on (read per call: tests set them live).
-_ENV_NCHUNKS = "POLYCAST_NCHUNKS"
-_ENV_DEBUG = "POLYCAST_DEBUG"          # set: every call takes the full path (it logs)
 _CALLS_MAX = 256
 # MPI.UNDEFINED: a Split color for "not in any new communicator" (and Waitany's "none")
 from ..runtime.driver.request import UNDEFINED  # noqa: E402
@@ -39,8 +36,12 @@ class CommCore:
     """Identity, schedule cache, posting, Split/Dup/Free (see :class:`polycast.Comm`)."""
 
     def __init__(self, driver: Driver, comm_id: int, members: list[int],
-                 timeout_seconds: float, mcast_error: str | None = None) -> None:
+                 timeout_seconds: float, mcast_error: str | None = None,
+                 config: _config.Config | None = None) -> None:
+        """``config``: the communicator's settings (polycast.config), taken once when its
+        job was joined and kept: the environment is not read again."""
         self._driver = driver
+        self.config = config if config is not None else _config.current()
         self.id = comm_id
         self.members = members
         self.rank = members.index(driver.rank)
@@ -100,7 +101,8 @@ class CommCore:
                 # agreed(): no rank may finish a call another rank refused (see
                 # polycast.schedule.guard), so rooted schedules get an entry barrier.
                 sched = agreed(build(coll, algo, P, count, root=root, nchunks=nchunks,
-                                     counts=counts))
+                                     counts=counts,
+                                     max_schedule_nbytes=self.config.max_schedule_nbytes))
                 self._schedules[key] = sched
                 if len(self._schedules) > 64:
                     self._schedules.popitem(last=False)
@@ -117,13 +119,13 @@ class CommCore:
         dt = dtype if dtype is not None else (
             send.dtype if send is not None else (recv.dtype if recv is not None else _UINT8))
         # What the call derives from its arguments (root check, op, algorithm, pipelining,
-        # schedule, dtype) depends only on them, this communicator and the variables in
-        # the key: a repeated call takes it from the memo. An entry is keyed by every
+        # schedule, dtype) depends only on them and this communicator (its configuration is
+        # fixed): a repeated call takes it from the memo. An entry is keyed by every
         # argument that can change the answer, so it never serves a call that differs.
+        # Under POLYCAST_DEBUG every call takes the full path (it logs).
         key = None
-        if type(count) is int and type(root) is int and environ.raw(_ENV_DEBUG) is None:
-            key = (coll, count, root, op, algorithm, dt, self.mcast_error,
-                   environ.raw(environ.algorithm_var(coll)), environ.raw(_ENV_NCHUNKS))
+        if type(count) is int and type(root) is int and not self.config.debug_level:
+            key = (coll, count, root, op, algorithm, dt, self.mcast_error)
             try:
                 hit = self._calls.get(key)
             except TypeError:                   # an unhashable argument: the full path
@@ -151,13 +153,13 @@ class CommCore:
         nbytes = coll.total_elements(self.size, count) * dt.itemsize
         algo = self.choose_algorithm(coll, nbytes, algorithm)
         sched = self._schedule(coll, algo, count, root if coll.rooted else 0, nbytes)
-        if choice.debug_level():
+        asked = (algorithm or self.config.algorithm(coll) or "auto").lower()
+        if self.config.debug_level:
             choice.log(self, coll, nbytes, algo, sched.options.get("nchunks", 1),
                        auto=algo == choice.plan(self, coll, nbytes, False).algorithm
-                       and not (algorithm or environ.algorithm(coll)))
+                       and asked == "auto")
         # A multicast algorithm asked for without multicast falls back with a warning on
         # every call: not memoized, so the warning stays.
-        asked = (algorithm or environ.algorithm(coll) or "auto").lower()
         memo = asked == "auto" or asked == algo
         return sched, dt.itemsize, dtype_name(dt), opname, memo
 
@@ -186,7 +188,7 @@ class CommCore:
             return
         coll, algorithm = key[0], key[1]
         if algorithm is None or algorithm.lower() == "auto":
-            if not (_routing.auto_disabled() or not _routing._members_on_one_host(self)):
+            if self.config.symm and _routing._members_on_one_host(self):
                 return
         elif algorithm.lower() == _routing.NAME:
             return
@@ -199,21 +201,16 @@ class CommCore:
                 and (send is recv or np.shares_memory(send, recv)):
             return                      # aliased (taken as IN_PLACE): the full path's
         make = getattr(self._driver, "direct_call", None)
-        if make is None or environ.raw(_ENV_DEBUG) is not None:
+        if make is None or self.config.debug_level:
             return
-        names = [_ENV_DEBUG, environ.algorithm_var(coll), _ENV_NCHUNKS]
-        if algorithm is None:
-            names.append("POLYCAST_SYMM")
-        env = [(environ.key(n), environ.raw(n)) for n in names]
         kept = self._direct.setdefault(key, [])
         dt = (recv if recv is not None else send).dtype if (recv is not None
                                                              or send is not None) else None
         sizes = (-1 if send is None else send.size, -1 if recv is None else recv.size)
         for dc in kept:     # kept already (its calls are refused: arrays it cannot take)
-            if dc.dtype is dt and (dc.nsend, dc.nrecv) == sizes and dc.env == tuple(env) \
-                    and dc.schedule is shape[0]:
+            if dc.dtype is dt and (dc.nsend, dc.nrecv) == sizes and dc.schedule is shape[0]:
                 return
-        dc = make(self.id, shape, send, recv, env, self.timeout_seconds)
+        dc = make(self.id, shape, send, recv, self.timeout_seconds)
         if dc is not None:
             kept.insert(0, dc)
             del kept[4:]                # a few sizes a key; the newest first
@@ -323,9 +320,12 @@ class CommCore:
         self.Barrier()      # every member makes the child in the same order
         return self._make_child(self._child_id("dup"), list(self.members))
 
-    def _make_child(self, comm_id: int, members: list[int]) -> "Comm":
+    def _make_child(self, comm_id: int, members: list[int], config=None) -> "Comm":
+        """A new communicator of ``members`` on this one's driver, with this one's settings
+        (or ``config``: tests make one with other settings so)."""
         err = self._driver.add_comm(comm_id, members)
-        return type(self)(self._driver, comm_id, members, self.timeout_seconds, err)
+        return type(self)(self._driver, comm_id, members, self.timeout_seconds, err,
+                          config if config is not None else self.config)
 
     def Free(self) -> None:
         if self._freed:

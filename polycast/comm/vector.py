@@ -43,7 +43,6 @@ import zlib
 
 import numpy as np
 
-from .. import environ
 from .. import ops as _ops
 from ..algorithms import algorithms, get
 from ..collectives import Collective
@@ -159,7 +158,7 @@ class VectorCollectives:
                           ) -> tuple[str, int]:
         """(algorithm, nchunks) of a vector call of ``nbytes`` (S): the one asked for, which
         must have a vector form, or the planner's choice among those that have one."""
-        name = (algorithm or environ.algorithm(coll) or "auto").lower()
+        name = (algorithm or self.config.algorithm(coll) or "auto").lower()
         if name != "auto":
             if "counts" not in get(coll, name).options:
                 raise InvalidArgument(
@@ -190,7 +189,7 @@ class VectorCollectives:
         collective step, since a rank whose arguments failed is not here to take it. The
         padded path then agrees on the counts first through the engine, where such a
         rank's refusal is seen (the symmetric-memory path does not see it)."""
-        if environ.get(environ.algorithm_var(coll), "auto").lower() != "auto" \
+        if (self.config.algorithm(coll) or "auto") != "auto" \
                 or self.__dict__.get("_symm_state") is None:
             return False
         P, it = self.size, np.dtype(dtype).itemsize

@@ -25,10 +25,8 @@ user's symmetric buffers (:func:`polycast.dispatch.routing.wanted`).
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 
-from .. import environ
 from ..algorithms import build, get, supported
 from ..collectives import Collective
 from ..errors import PolycastError
@@ -67,7 +65,7 @@ def fabric(comm, symm: bool):
         transport = "shm" if kinds <= {"shm"} else "tcp"
         fab = local_fabric(single_host=one, transport=transport,
                            multicast=one and comm.mcast_error is None, symm=symm,
-                           prof=_profile.load() if one else None)
+                           prof=_profile.load(_profile.default_path(comm.config)) if one else None)
         comm.__dict__[key] = fab
     return fab
 
@@ -99,7 +97,7 @@ def plan(comm, coll: Collective, nbytes: int, symm: bool):
 def choose_algorithm(comm, coll: Collective, nbytes: int, algorithm: str | None) -> str:
     """The engine schedule a call of ``nbytes`` (S) would use. Under ``auto`` on one host,
     calls of ordinary arrays may take the symm path first (:func:`symm_wins`)."""
-    name = algorithm or environ.algorithm(coll) or "auto"
+    name = algorithm or comm.config.algorithm(coll) or "auto"
     name = name.lower()
     P = comm.size
     ok = comm._supported.get(coll)
@@ -125,13 +123,9 @@ def choose_algorithm(comm, coll: Collective, nbytes: int, algorithm: str | None)
 def pipeline_nchunks(comm, coll: Collective, algo: str, nbytes: int) -> int:
     """How finely ``algo`` is pipelined for a call of ``nbytes`` (S): the planner's depth
     for ``auto``'s choice, and the planner's best depth for an algorithm asked by name."""
-    forced = os.environ.get("POLYCAST_NCHUNKS")
+    forced = comm.config.nchunks
     if forced:
-        try:
-            return max(1, int(forced))
-        except ValueError:
-            raise PolycastError(f"POLYCAST_NCHUNKS={forced!r} is not a positive integer") \
-                from None
+        return forced
     c = plan(comm, coll, nbytes, symm=False)
     if c.algorithm == algo:
         return c.nchunks
@@ -154,13 +148,10 @@ def symm_wins(comm, coll: Collective, nbytes: int) -> bool:
     return plan(comm, coll, nbytes, symm=True).algorithm == "symm"
 
 
-debug_level = _debug.level
-
-
 def log(comm, coll: Collective, nbytes: int, algorithm: str, nchunks: int,
         auto: bool) -> None:
     """POLYCAST_DEBUG: the choice of this call (INFO once per size class, TRACE always)."""
-    lvl = _debug.level()
+    lvl = comm.config.debug_level
     if not lvl:
         return
     detail = "asked for"

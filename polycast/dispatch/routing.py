@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import environ
 from ..collectives import Collective
 from ..errors import CollectiveTimeout, PeerLost, PolycastError
 from ..runtime.transport.shm import shm_available
@@ -24,10 +23,10 @@ def wanted(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
     (the user opted in by allocating them so; every rank must do the same): the source of
     reduce-scatter, the source or the whole recvbuf of allgather, the recvbuf of
     allreduce."""
-    name = (algorithm or environ.algorithm(coll) or "auto").lower()
+    name = (algorithm or comm.config.algorithm(coll) or "auto").lower()
     if name == NAME:
         return True
-    if name != "auto" or auto_disabled():
+    if name != "auto" or not comm.config.symm:
         return False
     st = comm.__dict__.get("_symm_state")
     if st is None or st.usable_reason or st.bar.broken or comm.size < 2:
@@ -40,15 +39,6 @@ def wanted(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
     if coll is Collective.ALLREDUCE:
         return st.find(recvbuf) is not None
     return False
-
-
-_SYMM_OFF = ("0", "false", "no", "off")
-
-
-def auto_disabled() -> bool:
-    """POLYCAST_SYMM=0 (or false/no/off): ``auto`` never takes symmetric memory."""
-    got = environ.get("POLYCAST_SYMM")
-    return got is not None and got.strip().lower() in _SYMM_OFF
 
 
 _STAGED = (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLREDUCE,
@@ -83,14 +73,14 @@ def route(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
     """Which symm path a call takes: SYMM (``algorithm="symm"``, or ``auto`` with the
     user's symmetric buffers: :func:`wanted`), STAGED (``auto`` with ordinary arrays on
     one host: :func:`auto_staged`), or None (the engine). One function, so the common case
-    reads the environment twice, not four times (measured: 12 -> ~4 us a call)."""
-    name = algorithm or environ.algorithm(coll) or "auto"
+    reads little per call (measured: 12 -> ~4 us a call)."""
+    name = algorithm or comm.config.algorithm(coll) or "auto"
     if name == NAME:
         return SYMM
     name = name.lower()
     if name == NAME:
         return SYMM
-    if name != "auto" or auto_disabled():
+    if name != "auto" or not comm.config.symm:
         return None
     st = comm.__dict__.get("_symm_state")
     # (without a symm_empty allocation no buffer can be symmetric: skip looking)
@@ -150,8 +140,8 @@ def auto_staged(comm, coll: Collective, algorithm: str | None, buf,
     the call's size (``nbytes``, S; else ``buf``'s) is faster there than on the engine."""
     if algorithm is not None and algorithm.lower() != "auto":
         return False
-    env = environ.algorithm(coll)
-    if env and env.lower() != "auto" or auto_disabled():
+    asked = comm.config.algorithm(coll)
+    if asked and asked != "auto" or not comm.config.symm:
         return False
     if nbytes is None and isinstance(buf, np.ndarray) and buf.size:
         nbytes = buf.nbytes

@@ -77,6 +77,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, replace
 
+from ..config import current
 from ..errors import InvalidArgument, UnknownName
 from ..units import parse_frequency, parse_size
 
@@ -278,7 +279,7 @@ def bf3_dpa() -> NicModel:
 def load_host_python(path: str | None = None) -> dict:
     """The measured host-python data (``bench/nic.py`` writes it), or the built-in fallback
     when the file is missing or malformed."""
-    path = path or os.environ.get("POLYCAST_NIC_HOST_FILE") or HOST_PYTHON_FILE
+    path = path or current().nic_host_file or HOST_PYTHON_FILE
     try:
         with open(path) as fh:
             data = json.load(fh)

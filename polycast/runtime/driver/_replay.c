@@ -421,7 +421,7 @@ static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double 
 }
 
 /* ``limit``: stop once that many steps are done (< 0: no limit); the tests interrupt a
- * replay at every step this way (POLYCAST_REPLAY_STEP_LIMIT). */
+ * replay at every step this way (the replay_step_limit test hook). */
 static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double wait_s,
                       double spin_s, double spin_wall_s, int can_futex, int limit,
                       const char **held, Remote *const *remote, uint64_t *cseq,

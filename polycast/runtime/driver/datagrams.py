@@ -17,6 +17,7 @@ import itertools
 import selectors
 import time
 
+from ...config import Config
 from ..transport import faults as _faults
 from ..transport.mcast import MulticastUnavailable, drop_own_datagrams, open_group
 
@@ -36,8 +37,13 @@ class _Group:
 class MulticastIO:
     """One multicast socket per communicator; selector keys are ``("mcast", comm_id)``."""
 
-    def __init__(self, sel: selectors.BaseSelector, on_datagram) -> None:
+    def __init__(self, sel: selectors.BaseSelector, on_datagram, cfg: Config | None = None
+                 ) -> None:
+        """``cfg``: the job's settings (the multicast interface, POLYCAST_FAULTS)."""
+        cfg = cfg if cfg is not None else Config()
         self._sel = sel
+        self._interface = cfg.mcast_interface or None
+        self._faults_spec = cfg.faults
         self._on_datagram = on_datagram
         self._groups: dict[int, _Group] = {}
         self._paced: list = []                  # (not_before, n, comm id, datagram)
@@ -48,13 +54,13 @@ class MulticastIO:
     def open(self, comm_id: int, job_id: str, single_host: bool, own_rank: int) -> str | None:
         """Join the communicator's group; returns why multicast is unavailable, or None."""
         try:
-            sock, addr = open_group(job_id, comm_id, single_host)
+            sock, addr = open_group(job_id, comm_id, single_host, self._interface)
         except MulticastUnavailable as exc:
             return str(exc)
         drop_own_datagrams(sock, own_rank)
         if not self._faults_read:
             self._faults_read = True
-            self.faults = _faults.from_env(own_rank)
+            self.faults = _faults.parse(self._faults_spec, own_rank)
         self._sel.register(sock, selectors.EVENT_READ, ("mcast", comm_id))
         self._groups[comm_id] = _Group(sock, addr)
         return None

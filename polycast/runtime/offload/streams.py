@@ -43,7 +43,7 @@ class RootSenderIO(MulticastIO):
 
     def open(self, comm_id: int, job_id: str, single_host: bool, own_rank: int) -> str | None:
         try:
-            sock, addr = open_sender(job_id, comm_id, own_rank, single_host)
+            sock, addr = open_sender(job_id, comm_id, own_rank, single_host, self._interface)
         except MulticastUnavailable as exc:
             return str(exc)
         # registered like a group socket: MulticastIO flips write interest when blocked

@@ -17,10 +17,10 @@ YIELD_SECONDS, then sleeps on the first missing peer's slot with a futex (:mod:`
 A rank that
 publishes a slot wakes the futex when a peer has said it sleeps (its SLEEP slot). A
 wake-up lost to a store/load reordering between those two costs one SLEEP_CHECK_SECONDS
-sleep, never a hang. Without futexes (not Linux, POLYCAST_FUTEX=0) it naps instead.
+sleep, never a hang. Without futexes (not Linux, the futex=0 test hook) it naps instead.
 
 The compiled helper (``_symm*.c``, its parts listed in ``_symm.h``; built by pip where a C
-compiler exists; POLYCAST_NATIVE=0 turns it off) runs the same protocol with release/acquire
+compiler exists; the native=0 test hook turns it off) runs the same protocol with release/acquire
 ordering and fenced sleep flags: the publish, the poll/yield/sleep of a wait (returning to
 this module's loop every SLEEP_CHECK_SECONDS at most, so the deadline and dead peers are
 still checked), and whole small slotted calls (:meth:`EpochBarrier.run_small`). Its layout
@@ -77,11 +77,13 @@ if compiled is not None and not hasattr(compiled.Barrier, "reduce_scatter"):
 K_ALLREDUCE, K_BCAST, K_ALLGATHER, K_REDUCE_SCATTER = 0, 1, 2, 3
 
 
-def describe() -> str:
-    """One line for POLYCAST_DEBUG=INFO and ``polycast doctor``."""
-    if compiled is not None:
+def describe(hooks=None) -> str:
+    """One line for POLYCAST_DEBUG=INFO and ``polycast doctor`` (``hooks``: the job's test
+    hooks, whose native=0 turns the compiled helper off)."""
+    if compiled is not None and (hooks is None or hooks.native):
         return "symm barrier and small calls: compiled (polycast.runtime.symm._symm)"
-    return f"symm barrier and small calls: pure Python ({compiled_why_not})"
+    return ("symm barrier and small calls: pure Python "
+            f"({compiled_why_not or 'test hook native=0'})")
 
 
 def _cores() -> int:
@@ -120,12 +122,13 @@ class EpochBarrier:
         # :mod:`.queue`).
         self.spin_seconds = SPIN_SECONDS
         self.yield_seconds = YIELD_SECONDS
-        self.use_futex = ctrl is not None and futex.available()
+        hooks = comm.config.hooks
+        self.use_futex = ctrl is not None and hooks.futex and futex.available()
         self._waitsets: dict = {}           # (rank, slot) -> futex.WaitSet on that slot
         # The compiled hot path (None: this module's Python); it holds the control blocks'
         # addresses, so it is dropped when they are unmapped (SymmState.free).
         self.native = None
-        if ctrl is not None and compiled is not None:
+        if ctrl is not None and compiled is not None and hooks.native:
             self.native = compiled.Barrier(self.rank, [c.__array_interface__["data"][0]
                                                        for c in ctrl])
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import mmap
 import os
-import sys
 
 import numpy as np
 
@@ -55,7 +54,8 @@ class SymmState:
         self.auto_refused: str | None = None
         # Whether every rank may read every other rank's memory (process_vm_readv: the
         # probes the rings made at connect time), the same answer everywhere.
-        got = comm.allgather((host_id(), _reads_every_peer(comm), cma.can_write()))
+        got = comm.allgather((host_id(comm.config.host_id), _reads_every_peer(comm),
+                              cma.can_write()))
         hosts = [h for h, _, _ in got]
         self.single_copy = all(ok for _, ok, _ in got)
         # and every rank may write every other (a broadcast root's share: .single.bcast)
@@ -78,9 +78,8 @@ class SymmState:
         self._ctrl_maps = maps
         self.bar = EpochBarrier(comm, [np.ndarray((CTRL_NBYTES // 8,), np.uint64, m, 0)
                                        for m in maps])
-        if debug.level() >= 1:
-            print(f"[rank {comm.rank}] polycast INFO {describe()}", file=sys.stderr,
-                  flush=True)
+        if comm.config.debug_level >= debug.INFO:
+            debug.info(comm.rank, describe(comm.config.hooks))
 
     # -- allocation -----------------------------------------------------------------------
     def alloc(self, shape, dtype) -> np.ndarray:
@@ -174,10 +173,10 @@ class SymmState:
 
 def _reads_every_peer(comm) -> bool:
     """Whether this rank may read every member's memory single-copy (runtime/transport/cma.py: the
-    probe each shm ring's reader made of its writer at connect time; POLYCAST_CMA=0 says
-    no)."""
+    probe each shm ring's reader made of its writer at connect time; the cma=0 test hook
+    says no)."""
     world = getattr(comm._driver, "world", None)
-    if world is None or cma.disabled_reason() is not None:
+    if world is None or cma.disabled_reason(None, comm.config.hooks.cma) is not None:
         return False
     for w in comm.members:
         if w == world.rank:

@@ -25,12 +25,8 @@ descriptor per call was a fifth of a small call's Python."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 
-from ... import environ
 from ... import debug
 from ...collectives import Collective, ReduceOp
 from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
@@ -170,9 +166,7 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> No
     (:meth:`.barrier.EpochBarrier.fast_off` is called when either happens)."""
     bar, comm = st.bar, st.comm
     native = bar.native
-    store = getattr(os.environ, "_data", None)
     if (native is None or bar.broken or st.nuser or st.auto_refused or st.growing
-            or os.name != "posix" or type(store) is not dict
             or st.slots is None and not cma):
         return
     kind, _, what, sig, codes, root, _ = entry
@@ -181,26 +175,23 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> No
         if not native.armed:
             from ...buffers import IN_PLACE
             q = st.queue
-            native.arm(np.ndarray, IN_PLACE, store, b"POLYCAST_SYMM", q._run_lock.acquire,
-                       q._run_lock.release, q._jobs, bar.spin_seconds, bar.yield_seconds,
-                       bar.use_futex)
-            if debug.level() >= 1:
-                print(f"[rank {comm.rank}] polycast INFO symm: repeated calls of a kept "
-                      "shape (small ones; large Allgather and Bcast single-copy) take the "
-                      "compiled one-call path", file=sys.stderr,
-                      flush=True)
-        env_key = os.fsencode(environ.algorithm_var(_FAST_KINDS[kind]))
+            native.arm(np.ndarray, IN_PLACE, q._run_lock.acquire, q._run_lock.release,
+                       q._jobs, bar.spin_seconds, bar.yield_seconds, bar.use_futex)
+            if comm.config.debug_level >= debug.INFO:
+                debug.info(comm.rank, "symm: repeated calls of a kept shape (small ones; "
+                           "large Allgather and Bcast single-copy) take the compiled "
+                           "one-call path")
         if cma:
             native.set_pids(st.pids)
-            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, env_key, True)
+            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, True)
         elif kind == K_BCAST:
-            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, env_key)
+            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what)
         elif key[-1]:               # in place: allreduce only
             if kind == K_ALLREDUCE:
-                native.add(kind, nbytes, key[2], key[3], 1, sig, *codes, what, env_key)
+                native.add(kind, nbytes, key[2], key[3], 1, sig, *codes, what)
         else:
             native.add(kind, nbytes, key[2], None if kind == K_ALLGATHER else key[3], 0,
-                       sig, *codes, what, env_key)
+                       sig, *codes, what)
     except (TypeError, ValueError):     # e.g. an op given as an object: the Python path
         return
     comm._symm_fast = native

@@ -26,7 +26,7 @@ every wait so a wake-up lost to a memory-ordering race costs milliseconds, never
 Two implementations of the per-frame work share this layout: the compiled helper
 (:mod:`polycast.runtime.transport.native`, ``_ring.c``: release/acquire atomics on HEAD/TAIL, a full fence
 in the two flag-then-check handshakes, small frames parsed in C) and this module's Python, the
-fallback (``POLYCAST_NATIVE=0``, or no compiler at install). A writer of one kind and a reader of
+fallback (the ``native=0`` test hook, or no compiler at install). A writer of one kind and a reader of
 the other interoperate; pieces of large messages and pinned payload views stay in Python.
 """
 
@@ -56,7 +56,6 @@ CMA_UNKNOWN, CMA_YES, CMA_NO = 0, 1, 2
 _U32 = 0xFFFFFFFF
 SLEEP_SELECT, SLEEP_FUTEX = 1, 2       # READER_SLEEPING: how the sleeping reader waits
 ALIGN = 16
-DEFAULT_RING_NBYTES = 8 << 20
 # Payloads up to this size are copied out of the ring at once (a 8-byte allreduce's
 # messages): cheaper than pinning the frame behind a view with a weakref finalizer.
 COPY_OUT_NBYTES = 4096
@@ -95,10 +94,13 @@ def shm_available() -> bool:
     return shm_unavailable_reason() is None
 
 
-def rings_unavailable_reason() -> str | None:
+def rings_unavailable_reason(native: bool | None = None) -> str | None:
     """Why this process cannot run the shm rings between ranks, or None when it can: the
-    compiled rings need only a writable /dev/shm; the Python ones x86-64's store order too."""
-    if _native.ring is None:
+    compiled rings need only a writable /dev/shm; the Python ones x86-64's store order too.
+    ``native``: whether the compiled rings are to be used (default: when loaded)."""
+    if native is None:
+        native = _native.ring is not None
+    if not native:
         return shm_unavailable_reason()
     if not (os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)):
         return f"{SHM_DIR} is not a writable directory"
