@@ -37,6 +37,7 @@ from __future__ import annotations
 import operator
 import time
 
+from ...config import Hooks
 from ...engine.early import holding
 from ...errors import PolycastError
 from ...schedule.ir import Kind
@@ -86,8 +87,11 @@ def _held_payloads(held: list) -> list:
     return out
 
 
-def unavailable_reason(hooks) -> str | None:
-    """Why calls are not replayed in a process with these test hooks, or None."""
+def unavailable_reason(hooks=None) -> str | None:
+    """Why calls are not replayed in a job with these test hooks (default: none set), or
+    None."""
+    if hooks is None:
+        hooks = Hooks()
     if not hooks.replay:
         return "the replay=0 test hook"
     if not hooks.native:
