@@ -542,8 +542,8 @@ def read_var(var: str, env: Mapping[str, str] | None = None):
     the processes it starts."""
     env = os.environ if env is None else env
     f = _BY_VAR[var]
-    text = env.get(var, "")
-    if text == "" and f.name not in ("hooks", "secret"):
+    text = env.get(var)
+    if text is None or text == "" and f.name not in ("hooks", "secret"):
         return f.default
     try:
         return f.metadata["parse"](text)

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ...config import Config
+from ...config import Config, current
 from ...errors import InvalidArgument, OffloadLost, PolycastError
 from ...memory import Buffers, buffers_used
 from ..driver.request import Request
@@ -347,9 +347,11 @@ def _start_server(job: JobEnv, name: bytes, workers: int) -> subprocess.Popen:
     return proc
 
 
-def attach(job: JobEnv, cfg: Config) -> OffloadClient:
+def attach(job: JobEnv, cfg: Config | None = None) -> OffloadClient:
     """Join the job through the host's offload process (started here by local rank 0),
-    under the rank's settings ``cfg`` (the offload process runs its engines with them)."""
+    under the rank's settings ``cfg`` (default: read now; the offload process runs its
+    engines with them)."""
+    cfg = cfg if cfg is not None else current(rank=job.rank)
     check_platform()
     why = shm_unavailable_reason()
     if why:
