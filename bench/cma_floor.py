@@ -194,7 +194,7 @@ def _rank(args) -> None:
                     # The compiled helper runs a repeated large allgather or broadcast whole,
                     # copies and barriers, where these wrappers cannot time its parts: each
                     # timed call is made to take the Python path, which does the same copies.
-                    st = comm.__dict__.get("_symm_state")
+                    st = comm._dispatch.symm
                     if st is not None:
                         st.bar.fast_off()
                 if coll is Collective.ALLGATHER:

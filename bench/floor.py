@@ -179,7 +179,7 @@ def rank_job(argv: list[str]) -> None:
         acc: dict[str, list] = {}
         replay = d._comms[0].replay
         from polycast.runtime.driver.direct import DirectCall
-        directs = [dc for key, kept in comm._direct.items() for dc in kept
+        directs = [dc for key, kept in comm._dispatch.direct.items() for dc in kept
                    if key[0].value == "allreduce"]
         direct_before = sum(dc.whole for dc in directs)
         objs = {"engine": d._comms[0].engine, "driver": d, "peers": d.peers,

@@ -1,4 +1,4 @@
-"""The communicator's per-call memo (CommCore._post): a repeated call takes what it derives
+"""The communicator's per-call memo (Dispatch.post): a repeated call takes what it derives
 (schedule, pipelining, dtype, op) from the memo, and an entry never serves a call whose
 arguments differ from the one that made it. The communicator's settings (polycast.config)
 are fixed when it is made, so they are not part of the key."""
@@ -27,7 +27,7 @@ def _comm(monkeypatch, tmp_path, env: dict | None = None, **kw):
     env = {"POLYCAST_PROFILE": str(tmp_path / "none.json"), **(env or {})}  # built-in model
     comm = Comm(_FakeDriver(), 0, [0, 1, 2, 3], 60.0, config=config.load(env), **kw)
     posted = []
-    comm._post_built = lambda sched, send, recv, itemsize, dtname, opname, after: \
+    comm._dispatch.post_built = lambda sched, send, recv, itemsize, dtname, opname, after=None: \
         posted.append((sched.collective, sched.algorithm, sched.count, sched.root,
                        sched.options.get("nchunks", 1), itemsize, dtname, opname)) or sched
     return comm, posted
@@ -74,9 +74,9 @@ def test_memo_never_serves_a_call_that_differs(monkeypatch, tmp_path, env):
         fresh, fresh_posted = _comm(monkeypatch, tmp_path, env)
         want = _outcome(fresh, fresh_posted, *args)
         for _ in range(rnd.choice([1, 2])):         # a repeat is served by the memo
-            before = dict(comm._calls)
+            before = dict(comm._dispatch.calls)
             assert _outcome(comm, posted, *args) == want, (i, args)
-            seen_hits += comm._calls == before and len(before) > 0 \
+            seen_hits += comm._dispatch.calls == before and len(before) > 0 \
                 and isinstance(want[0], Collective)
     assert seen_hits > 50           # the memo was used, not just filled
 
@@ -127,11 +127,11 @@ def test_memo_checks_what_it_keys(monkeypatch, tmp_path):
 
 
 def test_memo_is_bounded(monkeypatch, tmp_path):
-    from polycast.comm import core
+    from polycast.dispatch import call as core
     comm, posted = _comm(monkeypatch, tmp_path)
     for n in range(1, 3 * core._CALLS_MAX):
         _post(comm, posted, Collective.ALLGATHER, n, 0, None, "ring", np.dtype("uint8"))
-        assert len(comm._calls) <= core._CALLS_MAX
+        assert len(comm._dispatch.calls) <= core._CALLS_MAX
 
 
 def test_multicast_fallback_warns_on_every_call(monkeypatch, tmp_path):

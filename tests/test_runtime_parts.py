@@ -453,9 +453,12 @@ def test_auto_symm_is_not_offered_without_total_store_order(monkeypatch):
 
     class _Comm:
         _driver = type("D", (), {"world": _World()})()
-    assert routing._members_on_one_host(_Comm())
+
+    def dispatch():
+        return type("Dispatch", (), {"comm": _Comm(), "one_host": None})()
+    assert routing.members_on_one_host(dispatch())
     monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")
-    assert not routing._members_on_one_host(_Comm())
+    assert not routing.members_on_one_host(dispatch())
 
 
 def test_datagram_size_follows_the_interface_mtu(monkeypatch):

@@ -130,7 +130,7 @@ def _rank_main(suite: str) -> int:
     # naming the requirement, and auto does not pick it.
     import polycast.runtime.symm as symm
     real_host = symm.shared.host_id
-    symm.shared.host_id = lambda: f"host{r}"
+    symm.shared.host_id = lambda override="": f"host{r}"
     multi = comm.Dup()
     try:
         multi.symm_empty(4, np.float32)
@@ -318,7 +318,7 @@ def _auto_suite(comm, check, leftovers) -> None:
     sizes = []
     # Small slots, so that the counts below take both forms: calls up to 1 KiB per rank
     # in the two alternating slots (one barrier), larger ones in the staging segment.
-    st = symm.state(comm, create=True)
+    st = comm._dispatch.symm_state(create=True)
     check("auto/slots-not-yet", st.slots is None)
     st.slot_nbytes = 1024
     # Above the slots, allgather reads peers' arrays single-copy where the rings' probes
@@ -333,7 +333,7 @@ def _auto_suite(comm, check, leftovers) -> None:
         check("auto/single-copy-off", not st.single_copy)
 
     def stage_nbytes() -> int:
-        st = symm.state(comm)
+        st = comm._dispatch.symm
         return st.stage.nbytes if st is not None and st.stage is not None else 0
 
     # Increasing counts: 0 and 1 element, non-powers of two, and allreduce above
@@ -389,7 +389,7 @@ def _auto_suite(comm, check, leftovers) -> None:
                 comm.Allreduce(polycast.IN_PLACE, inout, op=op)
                 check(f"{tag}/{op}/allreduce-inplace", np.array_equal(inout, want))
         sizes.append(stage_nbytes())
-    st = symm.state(comm)
+    st = comm._dispatch.symm
     check("auto/small-kept", bool(st.small) == (st.bar.native is not None),
           f"{len(st.small)} kept, compiled helper {st.bar.native is not None}")
     # The staging buffer grew with the calls, to powers of two covering the largest one,
@@ -398,14 +398,14 @@ def _auto_suite(comm, check, leftovers) -> None:
     # (reduce-scatter of int64.) With single copy every collective above the slots reads
     # (or writes) the peers' arrays and nothing stages: the buffer never grows.
     need = 20001 * 8 * P
-    if symm.state(comm).single_copy:
+    if comm._dispatch.symm.single_copy:
         check("auto/single-copy-no-growth", len(set(sizes)) == 1 and sizes[0] < need,
               str(sizes))
     else:
         check("auto/grew", sizes == sorted(sizes) and sizes[0] < sizes[-1], str(sizes))
         check("auto/grew-pow2", sizes[-1] >= need and sizes[-1] & (sizes[-1] - 1) == 0
               and sizes[-1] < 2 * need, f"{sizes[-1]} for {need}")
-    st = symm.state(comm)
+    st = comm._dispatch.symm
     check("auto/one-stage", st.stage in st.segments and st.slots in st.segments
           and len(st.segments) == 2, str(len(st.segments)))
 
@@ -436,7 +436,7 @@ def _auto_suite(comm, check, leftovers) -> None:
     # k // P elements of every other rank's buffer while they read the rest (P does not
     # divide k). Counted, so a call that quietly took the pipeline fails here.
     from polycast.runtime.symm import BCAST_CHUNK_NBYTES
-    st = symm.state(comm)
+    st = comm._dispatch.symm
     k = 3 * BCAST_CHUNK_NBYTES // 8 + 7
     for root, rep in ((P - 1, 0), (0, 1)):
         want = np.arange(k, dtype=np.int64) * 3 + 1 + rep
@@ -480,7 +480,7 @@ def _auto_suite(comm, check, leftovers) -> None:
         cma_mod._writev = real_writev
     buf2 = want.copy() if r == 1 % P else np.zeros(k, np.int64)
     nowrite.Bcast(buf2, 1 % P)
-    st2 = symm.state(nowrite)
+    st2 = nowrite._dispatch.symm
     check("no-writev/agreed", st2 is not None and not st2.single_copy_writes
           and st2.single_copy_calls["bcast"] == 0 or P == 1,
           f"writes={getattr(st2, 'single_copy_writes', None)}")
@@ -509,7 +509,7 @@ def _auto_suite(comm, check, leftovers) -> None:
     # Ranks on different hosts (host ids faked for a fresh communicator): the first auto
     # call finds out and every call takes the engine.
     real_host = symm.shared.host_id
-    symm.shared.host_id = lambda: f"host{r}"
+    symm.shared.host_id = lambda override="": f"host{r}"
     multi = comm.Dup()
     try:
         got = np.empty(2 * P)

@@ -8,7 +8,6 @@ import threading
 
 from .. import config
 from ..errors import InvalidArgument
-from ..runtime import symm as _symm
 from ..runtime.driver import Driver
 from .communicator import Comm
 
@@ -93,7 +92,7 @@ def close_comm(comm: Comm) -> None:
     symmetric memory and stop its progress thread (each step does nothing the second
     time)."""
     comm._freed = True
-    _symm.free(comm)
+    comm._dispatch.free()
     comm._driver.close()
 
 

@@ -170,7 +170,7 @@ class VectorCollectives:
     def _vector_plan(self, coll: Collective, nbytes: int) -> tuple[str, int, float]:
         """The planner's (algorithm, nchunks, estimated seconds) among the algorithms with
         a vector form, per power-of-two size class (as choice.plan: every rank the same)."""
-        cache = self.__dict__.setdefault("_vector_choices", {})
+        cache = self._dispatch.plans.vector
         k = nbytes.bit_length()
         key = (coll, k, self.mcast_error is None)
         hit = cache.get(key)
@@ -190,7 +190,7 @@ class VectorCollectives:
         padded path then agrees on the counts first through the engine, where such a
         rank's refusal is seen (the symmetric-memory path does not see it)."""
         if (self.config.algorithm(coll) or "auto") != "auto" \
-                or self.__dict__.get("_symm_state") is None:
+                or self._dispatch.symm is None:
             return False
         P, it = self.size, np.dtype(dtype).itemsize
         padded = P * max(counts) * it
@@ -211,9 +211,9 @@ class VectorCollectives:
         dt = (send if send is not None else recv).dtype
         nbytes = _vector_elements(coll, P, counts) * dt.itemsize
         algo, nchunks = self._vector_algorithm(coll, nbytes, algorithm)
-        sched = self._built(coll, algo, 0, root, nchunks, counts)
-        return self._post_built(sched, send, recv, dt.itemsize, dtype_name(dt), opname,
-                                after)
+        d = self._dispatch
+        sched = d.schedule(coll, algo, 0, root, nchunks, counts)
+        return d.post_built(sched, send, recv, dt.itemsize, dtype_name(dt), opname, after)
 
     # -- Allgatherv --------------------------------------------------------------------
     def Iallgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:

@@ -39,17 +39,19 @@ import time
 
 import numpy as np
 
+from ...collectives import Collective
 from ...errors import PolycastError
 from .request import Request
 
 _NDARRAY = np.ndarray
 _DONE = 0
+_TWO, _BCAST, _BARRIER = "two arrays", "broadcast", "barrier"     # call() by collective
 
 
 class DirectCall:
     """One kept call shape of one communicator (see the module docstring)."""
 
-    __slots__ = ("d", "cs", "rp", "ent", "schedule", "itemsize", "dtname", "op", "dtype",
+    __slots__ = ("d", "cs", "rp", "ent", "schedule", "itemsize", "dtname", "op", "kind", "dtype",
                  "nsend", "nrecv", "tmp", "rank", "timeout_seconds", "inline_ok",
                  "whole", "adopted")
 
@@ -57,6 +59,9 @@ class DirectCall:
                  tmp_nelems: int | None, inline_ok: bool = True) -> None:
         self.d, self.cs, self.rp, self.ent = driver, cs, cs.replay, ent
         self.schedule, self.itemsize, self.dtname, self.op = shape
+        coll = self.schedule.collective
+        self.kind = _BCAST if coll is Collective.BROADCAST else \
+            _BARRIER if coll is Collective.BARRIER else _TWO
         arr = recv if recv is not None else send
         self.dtype = arr.dtype if arr is not None else None
         self.nsend = -1 if send is None else send.size
@@ -70,26 +75,25 @@ class DirectCall:
         self.whole = 0                      # calls run whole here (tests, benchmarks)
         self.adopted = 0                    # ... begun here, finished by the engine
 
-    # -- per collective: the arguments' check, then run ------------------------------------
-    def allreduce(self, send, recv, nonblocking: bool = False):
+    # -- the arguments' check, then run -----------------------------------------------------
+    def call(self, send, recv, root, nonblocking: bool = False):
+        """The call as the dispatch hands it over (polycast.dispatch.call): an allreduce,
+        allgather or reduce-scatter's two arrays (the counts kept tell them apart), a
+        broadcast's buffer (``recv``) and ``root``, or a barrier's nothing."""
+        kind = self.kind
+        if kind is _BARRIER:
+            return self.run(None, None, False, nonblocking)
+        dt = self.dtype
+        if kind is _BCAST:
+            if type(recv) is not _NDARRAY or recv.dtype is not dt or recv.size != self.nrecv:
+                return False
+            return self.run(recv if root == self.rank else None, recv, False, nonblocking)
         if type(send) is not _NDARRAY or type(recv) is not _NDARRAY:
             return False
-        dt = self.dtype
         if send.dtype is not dt or recv.dtype is not dt or send.size != self.nsend \
                 or recv.size != self.nrecv:
             return False
         return self.run(send, recv, True, nonblocking)
-
-    allgather = reduce_scatter = allreduce      # the counts kept tell the forms apart
-
-    def bcast(self, buf, is_root: bool, nonblocking: bool = False):
-        if type(buf) is not _NDARRAY or buf.dtype is not self.dtype \
-                or buf.size != self.nrecv:
-            return False
-        return self.run(buf if is_root else None, buf, False, nonblocking)
-
-    def barrier(self, nonblocking: bool = False):
-        return self.run(None, None, False, nonblocking)
 
     # -- the call ---------------------------------------------------------------------------
     def run(self, send, recv, disjoint: bool, nonblocking: bool = False):

@@ -133,6 +133,7 @@ PyObject *Bar_allreduce(Bar *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Bar_allgather(Bar *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Bar_reduce_scatter(Bar *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Bar_bcast(Bar *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Bar_call(Bar *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Bar_finish_pending(Bar *self, PyObject *noargs);
 PyObject *Bar_drop_pending(Bar *self, PyObject *noargs);
 PyObject *Bar_last(Bar *self, PyObject *noargs);

@@ -356,3 +356,30 @@ PyObject *Bar_last(Bar *self, PyObject *noargs) {
     if (!f || !f->last_what) Py_RETURN_NONE;
     return Py_BuildValue("KO", f->last_e, f->last_what);
 }
+
+/* call(kind, sendbuf, recvbuf, op or root, nonblocking): the one entry the dispatch uses
+ * (polycast/dispatch/call.py), as allreduce(sendbuf, recvbuf, op), bcast(recvbuf, root),
+ * allgather(sendbuf, recvbuf) or reduce_scatter(sendbuf, recvbuf, op) by kind. */
+PyObject *Bar_call(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "call(kind, sendbuf, recvbuf, op_or_root, nonblocking)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    if (kind == -1 && PyErr_Occurred()) return NULL;
+    PyObject *a[4];
+    switch (kind) {
+    case K_ALLREDUCE:
+    case K_REDUCE_SCATTER:
+        a[0] = args[1]; a[1] = args[2]; a[2] = args[3]; a[3] = args[4];
+        return kind == K_ALLREDUCE ? Bar_allreduce(self, a, 4) : Bar_reduce_scatter(self, a, 4);
+    case K_ALLGATHER:
+        a[0] = args[1]; a[1] = args[2]; a[2] = args[4];
+        return Bar_allgather(self, a, 3);
+    case K_BCAST:
+        a[0] = args[2]; a[1] = args[3]; a[2] = args[4];
+        return Bar_bcast(self, a, 3);
+    }
+    Py_RETURN_FALSE;
+}

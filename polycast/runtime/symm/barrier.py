@@ -67,7 +67,7 @@ MAX_NAP_SECONDS = 1e-3
 # The compiled helper, or None and why not (chosen once, at import).
 compiled, compiled_why_not = native.load("polycast.runtime.symm._symm",
                                          "the futex and slot layout")
-if compiled is not None and not hasattr(compiled.Barrier, "reduce_scatter"):
+if compiled is not None and not hasattr(compiled.Barrier, "call"):
     # A helper built from an older _symm.c (an in-place build not redone after an update):
     # its layout is the same, its methods are not; the Python protocol runs instead.
     compiled, compiled_why_not = None, ("the built helper is older than its source (rebuild: "
@@ -128,6 +128,10 @@ class EpochBarrier:
         # The compiled hot path (None: this module's Python); it holds the control blocks'
         # addresses, so it is dropped when they are unmapped (SymmState.free).
         self.native = None
+        # The compiled helper while it keeps repeated calls (staged._keep_fast arms it): the
+        # dispatch hands a call to it first.
+        self.fast = None
+        self.queue = None           # the state's job queue (SymmState sets it)
         if ctrl is not None and compiled is not None and hooks.native:
             self.native = compiled.Barrier(self.rank, [c.__array_interface__["data"][0]
                                                        for c in ctrl])
@@ -173,9 +177,9 @@ class EpochBarrier:
             self.fast_off()
 
     def fast_off(self) -> None:
-        """Stop the one-call fast path (comm -> the compiled helper) of this communicator:
-        every call takes the Python path again, which decides afresh."""
-        self.comm.__dict__.pop("_symm_fast", None)
+        """Stop the one-call fast path (dispatch -> the compiled helper) of this
+        communicator: every call takes the Python path again, which decides afresh."""
+        self.fast = None
         if self._native is not None:
             self._native.disarm()
 
@@ -223,7 +227,7 @@ class EpochBarrier:
             except PolycastError as exc:
                 req._finish(exc)
             return req
-        return comm._symm_state.queue.submit(lambda: self.fast_rest(got), req, small=True)
+        return self.queue.submit(lambda: self.fast_rest(got), req, small=True)
 
     def publish(self, slot: int, value: int) -> None:
         """Store ``value`` in our ``slot`` (after the data: TSO) and wake peers sleeping on

@@ -29,7 +29,8 @@ SLOT_NBYTES = 1 << 20
 
 
 class SymmState:
-    """The symmetric memory of one communicator: allocations and the barrier block."""
+    """The symmetric memory of one communicator: allocations and the barrier block. Its
+    communicator's dispatch makes and holds it (polycast.dispatch.call.Dispatch.symm)."""
 
     def __init__(self, comm) -> None:
         self.comm = comm
@@ -73,11 +74,13 @@ class SymmState:
         if why:
             self.usable_reason = why
             self.bar = EpochBarrier(comm, None)
+            self.bar.queue = self.queue
             return
         maps = _map_collectively(comm, CTRL_NBYTES, "ctrl")
         self._ctrl_maps = maps
         self.bar = EpochBarrier(comm, [np.ndarray((CTRL_NBYTES // 8,), np.uint64, m, 0)
                                        for m in maps])
+        self.bar.queue = self.queue
         if comm.config.debug_level >= debug.INFO:
             debug.info(comm.rank, describe(comm.config.hooks))
 
@@ -192,34 +195,3 @@ def _pids(comm) -> list[int]:
     """The process id of every member, by communicator rank (ours: our own)."""
     world = comm._driver.world
     return [os.getpid() if w == world.rank else world.peers[w].pid for w in comm.members]
-
-
-def state(comm, create: bool = False) -> SymmState | None:
-    st = comm.__dict__.get("_symm_state")
-    if st is None and create:
-        # Making the state runs object allgathers on this communicator: they must take the
-        # engine, not the auto symm path that would make the state again.
-        comm._symm_creating = True
-        try:
-            st = comm._symm_state = SymmState(comm)
-        finally:
-            comm._symm_creating = False
-    return st
-
-
-def alloc(comm, shape, dtype=np.float32) -> np.ndarray:
-    """See :meth:`polycast.comm.Comm.symm_empty`."""
-    if comm._freed:
-        raise InvalidArgument(f"{comm!r} was freed")
-    return state(comm, create=True).alloc(shape, dtype)
-
-
-def free(comm) -> None:
-    st = comm.__dict__.pop("_symm_state", None)
-    if st is not None:
-        st.free()
-
-
-def is_symmetric(comm, arr) -> bool:
-    st = state(comm)
-    return st is not None and st.find(arr) is not None
