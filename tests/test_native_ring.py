@@ -272,3 +272,22 @@ def test_forced_shm_with_a_rank_that_cannot_run_rings_fails_on_every_rank():
         "ranks [1] cannot run the shm rings" in results[0].err, results[0].err[-2000:]
     assert results[1].returncode != 0 and \
         "x86-64 store ordering" in results[1].err, results[1].err[-2000:]
+
+
+def test_one_ring_layout_read_by_both_sides(tmp_path):
+    """ring_layout.h is the one definition: the Python rings take their offsets from it, the
+    compiled helper was built from it, and a header that says otherwise than the build makes
+    the Python rings run instead of a stale helper."""
+    from polycast.runtime.transport import frames, layout, shm
+    L = layout.LAYOUT
+    assert (shm.CTRL_NBYTES, shm.HEAD, shm.TAIL, shm.DATA_BELL, shm.SPACE_BELL, shm.ALIGN,
+            shm.KIND_WRAP) == (L["CTRL_NBYTES"], L["SLOT_HEAD"], L["SLOT_TAIL"],
+                               L["SLOT_DATA_BELL"], L["SLOT_SPACE_BELL"], L["ALIGN"],
+                               L["KIND_WRAP"])
+    assert frames.PREFIX_NBYTES == L["PREFIX_NBYTES"] and frames.KIND_CMA == L["KIND_CMA"]
+    if native.ring is not None:
+        assert native.ring.LAYOUT == {k: L[k] for k in native.ring.LAYOUT}
+    other = tmp_path / "ring_layout.h"
+    other.write_text(open(layout._HEADER).read().replace("#define CTRL_NBYTES 256",
+                                                         "#define CTRL_NBYTES 512"))
+    assert layout._read(str(other))["CTRL_NBYTES"] == 512

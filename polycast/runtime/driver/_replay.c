@@ -47,7 +47,6 @@
 #define MAX_STEPS 64
 #define MAX_SLOTS 16
 #define HEADER_NBYTES 44
-#define SLEEP_FUTEX 2           /* shm.SLEEP_FUTEX: the reader waits on the data counter */
 #define YIELD_RAN_OTHERS 10e-6  /* a yield longer than this ran another task (progress.py) */
 /* The longest futex sleep before looking again. Another sleeper of this process (the
  * progress thread, runtime/driver/progress.py) sets and clears the rings' sleeping flag
@@ -64,8 +63,6 @@ struct waitv {                  /* the kernel's struct futex_waitv */
 #define WAKE_ALL (1 << 30)      /* driver/peers.py WAKE_ALL */
 /* Single-copy frames (runtime/transport/frames.py, runtime/transport/cma.py): a descriptor "<QQQ" (seq,
  * address, nbytes) followed by the engine header; an acknowledgement, the "<Q" seqs read. */
-#define KIND_CMA (KIND_BASE + 5)
-#define KIND_CMA_DONE (KIND_BASE + 6)
 #define DESC_NBYTES 24
 #define F_PULL 0x04             /* wire.F_PULL: a DATA its receiver reads when it wants */
 

@@ -30,6 +30,14 @@ def load(module: str, layout: str):
 
 
 ring, why_not = load("polycast.runtime.transport._ring", "the ring layout")
+if ring is not None:
+    from .layout import LAYOUT
+    _built = getattr(ring, "LAYOUT", {})
+    if not _built or any(LAYOUT[k] != v for k, v in _built.items()):
+        # Built from another ring_layout.h (an in-place build not redone after an update):
+        # the Python rings run, which read the header as it is.
+        ring, why_not = None, ("the built helper's ring layout differs from ring_layout.h "
+                               "(rebuild: python setup.py build_ext --inplace)")
 
 
 def in_use(hooks) -> bool:
