@@ -82,6 +82,20 @@ def run_soak(ranks: int, calls: int, outstanding: int, max_count: int, seed: int
     return out
 
 
+def _series_run(directory: str) -> dict:
+    """A run's resident-memory series as written by its ranks (``--series-dir``)."""
+    series, path = {}, "numpy"
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".jsonl"):
+            continue
+        path, _, rank = name[:-len(".jsonl")].rpartition("-rank-")
+        with open(os.path.join(directory, name)) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        series[int(rank)] = [(c, b / 2**20, t, {k: v / 2**20 for k, v in m.items()})
+                             for c, b, t, m in rows]
+    return {"path": path, "ranks": len(series), "faults": "", "rss_series": series}
+
+
 def plot_rss(runs: list, path: str, load) -> None:
     """Resident memory of every rank over the calls, one panel per path."""
     import matplotlib
@@ -93,15 +107,16 @@ def plot_rss(runs: list, path: str, load) -> None:
     fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 3.6), squeeze=False)
     for ax, x in zip(axes[0], shown):
         for rank, series in sorted(x["rss_series"].items(), key=lambda kv: int(kv[0])):
-            ax.plot([c for c, *_ in series], [m for _, m, *_ in series], label=f"rank {rank}")
+            ax.plot([c / 1000 for c, *_ in series], [m for _, m, *_ in series],
+                    label=f"rank {rank}")
         ax.set_title(f"{x['path']} path, {x['ranks']} ranks"
                      f"{', faults' if x['faults'] else ''}")
-        ax.set_xlabel("calls")
+        ax.set_xlabel("calls (thousands)")
         ax.set_ylabel("resident MiB")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"bench/soak.py: resident memory after warm-up (load {load[0]:.1f})",
-                 fontsize=9)
+    fig.suptitle("bench/soak.py: resident memory after warm-up"
+                 + (f" (load {load[0]:.1f} at the start)" if load else ""), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
@@ -129,7 +144,15 @@ def main(argv=None) -> int:
     ap.add_argument("--series-dir", help="each rank appends its samples here as it goes "
                                          "(JSON lines; kept if the run is cut short)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "soak.json"))
+    ap.add_argument("--from-series", metavar="DIR", action="append", default=[],
+                    help="only draw --plot from the samples ranks wrote to DIR (--series-dir "
+                         "of an earlier run, finished or cut short); repeatable")
     args = ap.parse_args(argv)
+    if args.from_series:
+        if not args.plot:
+            ap.error("--from-series draws a figure: give --plot FILE")
+        plot_rss([_series_run(d) for d in args.from_series], args.plot, None)
+        return 0
     try:
         ranks = [int(x) for x in args.ranks.split(",")]
     except ValueError:
@@ -169,7 +192,7 @@ def main(argv=None) -> int:
             top = ", ".join(f"{g['bytes'] / 1024:+.0f} KiB at {g['where'][-1]}" for g in grew[:3])
             print(f"  {x['path']} P={x['ranks']} rank {rank} Python growth, second half: {top}")
     if args.plot:
-        plot_rss(runs, args.plot, load)
+        plot_rss(runs, args.plot, load)           # the load when the runs started
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"bench": "soak", "args": vars(args), "load_before": load,

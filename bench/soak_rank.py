@@ -167,6 +167,8 @@ def main() -> None:
     # Warm-up: every collective x algorithm once, so what is opened lazily (connections,
     # multicast groups, scratch) is open before the first measurement.
     warmed = 0
+    # (the torch path's engine group is a communicator of its own: warmed alike)
+    comms = [comm] + ([torch_path.groups["engine"].comm] if torch_path is not None else [])
     for coll in Collective:
         for algo in supported(coll, P):
             if mcast or not get(coll, algo).multicast:
@@ -175,8 +177,9 @@ def main() -> None:
                 send = np.ones(coll.buffer_counts(P, count)[0], np.float32)
                 if coll in (Collective.REDUCE, Collective.GATHER) and r != 0:
                     recv = None
-                call(comm, coll, send, recv, 0, "sum", algo)
-                warmed += 1
+                for c in comms:
+                    call(c, coll, send, recv, 0, "sum", algo)
+                    warmed += 1
         # the planner's choice at the largest sizes (symmetric memory's slabs by size class)
         for count in ([0] if coll is Collective.BARRIER else
                       sorted({P, args.max_count // 16 or 1, args.max_count})):
@@ -188,12 +191,12 @@ def main() -> None:
     if args.tracemalloc:
         import tracemalloc
         tracemalloc.start(8)
-    start = {"rss_bytes": rss_bytes(), "fds": open_fds(), "calls": 0, "t": time.monotonic()}
-    samples = [(0, start["rss_bytes"], 0.0, malloc_bytes())]
-    series = None
+    series = None          # opened before the first count of descriptors
     if os.environ.get("SOAK_SERIES_DIR"):
         series = open(os.path.join(os.environ["SOAK_SERIES_DIR"],
                                    f"{args.path}-rank-{r}.jsonl"), "w")
+    start = {"rss_bytes": rss_bytes(), "fds": open_fds(), "calls": 0, "t": time.monotonic()}
+    samples = [(0, start["rss_bytes"], 0.0, malloc_bytes())]
     mid = None
     snap_mid = None
     t0 = time.monotonic()

@@ -170,6 +170,8 @@ class Hooks:
     1/0). Not for users: the defaults are what polycast is."""
 
     native: bool = _hook(True, "the compiled shared-memory ring hot path (when built)")
+    dgram: bool = _hook(True, "the compiled multicast datagram path (when built): reads, "
+                              "checks and places received chunks in C")
     replay: bool = _hook(True, "the compiled replay of repeated calls")
     cma: bool = _hook(True, "single-copy reads between local ranks (process_vm_readv)")
     cma_pull: bool = _hook(True, "large local messages pulled by the receiver (else RTS/CTS)")

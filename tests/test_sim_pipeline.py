@@ -303,7 +303,9 @@ def test_cli_fsdp_bad_input_is_one_line_before_work(capsys, tmp_path):
                        (["--layers", "0"], "--layers must be"),
                        (["--trace", str(tmp_path / "t.txt")], "--trace"),
                        (["--plot", str(tmp_path / "no" / "p.png")], "does not exist"),
-                       (["--optimizer", "fast"], "cannot parse time")]:
+                       (["--optimizer", "fast"], "cannot parse time"),
+                       (["--shard", "4", "--ag", "mcast", "--nic", "bf3-dpa"],
+                        "world communicator only")]:
         assert main(["sim", "fsdp", "-n", "8", *argv]) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and text in err, (argv, err)

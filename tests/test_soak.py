@@ -34,3 +34,32 @@ def test_mixed_collectives_under_faults_are_exact_and_leak_nothing(tmp_path):
         inj = run["injected"]
         assert inj["lost"] > 0 and inj["reordered"] > 0, inj
         assert run["recovered_bytes"] > 0
+
+
+@pytest.mark.slow                   # a soak, through torch.distributed
+def test_torch_path_soak_is_exact_and_samples_memory(tmp_path):
+    """The same draws through torch.distributed on polycast groups (auto and an engine
+    group): exact results, resident memory sampled every 100 calls and drawn."""
+    pytest.importorskip("torch")
+    out, series = tmp_path / "soak.json", tmp_path / "series"
+    series.mkdir()
+    env = dict(os.environ, PYTHONPATH=REPO)
+    res = subprocess.run([sys.executable, os.path.join(REPO, "bench", "soak.py"), "--calls",
+                          "300", "--ranks", "2", "--path", "torch", "--faults", "",
+                          "--max-count", "4096", "--sample-every", "100", "--series-dir",
+                          str(series), "--timeout", "200", "--out", str(out)],
+                         capture_output=True, text=True, timeout=260, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run, = json.loads(out.read_text())["runs"]
+    assert "error" not in run, run.get("error")
+    assert run["path"] == "torch" and run["failed"] == 0, run["per_rank"][0]["failed"]
+    assert run["fds_growth"] == 0, run
+    assert all(x["calls"] == 300 for x in run["per_rank"])
+    for rank in range(2):
+        s = run["rss_series"][str(rank)] if str(rank) in run["rss_series"] \
+            else run["rss_series"][rank]
+        calls = [c for c, *_ in s]       # a sample where a batch (1-8 calls) crosses N*100
+        assert len(calls) == 5 and calls[0] == 0 and calls[-2:] == [300, 300], calls
+        assert [c // 100 for c in calls[1:3]] == [1, 2], calls
+        lines = (series / f"torch-rank-{rank}.jsonl").read_text().splitlines()
+        assert len(lines) == 3                     # written as the run went

@@ -336,9 +336,11 @@ class OffloadClient:
 
 
 # -- attaching ------------------------------------------------------------------------------
-def _start_server(job: JobEnv, name: bytes, workers: int) -> subprocess.Popen:
+def _start_server(job: JobEnv, name: bytes, workers: int, hooks) -> subprocess.Popen:
+    from ..transport import dgram
     cfg = {"socket": name.hex(), "local_size": job.local_size,
-           "timeout": job.timeout_seconds, "workers": workers}
+           "timeout": job.timeout_seconds, "workers": workers,
+           "dgram": dgram.in_use(hooks)}     # the receive workers' datagram path (test hook)
     proc = subprocess.Popen([sys.executable, "-m", "polycast.runtime.offload.server"],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             start_new_session=True)
@@ -361,7 +363,7 @@ def attach(job: JobEnv, cfg: Config | None = None) -> OffloadClient:
     _faults.parse(cfg.faults)   # a bad POLYCAST_FAULTS here, not as a worker dying at start
     name = socket_name(job.master_addr, job.master_port)
     deadline = time.monotonic() + job.timeout_seconds
-    server = _start_server(job, name, workers) if job.local_rank == 0 else None
+    server = _start_server(job, name, workers, cfg.hooks) if job.local_rank == 0 else None
     sock = None
     made: list = []
     try:

@@ -406,7 +406,7 @@ def main() -> int:
         return 0
     try:
         if int(cfg.get("workers", 0)) > 0:
-            server.workers = Workers(int(cfg["workers"]))
+            server.workers = Workers(int(cfg["workers"]), cfg.get("dgram", True))
         server.serve()
     finally:
         server.close()
