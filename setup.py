@@ -1,5 +1,6 @@
 """Builds the optional compiled helpers: the shared-memory rings' (polycast/runtime/transport/_ring.c,
-with the compiled replay of a memoized small call, polycast/runtime/driver/_replay.c)
+with the compiled replay of a memoized small call, polycast/runtime/driver/_replay.c), the
+multicast datagram path's (polycast/runtime/transport/_dgram*.c, parts listed in _dgram.h)
 and the symm barrier's and kept calls' (polycast/runtime/symm/_symm*.c, parts listed in
 _symm.h).
 
@@ -19,6 +20,14 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
                                   "polycast/runtime/driver/_replay.c"],
                                  depends=["polycast/runtime/transport/_ring.h"],
                                  extra_compile_args=["-O2", "-std=gnu11"], optional=True))
+    # The multicast datagram path (recvmmsg/GRO, sendmmsg/GSO, placement, BLAKE2b MACs).
+    dgram = "polycast/runtime/transport/_dgram"
+    ext_modules.append(Extension("polycast.runtime.transport._dgram",
+                                 [f"{dgram}{part}.c" for part in ("", "_blake2b", "_place",
+                                                                  "_read", "_send")],
+                                 depends=[f"{dgram}.h"],
+                                 extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
+                                 optional=True))
     symm = "polycast/runtime/symm/_symm"
     ext_modules.append(Extension("polycast.runtime.symm._symm",
                                  [f"{symm}{part}.c" for part in ("", "_wait", "_fold", "_slots",

@@ -1,6 +1,9 @@
-"""Fuzz the wire parser, the rendezvous store's protocol and the engine's message handling
-with N random and mutated inputs each (issue 14 item 5; CI runs a reduced, hypothesis-driven
-form in tests/test_fuzz.py with the same invariants, tests/fuzz_targets.py).
+"""Fuzz the wire parser, the rendezvous store's protocol, the engine's message handling and
+the compiled datagram helper's parser and placement (``dgram``; ``dgram-asan``: the same
+with the helper built with AddressSanitizer at bench time, so a read or write outside a
+buffer aborts the run) with N random and mutated inputs each (issues 14 and 29; CI runs a
+reduced, hypothesis-driven form in tests/test_fuzz.py and tests/test_dgram.py with the same
+invariants, tests/fuzz_targets.py).
 
     python bench/fuzz.py                 # 100,000 inputs per target
     python bench/fuzz.py --inputs 2000   # quick
@@ -104,23 +107,107 @@ def fuzz_engine(n: int, seed: int) -> dict:
             "drops at the victim": dict(drops.most_common(12))}
 
 
+def fuzz_dgram(n: int, seed: int) -> dict:
+    """The compiled datagram helper's parser and placement against the Python reference
+    (tests/fuzz_targets.py DgramTarget), half the inputs under a secret."""
+    from polycast.runtime.transport import dgram
+    if not dgram.available():
+        return {"inputs": 0, "skipped": f"the datagram helper is not built: {dgram.why_not}"}
+    rng = random.Random(seed)
+    outcomes: collections.Counter = collections.Counter()
+    for secret in (None, ft.SECRET):
+        target = ft.DgramTarget(secret)
+        corpus = target.corpus(rng)
+        for i in range(n // 2):
+            if i % 500 == 0:
+                target.reset()
+            r = rng.random()
+            if r < 0.05:
+                data = rng.randbytes(rng.randint(0, 120))
+            elif r < 0.25:
+                data = rng.choice(corpus)       # genuine: placed, then duplicates
+            else:
+                data = ft.mutate(rng, rng.choice(corpus), corpus)
+            outcomes[("secret " if secret else "") + target.check(data)] += 1
+    # Landing (datagrams read straight into their predicted place) over a real socket:
+    # streams shuffled, duplicated and corrupted, every buffer exact.
+    landed = runs = 0
+    for k in range(max(2, n // 5000)):
+        secret = ft.SECRET if k % 2 else None
+        order, gso, streams = (("shuffle", False, 1), ("shuffle", True, 2), ("dups", False, 1),
+                               ("dups", True, 2), ("inorder", False, 1))[k % 5]
+        exact, c = ft.landing_run(secret, order, gso, streams, seed=seed + k)
+        if not exact:
+            raise AssertionError(f"landing run {k} ({order}, gso={gso}, streams={streams}, "
+                                 f"secret={bool(secret)}, seed {seed + k}) not exact: {c}")
+        landed += c["landed"]
+        runs += 1
+    return {"inputs": n // 2 * 2, "outcomes": dict(outcomes.most_common()),
+            "landing runs (socket, exact)": runs, "landed": landed}
+
+
+def fuzz_dgram_asan(n: int, seed: int) -> dict:
+    """The same target with the helper built with AddressSanitizer (cc at bench time), in a
+    child process with libasan preloaded: any out-of-bounds read or write aborts it."""
+    import shutil
+    import subprocess
+    import sysconfig
+    import tempfile
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return {"inputs": 0, "skipped": "no C compiler"}
+    lib = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                         text=True).stdout.strip()
+    if not lib or not os.path.isabs(lib) or not os.path.exists(lib):
+        return {"inputs": 0, "skipped": "no libasan for this compiler"}
+    root = os.path.dirname(HERE)
+    base = os.path.join(root, "polycast", "runtime", "transport", "_dgram")
+    srcs = [f"{base}{part}.c" for part in ("", "_blake2b", "_place", "_read", "_send")]
+    with tempfile.TemporaryDirectory(prefix="polycast-asan-") as tmp:
+        pkg = os.path.join(tmp, "asan")
+        os.makedirs(pkg)
+        so = os.path.join(pkg, "_dgram" + sysconfig.get_config_var("EXT_SUFFIX"))
+        build = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-g", "-std=gnu11",
+                                "-fsanitize=address", "-fno-omit-frame-pointer",
+                                f"-I{sysconfig.get_paths()['include']}", *srcs, "-o", so],
+                               capture_output=True, text=True)
+        if build.returncode != 0:
+            return {"inputs": 0, "skipped": f"the ASan build failed: {build.stderr[-300:]}"}
+        code = ("import sys; sys.path.insert(0, %r); import _dgram; "
+                "from polycast.runtime.transport import dgram; dgram._dgram = _dgram; "
+                "sys.path.insert(0, %r); import fuzz; import json; "
+                "print('ASAN ' + json.dumps(fuzz.fuzz_dgram(%d, %d)))"
+                % (pkg, HERE, n, seed))
+        env = dict(os.environ, LD_PRELOAD=lib, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
+                   PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, timeout=3600)
+        if p.returncode != 0 or "ASAN " not in p.stdout:
+            raise RuntimeError(f"the ASan run failed (status {p.returncode}): "
+                               f"{(p.stderr or p.stdout)[-1500:]}")
+        res = json.loads(p.stdout.split("ASAN ", 1)[1])
+        res["build"] = "-fsanitize=address -O1"
+        return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--inputs", type=int, default=100_000, help="per target")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--targets", default="wire,store,engine")
+    ap.add_argument("--targets", default="wire,store,engine,dgram,dgram-asan")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "fuzz.json"))
     args = ap.parse_args(argv)
     if args.inputs < 1:
         ap.error("--inputs must be >= 1")
-    targets = {"wire": fuzz_wire, "store": fuzz_store, "engine": fuzz_engine}
+    targets = {"wire": fuzz_wire, "store": fuzz_store, "engine": fuzz_engine,
+               "dgram": fuzz_dgram, "dgram-asan": fuzz_dgram_asan}
     chosen = [t.strip() for t in args.targets.split(",")]
     for t in chosen:
         if t not in targets:
             ap.error(f"--targets: {t!r} is not one of {', '.join(targets)}")
     load = os.getloadavg()
     results = {}
-    print(f"{'target':8s} {'inputs':>9s} {'seconds':>8s} {'inputs/s':>9s}  result")
+    print(f"{'target':10s} {'inputs':>9s} {'seconds':>8s} {'inputs/s':>9s}  result")
     for t in chosen:
         t0 = time.perf_counter()
         try:
@@ -133,7 +220,9 @@ def main(argv=None) -> int:
         res.update(seconds=round(dt, 2), status=status)
         results[t] = res
         n = res["inputs"] or 0
-        print(f"{t:8s} {n:9d} {dt:8.1f} {n / dt:9.0f}  {status}")
+        if res.get("skipped"):
+            status = f"skipped: {res['skipped']}"
+        print(f"{t:10s} {n:9d} {dt:8.1f} {n / dt:9.0f}  {status}")
     for t, res in results.items():
         extra = {k: v for k, v in res.items() if k not in ("inputs", "seconds", "status")}
         print(f"  {t}: {json.dumps(extra)}")

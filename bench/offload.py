@@ -3,9 +3,11 @@
 5x with offload, and more compute done while allgathers stream.)
 
     python bench/offload.py [-n 2,4] [--size 16MiB] [--workers 1,2,4] [--calls 8]
-                            [--seconds 1.5] [--mtu BYTES] [--json FILE]
+                            [--seconds 1.5] [--mtu BYTES] [--datagrams native,python]
+                            [--json FILE]
 
-For each rank count and mode — ``thread`` (in-process progress), ``offload`` with 1, 2, 4
+For each datagram path (``--datagrams``: the compiled helper, the Python path, or both in
+the same run), each rank count and mode — ``thread`` (in-process progress), ``offload`` with 1, 2, 4
 receive workers and registered buffers (``comm.empty``), and ``offload`` with 1 worker and
 ordinary arrays (``staged``: copied into registered memory and back) — one job runs
 ``--calls`` blocking ``Allgather(algorithm="mcast")`` of ``--size`` bytes in total (the
@@ -62,7 +64,11 @@ def rank_main(argv) -> int:
     ap.add_argument("--size", type=int)
     ap.add_argument("--calls", type=int)
     ap.add_argument("--seconds", type=float)
+    ap.add_argument("--datagrams", default="native")
     a = ap.parse_args(argv)
+    if a.datagrams == "python":         # the datagram path's test hook (same-run comparison)
+        from polycast.runtime.transport import dgram
+        dgram.force_python = True
     comm = polycast.init(progress="offload" if a.mode == "offload" else "thread")
     r, P = comm.rank, comm.size
     count = a.size // 4 // P
@@ -130,7 +136,8 @@ def _offload_delta(s0: dict, s1: dict) -> dict:
 
 
 # -- the driver of the benchmark ----------------------------------------------------------
-def run_job(P: int, mode: str, workers: int, staged: bool, args) -> list[dict]:
+def run_job(P: int, mode: str, workers: int, staged: bool, args,
+            datagrams: str = "native") -> list[dict]:
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                POLYCAST_OFFLOAD_WORKERS=str(workers))
@@ -138,7 +145,8 @@ def run_job(P: int, mode: str, workers: int, staged: bool, args) -> list[dict]:
         env["POLYCAST_MTU"] = str(args.mtu)
     cmd = [sys.executable, "-m", "polycast.tools.launch", "-n", str(P), "--timeout", "300",
            os.path.abspath(__file__), "--rank", "--mode", mode, "--size", str(args.size),
-           "--calls", str(args.calls), "--seconds", str(args.seconds)]
+           "--calls", str(args.calls), "--seconds", str(args.seconds),
+           "--datagrams", datagrams]
     if staged:
         cmd.append("--staged")
     out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
@@ -152,9 +160,11 @@ def run_job(P: int, mode: str, workers: int, staged: bool, args) -> list[dict]:
     return results
 
 
-def summarize(P: int, mode: str, workers: int, staged: bool, results: list[dict]) -> dict:
+def summarize(P: int, mode: str, workers: int, staged: bool, results: list[dict],
+              datagrams: str = "native") -> dict:
     calls = results[0]["calls"]
     row = {"nranks": P, "mode": mode, "workers": workers if mode == "offload" else 0,
+           "datagrams": datagrams,
            "buffers": "staged" if staged else ("registered" if mode == "offload" else "numpy"),
            "app_cpu_ms_per_call": 1e3 * sum(r["cpu_s"] for r in results) / len(results) / calls,
            "wall_ms_per_call": 1e3 * max(r["wall_s"] for r in results) / calls,
@@ -187,6 +197,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=1.5, help="each compute phase")
     ap.add_argument("--mtu", type=int, default=0, help="datagram payload bytes (default: "
                     "the job's, 60000 on one host)")
+    ap.add_argument("--datagrams", default="native",
+                    help="datagram paths to run: native (the compiled helper, where built), "
+                         "python, or both: native,python")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "offload.json"))
     args = ap.parse_args(argv)
     args.size = _nbytes(args.size)
@@ -196,15 +209,18 @@ def main(argv=None) -> int:
         plan = [("thread", 0, False)] + [("offload", int(w), False)
                                          for w in args.workers.split(",")]
         plan.append(("offload", 1, True))
-        for mode, workers, staged in plan:
-            row = summarize(P, mode, workers, staged, run_job(P, mode, workers, staged, args))
-            rows.append(row)
-            print(_line(row), flush=True)
+        for dg in args.datagrams.split(","):
+            for mode, workers, staged in plan:
+                row = summarize(P, mode, workers, staged,
+                                run_job(P, mode, workers, staged, args, dg), dg)
+                rows.append(row)
+                print(_line(row), flush=True)
     load1 = os.getloadavg()
-    for P in {r["nranks"] for r in rows}:
-        base = next(r for r in rows if r["nranks"] == P and r["mode"] == "thread")
+    for P, dg in {(r["nranks"], r["datagrams"]) for r in rows}:
+        base = next(r for r in rows if r["nranks"] == P and r["mode"] == "thread"
+                    and r["datagrams"] == dg)
         for r in rows:
-            if r["nranks"] == P:
+            if r["nranks"] == P and r["datagrams"] == dg:
                 r["app_cpu_ratio_vs_thread"] = (base["app_cpu_ms_per_call"]
                                                 / r["app_cpu_ms_per_call"])
                 r["compute_with_vs_thread"] = (r["compute_with_per_s"]
@@ -231,12 +247,13 @@ def main(argv=None) -> int:
 
 
 def _line(r: dict) -> str:
-    return (f"P={r['nranks']} {r['mode']:7s} w={r['workers']} {r['buffers']:10s} app cpu "
+    return (f"P={r['nranks']} {r['datagrams']:6s} {r['mode']:7s} w={r['workers']} "
+            f"{r['buffers']:10s} app cpu "
             f"{r['app_cpu_ms_per_call']:.2f} ms/call, wall {r['wall_ms_per_call']:.1f} ms")
 
 
 def _table(rows: list[dict]) -> None:
-    hdr = ["P", "mode", "workers", "buffers", "app cpu ms", "vs thread", "wall ms",
+    hdr = ["P", "datagrams", "mode", "workers", "buffers", "app cpu ms", "vs thread", "wall ms",
            "offload cpu ms", "chunks/s/worker (cpu)", "(wall)", "compute alone/s",
            "with gathers/s", "kept", "gathers/s"]
     lines = [hdr]
@@ -244,7 +261,7 @@ def _table(rows: list[dict]) -> None:
         cps = r.get("chunks_per_s_per_worker")
         cpw = r.get("chunks_per_wall_s_per_worker")
         lines.append([
-            str(r["nranks"]), r["mode"], str(r["workers"]), r["buffers"],
+            str(r["nranks"]), r["datagrams"], r["mode"], str(r["workers"]), r["buffers"],
             f"{r['app_cpu_ms_per_call']:.2f}", f"{r['app_cpu_ratio_vs_thread']:.1f}x",
             f"{r['wall_ms_per_call']:.1f}",
             f"{r['offload_cpu_ms_per_call']:.1f}" if "offload_cpu_ms_per_call" in r else "-",

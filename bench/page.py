@@ -123,11 +123,16 @@ def _host_presets() -> str:
                    f"Fit: {fmt(d['seconds_per_chunk'] * 1e6)} us per chunk + "
                    f"{fmt(d['seconds_per_byte'] * 1e9)} ns per byte, so "
                    f"{fmt(per_core_gbps)} Gbit/s of 4 KiB chunks per core.\n")
-        rows = [[m["chunk_nbytes"], m["udp_recv_s"] * 1e6, m["engine_place_s"] * 1e6,
+        if d["preset"] == "host-native":        # the compiled datagram path's rows
+            cols = ("recv_place_s", "engine_progress_s")
+            names = ["recvmmsg + checks + placement us", "engine (progress) us"]
+        else:
+            cols = ("udp_recv_s", "engine_place_s")
+            names = ["UDP receive us", "engine + placement us"]
+        rows = [[m["chunk_nbytes"], m[cols[0]] * 1e6, m[cols[1]] * 1e6,
                  m["total_s"] * 1e6, m["chunk_nbytes"] * 8 / m["total_s"] / 1e9]
                 for m in d["measured"]]
-        out.append(table(["chunk bytes", "UDP receive us", "engine + placement us",
-                          "total us", "Gbit/s per core"], rows))
+        out.append(table(["chunk bytes"] + names + ["total us", "Gbit/s per core"], rows))
     return "\n".join(out) if out else "No host preset is committed."
 
 
@@ -203,6 +208,13 @@ def _nic_sweep(doc: dict) -> str:
                    f"Gbit/s {fmt(top['time_vs_ideal'])}x the ideal time, "
                    f"{fmt(100 * top['recovered_share'])} % of the bytes recovered.")
     return "\n".join(out)
+
+
+def _mcast_path(doc: dict) -> str:
+    r = doc["result"]
+    load = ", ".join(f"{k} {v['before']:.1f}" for k, v in r.get("load", {}).items())
+    return "\n".join([table(["goal", "measured", "target", "met"], r["table"]),
+                      f"\nLoad when each part started: {load} ({r.get('cpus')} cores)."])
 
 
 def size(nbytes: int) -> str:
@@ -299,11 +311,20 @@ SECTIONS: list[Section] = [
             "link bytes from the kernel's counters, beside the simulator on the same topology "
             "([lab](lab.md)).", _rows),
     Section("The host as a NIC", (), "python bench/nic.py",
-            "What polycast's own multicast receive path costs per chunk on this machine, "
-            "fitted as a line and used as the `host-*` NIC presets (`polycast nic --preset "
-            "host-python`, `polycast sim --nic host-python`; [NIC model](nic.md)). Measured by "
-            "`python bench/nic.py`, which writes the preset (its run is named with it).",
+            "What polycast's own multicast receive paths cost per chunk on this machine, "
+            "fitted as a line and used as the `host-*` NIC presets: `host-python` (the Python "
+            "datagram path) and `host-native` (the compiled one, measured in the same run) "
+            "(`polycast nic --preset host-native`, `polycast sim --nic host-native`; "
+            "[NIC model](nic.md), [datagram path](datagram-path.md)). Measured by "
+            "`python bench/nic.py`, which writes the presets (their runs are named with them).",
             _host_presets),
+    Section("Multicast between hosts against raw sockets", ("mcast_path",),
+            "sudo python bench/keep.py mcast_path -- python bench/mcast_path.py",
+            "Issue 29's goals in the lab: the receiver's CPU per byte with the compiled "
+            "datagram path and the Python one; 4 hosts against raw multicast and a raw TCP "
+            "ring in the same namespaces; 8 hosts on 2 leaves with an oversubscribed uplink; "
+            "the application's CPU offloaded; the helper's fuzzing "
+            "([datagram path](datagram-path.md)).", _mcast_path),
 ]
 
 

@@ -349,3 +349,170 @@ class EngineCase:
                     np.testing.assert_array_equal(self.recvs[r], want[r])
             return "exact"
         return "failed" if failed else "done"
+
+
+# -- the compiled datagram path (runtime/transport/_dgram.c) ----------------------------------
+
+class DgramTarget:
+    """The compiled helper's parser and placement, checked datagram by datagram against the
+    Python reference (engine/wire.py's parse_datagram, engine/mcast.py's Stream).
+
+    One Placer (with or without the secret) with two open streams over one buffer of bytes
+    with guards around and a gap between the first stream's runs. Each input is fed; the
+    helper must consume exactly what the reference places or drops as a duplicate, write
+    exactly the reference's element runs with the payload (nothing else: not the gap, not
+    the guards, not on a handed-up datagram), and hand everything else up untouched. Under
+    a secret a datagram is consumed only when its MAC verifies."""
+
+    ISZ = 4
+    GUARD_NBYTES = 64
+    # (comm, seq, src, stream), sig, runs (elements), chunk elements
+    STREAMS = (((7, 3, 1, 0), 0xABCD1234, ((0, 50), (60, 100)), 16),
+               ((7, 3, 2, 1), 0x01020304, ((100, 164),), 10))
+
+    def __init__(self, secret: bytes | None) -> None:
+        from polycast.runtime.transport import dgram
+        self.dgram = dgram
+        self.secret = secret
+        self.nbytes = 164 * self.ISZ
+        self.buf = np.zeros(self.GUARD_NBYTES * 2 + self.nbytes, np.uint8)
+        self.inputs = 0
+        self.outcomes: dict[str, int] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        from polycast.engine.mcast import Stream
+        self.placer = self.dgram._dgram.Placer(self.secret)
+        self.buf[:] = 0xAB
+        self.ref = {}
+        for h, (key, sig, runs, ce) in enumerate(self.STREAMS):
+            nelems = sum(b - a for a, b in runs)
+            s = Stream(h, key[2], key[3], False, runs, nelems, self.ISZ, ce * self.ISZ)
+            s.start("recv", 0.0)
+            self.placer.open(h, *key, sig, self.buf, self.GUARD_NBYTES,
+                             self.dgram.runs_bytes(runs), self.ISZ, ce, s.nchunks, nelems)
+            self.ref[key] = (s, sig)
+
+    def corpus(self, rng: random.Random) -> list[bytes]:
+        """Every chunk and the EOS of both streams (and of a foreign and a stale one)."""
+        out = []
+        for key, sig, runs, ce in self.STREAMS + (((8, 3, 1, 0), 5, ((0, 20),), 16),
+                                                 ((7, 2, 1, 0), 0xABCD1234, ((0, 90),), 16)):
+            nelems = sum(b - a for a, b in runs)
+            nchunks = -(-nelems // ce)
+            for i in range(nchunks + 1):
+                if i < nchunks:
+                    n = min(ce, nelems - i * ce) * self.ISZ
+                    payload = rng.randbytes(n)
+                    h = wire.make_header(wire.MsgKind.MCAST_DATA, key[0], key[1], key[2], i,
+                                         i * ce * self.ISZ, n, sig, key[3])
+                else:
+                    payload = b""
+                    h = wire.make_header(wire.MsgKind.MCAST_EOS, key[0], key[1], key[2],
+                                         nchunks, nelems * self.ISZ, 0, sig, key[3])
+                out.append(h.pack(self.secret, payload) + payload)
+        return out
+
+    def check(self, data: bytes) -> str:
+        self.inputs += 1
+        before = self.buf.copy()
+        _, up, consumed, _, _, _ = self.placer.feed(data)
+        expect, runs, payload = self._reference(data)
+        g = self.GUARD_NBYTES
+        if expect in ("placed", "duplicate", "eos", "duplicate_eos"):
+            assert consumed == 1 and not up, (expect, data)
+            want = before.copy()
+            if runs:
+                pos = 0
+                for a, b in runs:
+                    n = (b - a) * self.ISZ
+                    want[g + a * self.ISZ:g + a * self.ISZ + n] = np.frombuffer(
+                        payload[pos:pos + n], np.uint8)
+                    pos += n
+            assert np.array_equal(self.buf, want), (expect, data)
+        else:
+            assert consumed == 0 and len(up) == 1 and up[0][0] == data, (expect, data)
+            assert np.array_equal(self.buf, before), (expect, data)
+        self.outcomes[expect] = self.outcomes.get(expect, 0) + 1
+        return expect
+
+    def _reference(self, data: bytes):
+        try:
+            h, payload = wire.parse_datagram(data, self.secret)
+        except wire.WireError as e:
+            return e.reason, None, None
+        ent = self.ref.get((h.comm, h.seq, h.src, h.stream))
+        if ent is None:
+            return "not_open", None, None
+        s, sig = ent
+        if h.sig != sig:
+            return "bad_sig", None, None
+        if h.kind is wire.MsgKind.MCAST_DATA:
+            r = s.place(h, 0.0)
+            if isinstance(r, str):
+                return ("duplicate" if r == "duplicate" else r), None, None
+            return "placed", r, bytes(payload)
+        why = s.eos(h)
+        return (why or "eos"), None, None
+
+
+# -- the helper's landing, over a real socket ---------------------------------------------------
+
+def _data_datagram(key, i: int, offset: int, payload: bytes, sig: int, secret) -> bytes:
+    comm, seq, src, stream = key
+    h = wire.make_header(wire.MsgKind.MCAST_DATA, comm, seq, src, i, offset, len(payload), sig,
+                         stream)
+    return h.pack(secret, payload) + payload
+
+
+def landing_run(secret, order: str, gso: bool, streams: int, n: int = 300, csz: int = 1400,
+                 seed: int = 0):
+    """``streams`` streams of ``n`` chunks sent to a landing placer (in order, shuffled, or
+    with half of them again), with a corrupted copy after 5 % of the datagrams when not in
+    order. Returns (every buffer exact, counters)."""
+    rng = random.Random(seed)
+    from polycast.runtime.transport import dgram
+    p = dgram.Placer(secret, landing=True)
+    keys = [(1, 2, r, 0) for r in range(streams)]
+    bufs = [np.full(n * csz, 0xEE, np.uint8) for _ in keys]
+    srcs = [np.frombuffer(rng.randbytes(n * csz), np.uint8) for _ in keys]
+    for k, b in zip(keys, bufs):
+        p.open(k, 7, b, ((0, n * csz),), csz, n)
+    items = [_data_datagram(k, i, i * csz, srcs[j][i * csz:(i + 1) * csz].tobytes(), 7, secret)
+             for i in range(n) for j, k in enumerate(keys)]
+    if order == "shuffle":
+        rng.shuffle(items)
+    elif order == "dups":
+        items += items[:n // 2]
+    wires = []
+    for w in items:
+        wires.append(w)
+        if order != "inorder" and rng.random() < 0.05:
+            bad = bytearray(w)
+            bad[rng.randrange(len(bad))] ^= 0xFF
+            wires.append(bytes(bad))
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
+        rx.bind(("127.0.0.1", 0))
+        rx.setblocking(False)
+        tx.setblocking(False)
+        p.watch(rx)
+        sent = 0
+        for _ in range(5000):
+            if sent < len(wires):
+                batch = wires[sent:sent + 64]
+                if gso:
+                    sent += dgram.send(tx, rx.getsockname(), [(w, None) for w in batch])
+                else:
+                    for w in batch:
+                        tx.sendto(w, rx.getsockname())
+                    sent += len(batch)
+            _, up, consumed, _, _ = p.recv(rx, 256)
+            if sent >= len(wires) and not consumed and not up:
+                break
+    finally:
+        rx.close()
+        tx.close()
+    return all(np.array_equal(b, x) for b, x in zip(bufs, srcs)), p.counters()

@@ -13,7 +13,8 @@ import pytest
 
 from polycast.cli.main import main
 from polycast.errors import InvalidArgument, UnknownName
-from polycast.models.nic import (HOST_PYTHON_FALLBACK, NicModel, host_python, load_host_python,
+from polycast.models.nic import (HOST_NATIVE_FALLBACK, HOST_PYTHON_FALLBACK, NicModel,
+                                 host_native, host_python, load_host_native, load_host_python,
                                  nic_preset, parse_nic)
 
 GIB = 1 << 30
@@ -130,7 +131,7 @@ def test_parse_nic_presets_overrides_and_parameters():
                 "bf3-dpa:cores"):
         with pytest.raises(InvalidArgument):
             parse_nic(bad)
-    with pytest.raises(UnknownName, match="bf3-dpa, host-python"):
+    with pytest.raises(UnknownName, match="bf3-dpa, host-native, host-python"):
         parse_nic("bf3")
 
 
@@ -154,6 +155,17 @@ def test_host_python_loads_the_measured_file_and_falls_back(tmp_path):
     assert load_host_python(str(f))["source"] == HOST_PYTHON_FALLBACK["source"]
 
 
+def test_host_native_preset_is_the_compiled_path_and_faster(tmp_path):
+    """host-native loads its own measured file (bench/nic.py writes both in one run), falls
+    back the same way, and models a faster receiver than host-python."""
+    native, python = host_native(), host_python()
+    assert native.name == "host-native" and (native.cores, native.threads_per_core) == (1, 1)
+    assert native.gbps(8928) > python.gbps(8928)
+    assert load_host_native(str(tmp_path / "missing.json"))["seconds_per_chunk"] == \
+        HOST_NATIVE_FALLBACK["seconds_per_chunk"]
+    assert nic_preset("host-native").name == "host-native"
+
+
 def test_bench_measures_the_real_receive_path():
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     try:
@@ -164,6 +176,8 @@ def test_bench_measures_the_real_receive_path():
     assert 0 < bench_nic.engine_cost(4096, 64, 1) < 1e-2
     rx, tx = bench_nic.udp_cost(4096, 64, 1)
     assert 0 < rx < 1e-2 and 0 < tx < 1e-2
+    nat = bench_nic.native_cost(4096, 64, 1)    # None without the helper
+    assert nat is None or (0 < nat[0] < 1e-2 and 0 < nat[1] < 1e-2)
     a, b = bench_nic.fit([1000, 2000, 4000], [2e-6, 3e-6, 5e-6])
     assert a == pytest.approx(1e-6) and b == pytest.approx(1e-9)
 
@@ -202,7 +216,7 @@ def test_cli_preset_table_and_plot(capsys, tmp_path):
     (["--preset", "bf3-dpa", "--chunk", "0KiB"], "chunk"),
     (["--preset", "bf3-dpa", "--cores", "-1"], "--cores"),
     (["--preset", "bf3-dpa", "--cycles-per-chunk", "0"], "--cycles-per-chunk"),
-    (["--preset", "dpu9000"], "bf3-dpa, host-python"),
+    (["--preset", "dpu9000"], "bf3-dpa, host-native, host-python"),
     (["--cores", "2"], "missing --clock"),
     (["--preset", "bf3-dpa", "--plot", "rate.txt"], ".png"),
     (["--preset", "bf3-dpa", "--plot", "/nonexistent-dir/rate.png"], "does not exist"),

@@ -25,9 +25,10 @@ def add_parser(sub) -> None:
         "nic", help="size a SmartNIC (or a host) for a link: chunk rate, cores, threads",
         description="The SmartNIC chunk-rate model: cores x hardware threads at a clock, "
                     "cycles per chunk -> sustainable chunk and bit rates, and the cores and "
-                    "threads a link needs. Start from --preset (bf3-dpa, host-python) or give "
+                    "threads a link needs. Start from --preset (bf3-dpa, host-python, "
+                    "host-native) or give "
                     "--clock, --cores and --cycles-per-chunk; any flag changes the preset.")
-    p.add_argument("--preset", default=None, help="bf3-dpa | host-python")
+    p.add_argument("--preset", default=None, help="bf3-dpa | host-python | host-native")
     p.add_argument("--link", default="1.6Tbps",
                    help="link rate with its unit (default 1.6Tbps)")
     p.add_argument("--chunk", default=None,
@@ -80,7 +81,7 @@ def model_from_args(args: argparse.Namespace):
                if key not in changes]
     if missing:
         raise InvalidArgument(f"missing {', '.join(missing)} (or start from --preset "
-                              "bf3-dpa | host-python)")
+                              "bf3-dpa | host-python | host-native)")
     changes.setdefault("threads_per_core", 1)
     changes.setdefault("chunk_nbytes", DPA_CHUNK_NBYTES)
     return NicModel(name="custom", source="command-line parameters", **changes)

@@ -88,7 +88,7 @@ def add_parser(sub) -> None:
         c.add_argument("--loss", type=float, default=0.0,
                        help="probability that a datagram is lost at a receiver (seeded)")
         c.add_argument("--seed", type=int, default=0)
-        c.add_argument("--nic", default=None, metavar="bf3-dpa|host-python|PARAMS",
+        c.add_argument("--nic", default=None, metavar="bf3-dpa|host-python|host-native|PARAMS",
                        help="receivers process multicast chunks at this NIC's rate behind a "
                             "bounded queue and drop the excess (the protocol recovers): a "
                             "preset, a preset with changes (bf3-dpa:cores=8) or "
@@ -148,7 +148,7 @@ def add_parser(sub) -> None:
     f.add_argument("--no-memo", dest="memo", action="store_false",
                    help="simulate every block (default: blocks b, b+1, b+2 and the checked "
                         "period of the repeated blocks)")
-    f.add_argument("--nic", default=None, metavar="bf3-dpa|host-python|PARAMS",
+    f.add_argument("--nic", default=None, metavar="bf3-dpa|host-python|host-native|PARAMS",
                    help="receivers behind this NIC's rate and bounded queue, as sim "
                         "COLLECTIVE --nic (default: receivers keep up)")
     f.add_argument("--trace", metavar="FILE",
@@ -194,7 +194,7 @@ def add_parser(sub) -> None:
                    help="per-packet headers (default tcp; see sim COLLECTIVE --framing)")
     w.add_argument("--nic", default="none", metavar="NIC[;NIC...]",
                    help="semicolon-separated receiver NICs, as sim COLLECTIVE --nic "
-                        "(bf3-dpa, host-python, bf3-dpa:cores=8, PARAMS) or none (receivers "
+                        "(bf3-dpa, host-python, host-native, bf3-dpa:cores=8, PARAMS) or none (receivers "
                         "keep up; the default)")
     w.add_argument("--workers", type=int, default=None,
                    help="local processes (default: the CPU count)")

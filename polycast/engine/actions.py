@@ -122,8 +122,10 @@ class OpenStream:
 
 @dataclass(frozen=True, slots=True)
 class StreamData:
-    """(external streams) Bytes ``[offset, offset + len(payload))`` of an open stream came by
-    recovery: the placer writes them and reports them (``recovered=True``)."""
+    """(external streams) Bytes ``[offset, offset + len(payload))`` of an open stream reached
+    the engine: by recovery (``recovered``), or a chunk's datagram it held before the stream
+    opened. The placer writes them and reports them (``on_stream_progress(...,
+    recovered=recovered)``): it is the stream's only writer."""
 
     seq: int
     root: int
@@ -131,6 +133,7 @@ class StreamData:
     req: int
     offset: int
     payload: object
+    recovered: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,8 +229,10 @@ class LabPlan:
         holds rank slots ``k*R .. k*R+R-1`` (``R = ranks_per_host``; with R > 1 they are
         joined by ``intra_host_bps`` links through a host node, the lab's shared-memory
         rings), the same leaves, one spine with one uplink per leaf at the uplink rate,
-        link rates in payload bytes/s equal to the shaped rates. ``link_bps`` stands in for
-        unshaped host links (a rate the hosts' CPUs sustain, measured by the caller)."""
+        link rates equal to the shaped rates, carrying frames of the lab's MTU (Ethernet,
+        IPv4, TCP or UDP headers: the simulator's ``tcp`` framing). ``link_bps`` stands in
+        for unshaped host links (a rate the hosts' CPUs sustain, measured by the caller)."""
+        from ..sim.framing import make_framing
         from ..sim.topology import Topology
         host_bps = self.link_bps if self.link_bps is not None else link_bps
         if host_bps is None:
@@ -242,7 +244,10 @@ class LabPlan:
         if R > 1 and not (intra_host_bps and intra_host_bps > 0):
             raise InvalidArgument("several ranks per host need intra_host_bps > 0 (the rate "
                                   "between ranks of one host)")
-        topo = Topology("lab", self.hosts * R, self.describe(), switch_latency_s)
+        # Ethernet + IPv4 + TCP/UDP at the lab's MTU (tbf counts the Ethernet header, not
+        # the preamble, FCS and gap the preset adds: 24 bytes a frame, 0.3 % at MTU 9000)
+        topo = Topology("lab", self.hosts * R, self.describe(), switch_latency_s,
+                        framing=make_framing("tcp", self.mtu))
         topo.ranks_per_host = R
         for k in range(self.hosts):
             for j in range(R):

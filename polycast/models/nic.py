@@ -68,6 +68,12 @@ chunk ``a + b * c``, stored in ``polycast/models/host_python.json`` (with a buil
 fallback measured once here). One core, one thread (a Python progress thread; the GIL
 hides nothing), the clock read from /proc/cpuinfo, a 64 MiB receive queue (the runtime's
 SO_RCVBUF). ``--cores k`` models k offload workers.
+
+``host-native`` — the same for the compiled datagram path (runtime/transport/_dgram.c):
+recvmmsg batches, the header checks, the copy into place and the bitmap in C, plus the
+engine's per-batch ``on_stream_progress``, measured by ``bench/nic.py`` in the same run as
+host-python and stored in ``polycast/models/host_native.json``. One core, one thread (the
+offload process's receive worker, or the rank's progress thread).
 """
 
 from __future__ import annotations
@@ -90,8 +96,9 @@ DPA_THREADS_TO_FILL_CORE = 8
 DPA_CLOCK_HZ = 1.8e9
 DPA_CHUNK_NBYTES = 4 * KIB
 
-#: Where bench/nic.py writes the measured host-python preset.
+#: Where bench/nic.py writes the measured host-python and host-native presets.
 HOST_PYTHON_FILE = os.path.join(os.path.dirname(__file__), "host_python.json")
+HOST_NATIVE_FILE = os.path.join(os.path.dirname(__file__), "host_native.json")
 
 #: Built-in host-python data (bench/nic.py on the 2-core development machine, Xeon at
 #: 2.6 GHz, Python 3.11; used when the file is missing or unreadable): seconds per chunk =
@@ -99,6 +106,14 @@ HOST_PYTHON_FILE = os.path.join(os.path.dirname(__file__), "host_python.json")
 HOST_PYTHON_FALLBACK = {
     "seconds_per_chunk": 4.0e-6,
     "seconds_per_byte": 3.6e-10,
+    "clock_hz": 2.6e9,
+    "source": "built-in fallback (bench/nic.py on the development machine)",
+}
+#: Built-in host-native data (bench/nic.py's compiled-path rows on the same machine; used
+#: when host_native.json is missing or unreadable).
+HOST_NATIVE_FALLBACK = {
+    "seconds_per_chunk": 0.3e-6,
+    "seconds_per_byte": 0.47e-9,
     "clock_hz": 2.6e9,
     "source": "built-in fallback (bench/nic.py on the development machine)",
 }
@@ -278,7 +293,17 @@ def bf3_dpa() -> NicModel:
 def load_host_python(path: str | None = None) -> dict:
     """The measured host-python data (``bench/nic.py`` writes it), or the built-in fallback
     when the file is missing or malformed."""
-    path = path or os.environ.get("POLYCAST_NIC_HOST_FILE") or HOST_PYTHON_FILE
+    return _load_host(path or os.environ.get("POLYCAST_NIC_HOST_FILE") or HOST_PYTHON_FILE,
+                      HOST_PYTHON_FALLBACK)
+
+
+def load_host_native(path: str | None = None) -> dict:
+    """The measured host-native data (the compiled datagram path; ``bench/nic.py``), or its
+    built-in fallback."""
+    return _load_host(path or HOST_NATIVE_FILE, HOST_NATIVE_FALLBACK)
+
+
+def _load_host(path: str, fallback: dict) -> dict:
     try:
         with open(path) as fh:
             data = json.load(fh)
@@ -289,22 +314,29 @@ def load_host_python(path: str | None = None) -> dict:
         data.setdefault("source", path)
         return data
     except (OSError, ValueError, KeyError, TypeError):
-        return dict(HOST_PYTHON_FALLBACK)
+        return dict(fallback)
 
 
-def host_python(path: str | None = None) -> NicModel:
-    d = load_host_python(path)
+def _host(name: str, d: dict, what: str) -> NicModel:
     hz = float(d["clock_hz"])
     chunk = DPA_CHUNK_NBYTES
     return NicModel(
-        name="host-python", clock_hz=hz, cores=1, threads_per_core=1,
+        name=name, clock_hz=hz, cores=1, threads_per_core=1,
         cycles_per_chunk=float(d["seconds_per_chunk"]) * hz,
         cycles_per_byte=float(d["seconds_per_byte"]) * hz,
         chunk_nbytes=chunk, queue_chunks=HOST_RCVBUF_NBYTES // chunk,
-        source=f"polycast's measured receive path ({d.get('source', '?')})")
+        source=f"polycast's measured {what} ({d.get('source', '?')})")
 
 
-PRESETS = {"bf3-dpa": bf3_dpa, "host-python": host_python}
+def host_python(path: str | None = None) -> NicModel:
+    return _host("host-python", load_host_python(path), "Python receive path")
+
+
+def host_native(path: str | None = None) -> NicModel:
+    return _host("host-native", load_host_native(path), "compiled receive path")
+
+
+PRESETS = {"bf3-dpa": bf3_dpa, "host-python": host_python, "host-native": host_native}
 
 
 def nic_preset(name: str) -> NicModel:

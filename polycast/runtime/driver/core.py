@@ -20,11 +20,13 @@ import time
 import numpy as np
 
 from ...engine import wire
+from ...engine.actions import CloseStream, OpenStream, StreamData
 from ...engine.engine import Engine, EngineConfig
 from ...errors import InvalidArgument, PolycastError
 from ...memory import Buffers
 from ..bootstrap.report import process_state
 from ..bootstrap.world import World
+from ..transport import dgram
 from .datagrams import MulticastIO
 from .direct import DirectCall, env_data
 from .execute import ActionRunner, CommState
@@ -76,15 +78,30 @@ class Driver:
     """Owns the engines and the I/O of one process; runs the progress thread."""
 
     def __init__(self, world: World, config: EngineConfig | None = None, *,
-                 mcast_io=MulticastIO, on_action=None) -> None:
+                 mcast_io=MulticastIO, on_action=None, native_datagrams: bool | None = None
+                 ) -> None:
         """``mcast_io``: the multicast I/O class (the offload process sends on one group per
         root); ``on_action(comm_state, action)``: what to do with actions this driver does
-        not carry out itself (the offload's OpenStream, StreamData, CloseStream)."""
+        not carry out itself (the offload's OpenStream, StreamData, CloseStream).
+        ``native_datagrams``: place received multicast chunks with the compiled helper
+        (runtime/transport/dgram.py; None: where it is built, unless its test hook says
+        otherwise; False: the Python path)."""
         self.world = world
         self.rank = world.rank
         self.config = env_engine_config(config or EngineConfig(
             op_timeout_s=world.timeout_seconds))
         self.secret = self.config.secret
+        # The helper places what this driver's own sockets receive (not when someone else
+        # places the streams: the offload's receive workers).
+        placer = None
+        if native_datagrams is None:
+            native_datagrams = dgram.native_wanted()
+        if native_datagrams and dgram.available() and on_action is None and \
+                mcast_io is MulticastIO:
+            placer = dgram.Placer(self.secret, landing=self.config.mtu_nbytes
+                                  >= dgram.LANDING_MIN_NBYTES)
+            self.config = dataclasses.replace(self.config, external_streams=True)
+            on_action = self._stream_action
         self.buffers = Buffers()
         self.requests: dict[int, Request] = {}
         # Outstanding requests whose schedule multicasts: while there are any, sleepers
@@ -99,7 +116,9 @@ class Driver:
         self.timers = Timers()
         self.peers = PeerIO(world, self.progress.sel, self._on_frame, self._on_sent,
                             self._on_lost, self._on_gone)
-        self.mcast = mcast_io(self.progress.sel, self._on_datagram)
+        self.mcast = mcast_io(self.progress.sel, self._on_datagram, placer,
+                              self._on_placed) if placer is not None else \
+            mcast_io(self.progress.sel, self._on_datagram)
         self.runner = ActionRunner(self.buffers, self.requests, self.peers, self.mcast,
                                    self.timers, self.secret, self.mcast_requests, on_action)
         self._run = self.runner.run
@@ -454,6 +473,41 @@ class Driver:
         cs = self._comms.get(comm_id)
         if cs is not None:
             self._run(cs, cs.engine.on_datagram(data, time.monotonic()))
+
+    # -- the compiled datagram path (runtime/transport/dgram.py) ----------------------------
+    def _on_placed(self, comm_id: int, progress, consumed: int, nbytes: int,
+                   drops: dict) -> None:
+        """What the helper placed of a communicator's streams, per stream."""
+        cs = self._comms.get(comm_id)
+        if cs is None:
+            return
+        eng = cs.engine
+        st = eng.stats
+        st.datagrams_in += consumed
+        st.datagram_bytes_in += nbytes
+        for why, n in drops.items():
+            st.drops[why] = st.drops.get(why, 0) + n
+        now = time.monotonic()
+        for (_, seq, root, ordinal), ranges, eos in progress:
+            self._run(cs, eng.on_stream_progress(seq, root, ordinal, ranges, now, eos=eos))
+
+    def _stream_action(self, cs: CommState, a) -> None:
+        """The engine's OpenStream / StreamData / CloseStream, for the helper's placer."""
+        t = type(a)
+        key = (cs.engine.comm, a.seq & 0xFFFFFFFF, a.root, a.ordinal)
+        if t is OpenStream:
+            reg = a.region
+            if reg.req in self.buffers:
+                self.mcast.open_stream(key, a.sig, self.buffers.array(reg.req, reg.buf),
+                                       reg.runs, a.chunk_elems, a.nchunks)
+        elif t is StreamData:
+            rng = self.mcast.stream_data(key, a.offset, a.payload)
+            if rng is not None:
+                self._run(cs, cs.engine.on_stream_progress(a.seq, a.root, a.ordinal, [rng],
+                                                           time.monotonic(),
+                                                           recovered=a.recovered))
+        elif t is CloseStream:
+            self.mcast.close_stream(key)
 
     def engine_event(self, comm_id: int, fn) -> None:
         """Feed an engine an event that comes from outside this driver's own I/O (the

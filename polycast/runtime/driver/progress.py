@@ -59,6 +59,7 @@ class Progress:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._interrupts_at, self._interrupt_fds = -1, ()
         self.lock = threading.Lock()                 # engines, sockets, rings, timers
         self.stopping = False
         self._last_full_round = 0.0                  # when a driving thread last ran round
@@ -243,7 +244,7 @@ class Progress:
                     peers.mark_writable(arg)
             elif kind == "mcast":
                 if mask & selectors.EVENT_READ:
-                    d.mcast.read(arg)
+                    d.mcast.read(arg, self._interrupts())
                 if mask & selectors.EVENT_WRITE:
                     d.mcast.flush(arg)
             elif kind == "wake":
@@ -254,6 +255,16 @@ class Progress:
         if busy:
             peers.flush_all()
         return self._select_timeout(busy)
+
+    def _interrupts(self) -> tuple:
+        """The descriptors of other input (peers' sockets, the command wake-up): a read
+        that waits for more of a multicast stream stops when one is readable."""
+        m = self.sel.get_map()
+        if len(m) != self._interrupts_at:
+            self._interrupts_at = len(m)
+            self._interrupt_fds = tuple(k.fd for k in m.values()
+                                        if k.data[0] in ("peer", "wake"))
+        return self._interrupt_fds
 
     def _block(self, timeout: float, request=None) -> None:
         """Sleep until some input may be ready (without ``lock``), at most ``timeout``;

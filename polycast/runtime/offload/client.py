@@ -340,8 +340,10 @@ class OffloadClient:
 
 # -- attaching ------------------------------------------------------------------------------
 def _start_server(job: JobEnv, name: bytes, workers: int) -> subprocess.Popen:
+    from ..transport import dgram
     cfg = {"socket": name.hex(), "local_size": job.local_size,
-           "timeout": job.timeout_seconds, "workers": workers}
+           "timeout": job.timeout_seconds, "workers": workers,
+           "native": dgram.native_wanted()}       # the datagram path's test hook, passed on
     proc = subprocess.Popen([sys.executable, "-m", "polycast.runtime.offload.server"],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             start_new_session=True)

@@ -94,7 +94,8 @@ class RankHost:
                                mtu_nbytes=h.get("mtu_nbytes"),
                                pacing_gbps=h.get("pacing_gbps"), env=env)
         if w is None:
-            self.driver = Driver(world, config)
+            self.driver = Driver(world, config,
+                                 native_datagrams=self.server.cfg.get("native", True))
         else:
             w.setup(world.job_id, world.single_host, world.key)
             w.hosts[self.rank] = self
@@ -403,7 +404,7 @@ def main() -> int:
         return 0
     try:
         if int(cfg.get("workers", 0)) > 0:
-            server.workers = Workers(int(cfg["workers"]))
+            server.workers = Workers(int(cfg["workers"]), cfg.get("native", True))
         server.serve()
     finally:
         server.close()

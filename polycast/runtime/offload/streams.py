@@ -60,8 +60,9 @@ class _Proc:
 
 
 class Workers:
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, native: bool = True) -> None:
         self.k = count
+        self.native = native            # the workers place with the compiled helper
         self.procs: list[_Proc] = []
         self.hosts: dict[int, object] = {}          # world rank -> RankHost
         self._tokens = itertools.count(1)
@@ -90,7 +91,8 @@ class Workers:
                 stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),))
             popen.stdin.write(json.dumps({
                 "index": index, "count": self.k, "fd": theirs.fileno(), "cmd": cmd.path,
-                "report": rep.path, "ring_nbytes": RING_NBYTES}).encode() + b"\n")
+                "report": rep.path, "ring_nbytes": RING_NBYTES,
+                "native": self.native}).encode() + b"\n")
             popen.stdin.close()
         finally:
             theirs.close()

@@ -3,9 +3,12 @@ polycast.runtime.offload.worker``; started, fed and ended by :mod:`.streams`).
 
 It joins the groups of the roots it owns, and for each datagram: verifies it (wire format,
 MAC with the job's key, call signature), and places its chunk into the arena buffer of
-every local rank whose engine opened that stream (:class:`polycast.engine.mcast.Stream`
-does the bounds, the bitmap and the duplicates), then reports the placed chunk ranges, in
-batches, to the offload process, which hands them to the engines. Datagrams of streams no
+every local rank whose engine opened that stream, then reports the placed chunk ranges, in
+batches, to the offload process, which hands them to the engines. The compiled helper
+(runtime/transport/_dgram.c, ``cfg["native"]``) does the reading (recvmmsg, GRO), the
+checks, the bounds, the bitmap, the duplicates and the copies, and hands this module only
+what it cannot place; without it :class:`polycast.engine.mcast.Stream` does them here, one
+datagram at a time. Datagrams of streams no
 local rank has opened yet are held (bounded: ``HOLD_NBYTES``, oldest dropped first, the
 protocol recovers them) until every local receiver has opened the stream. Recovered bytes
 come from the offload process (DATA) and are placed and reported the same way. After a
@@ -29,6 +32,7 @@ import time
 
 from ...engine.mcast import Stream
 from ...engine.wire import MsgKind, WireError, parse_datagram
+from ..transport import dgram
 from ..transport import faults as _faults
 from ..transport.shm import Ring
 from . import descriptors as D
@@ -44,11 +48,13 @@ _DATA, _EOS = MsgKind.MCAST_DATA, MsgKind.MCAST_EOS
 class _Dest:
     """One local rank's copy of a stream: where it goes and what was placed."""
 
-    __slots__ = ("rank", "stream", "base", "sig", "mv", "pending", "eos", "recovered")
+    __slots__ = ("rank", "stream", "base", "sig", "mv", "pending", "placed", "eos",
+                 "recovered")
 
     def __init__(self, rank, stream, base, sig, mv) -> None:
         self.rank, self.stream, self.base, self.sig, self.mv = rank, stream, base, sig, mv
         self.pending: list[int] = []        # chunk indices placed, not reported yet
+        self.placed: list = []              # (c0, c1) the helper placed, not reported yet
         self.eos = False                    # EOS seen, not reported yet
         self.recovered: list = []           # (c0, c1) placed from DATA, not reported yet
 
@@ -84,7 +90,9 @@ class Worker:
         # POLYCAST_FAULTS applies where the workers read datagrams, as the driver's
         # MulticastIO does in-process (the rank checked the spec before it started us)
         self.faults = _faults.from_env(rank=1000 + self.index)
-        self._fed = lambda _comm, data: self.datagram(data)
+        self.placer = None          # the compiled helper's (set up with the job's key)
+        self.native = bool(cfg.get("native")) and dgram.available()
+        self._fed = lambda _comm, data: self._feed(data)
 
     # -- commands -------------------------------------------------------------------------
     def command(self, blob: bytes, payload: bytes) -> None:
@@ -117,10 +125,13 @@ class Worker:
             info = json.loads(payload)
             self.job_id, self.single_host = info["job_id"], info["single_host"]
             self.key = bytes.fromhex(info["key"]) if info["key"] else None
+            if self.native:         # one root's stream per socket: land in place
+                self.placer = dgram.Placer(self.key, landing=True)
             self.ch.send(D.w_token(D.W_ACK, D.parse_w_token(blob)))
         elif kind == D.W_STATS:
             self.counters["cpu_s"] = time.process_time()
             self.counters["pid"] = os.getpid()
+            self.counters["native"] = self.placer.counters() if self.placer else None
             self.ch.send(D.w_token(D.W_STATS, D.parse_w_token(blob)),
                          json.dumps(self.counters).encode())
         elif kind == D.W_STOP:
@@ -131,6 +142,8 @@ class Worker:
         socks = self.socks.setdefault(comm, [])
         for root in roots:
             sock, _ = open_group(self.job_id, comm, self.single_host, root=root)
+            if self.placer is not None:
+                self.placer.watch(sock)
             socks.append(sock)
 
     def open_stream(self, blob: bytes, payload: bytes) -> None:
@@ -146,8 +159,17 @@ class Worker:
         e.expected = expected
         e.opened += 1
         d = e.dests[rank] = _Dest(rank, s, base, sig, self.arenas[rank])
-        for h, data in e.held:
-            self._place(e, d, h, data)
+        if self.placer is not None:
+            self.placer.open(key + (rank,), sig, self.arenas[rank], runs, ce, nchunks,
+                             base_nbytes=base, itemsize=isz)
+            waiting = e.opened < e.expected     # later openers need the datagrams held
+            for k in e.dests:
+                self.placer.hold(key + (k,), waiting)
+            for _, data in e.held:             # whole datagrams (see datagram())
+                self._take(self.placer.feed(data), hand_up=False)   # (held already)
+        else:
+            for h, data in e.held:
+                self._place(e, d, h, data)
         if e.opened >= e.expected:
             self._unhold(key, e)
 
@@ -157,11 +179,16 @@ class Worker:
         if d is None:
             return
         s = d.stream
-        rng = s.range_chunks(offset, len(payload))
-        if rng is None or s.have == s.nchunks:
-            return
-        self._write(d, s.slice(offset, len(payload)), payload)
-        s.mark(rng[0], rng[1], 0.0)
+        if self.placer is not None:
+            rng = self.placer.write(key + (rank,), offset, payload)
+            if rng is None:
+                return
+        else:
+            rng = s.range_chunks(offset, len(payload))
+            if rng is None or s.have == s.nchunks:
+                return
+            self._write(d, s.slice(offset, len(payload)), payload)
+            s.mark(rng[0], rng[1], 0.0)
         d.recovered.append(rng)
         self.counters["recovered_placed"] += rng[1] - rng[0]
         self.dirty.add((key, rank))
@@ -172,6 +199,8 @@ class Worker:
             return
         e.dests.pop(rank, None)
         self.dirty.discard((key, rank))
+        if self.placer is not None:
+            self.placer.close(key + (rank,))
         if not e.dests and e.expected is not None and e.opened >= e.expected:
             self._unhold(key, e)
             del self.entries[key]
@@ -180,8 +209,39 @@ class Worker:
                 self.closed.popitem(last=False)
 
     # -- datagrams ------------------------------------------------------------------------
-    def datagram(self, data: bytes) -> None:
-        self.counters["datagrams"] += 1
+    def _feed(self, data) -> None:
+        """One datagram read in Python (POLYCAST_FAULTS acts on what is read)."""
+        if self.placer is None:
+            self.datagram(data)
+        else:
+            self._take(self.placer.feed(data))
+
+    def _take(self, got, hand_up: bool = True) -> None:
+        """What the helper placed (per local rank's copy of a stream) and handed up
+        (``hand_up`` False: a held datagram fed again, whose copies are held already)."""
+        progress, up, consumed, nbytes, _ = got
+        c = self.counters
+        c["datagrams"] += consumed
+        c["placed_nbytes"] += nbytes
+        for (comm, seq, root, ordinal, rank), ranges, eos in progress:
+            key = (comm, seq, root, ordinal)
+            e = self.entries.get(key)
+            d = e.dests.get(rank) if e is not None else None
+            if d is None:
+                continue
+            for c0, c1 in ranges:
+                d.placed.extend((c0, c1))
+                c["placed"] += c1 - c0
+            d.eos = d.eos or eos
+            self.dirty.add((key, rank))
+        if hand_up:
+            for data, placed in up:
+                self.datagram(data, placed)
+
+    def datagram(self, data: bytes, placed: bool = False) -> None:
+        """A datagram the helper did not consume (or, ``placed``, a copy to hold for local
+        ranks that have not opened its stream yet), or every datagram without it."""
+        self.counters["datagrams"] += not placed
         try:
             h, payload = parse_datagram(data, self.key)
         except (WireError, Exception):      # noqa: BLE001 - hostile input: count, drop
@@ -194,10 +254,14 @@ class Worker:
                 self.counters["dropped"] += 1
                 return
             e = self.entries[key] = _Entry()
-        for d in e.dests.values():
-            self._place(e, d, h, payload)
+        if self.placer is None:
+            for d in e.dests.values():
+                self._place(e, d, h, payload)
+        elif e.dests and not placed:
+            self.counters["dropped"] += 1       # the helper refused it for every open copy
         if e.expected is None or e.opened < e.expected:
-            self._hold(key, e, h, payload)
+            # (the helper re-reads a held datagram whole when a local rank opens it)
+            self._hold(key, e, h, payload if self.placer is None else data)
 
     def _place(self, e: _Entry, d: _Dest, h, payload) -> None:
         if h.sig != d.sig:
@@ -253,9 +317,9 @@ class Worker:
             d = e.dests.get(rank) if e is not None else None
             if d is None:
                 continue
-            if d.pending or d.eos:
-                ranges = _ranges(d.pending)
-                d.pending = []
+            if d.pending or d.placed or d.eos:
+                ranges = _ranges(d.pending) + array.array("I", d.placed).tobytes()
+                d.pending, d.placed = [], []
                 flags = D.F_EOS if d.eos else 0
                 d.eos = False
                 self.ch.send(D.w_progress(rank, key, flags), ranges)
@@ -276,6 +340,14 @@ class Worker:
             faults = self.faults
             for comm, socks in list(self.socks.items()):
                 for sock in socks:
+                    if self.placer is not None and faults is None:
+                        # no lingering: this loop serves every root's socket and the
+                        # offload process's commands (a CLOSE holds up its rank until acked)
+                        got = self.placer.recv(sock, READ_BATCH, linger_us=0)
+                        if got[2] or got[1]:
+                            busy = True
+                            self._take(got)
+                        continue
                     for _ in range(READ_BATCH):
                         try:
                             data = sock.recv(65536)
