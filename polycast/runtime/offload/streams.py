@@ -43,7 +43,7 @@ class RootSenderIO(MulticastIO):
 
     def open(self, comm_id: int, job_id: str, single_host: bool, own_rank: int) -> str | None:
         try:
-            sock, addr = open_sender(job_id, comm_id, own_rank, single_host)
+            sock, addr = open_sender(job_id, comm_id, own_rank, single_host, self._interface)
         except MulticastUnavailable as exc:
             return str(exc)
         # registered like a group socket: MulticastIO flips write interest when blocked
@@ -60,9 +60,9 @@ class _Proc:
 
 
 class Workers:
-    def __init__(self, count: int, native: bool = True) -> None:
+    def __init__(self, count: int, dgram: bool = True) -> None:
         self.k = count
-        self.native = native            # the workers place with the compiled helper
+        self.dgram = dgram              # the workers place with the compiled helper
         self.procs: list[_Proc] = []
         self.hosts: dict[int, object] = {}          # world rank -> RankHost
         self._tokens = itertools.count(1)
@@ -92,7 +92,7 @@ class Workers:
             popen.stdin.write(json.dumps({
                 "index": index, "count": self.k, "fd": theirs.fileno(), "cmd": cmd.path,
                 "report": rep.path, "ring_nbytes": RING_NBYTES,
-                "native": self.native}).encode() + b"\n")
+                "dgram": self.dgram}).encode() + b"\n")
             popen.stdin.close()
         finally:
             theirs.close()
