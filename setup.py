@@ -18,7 +18,8 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
     ext_modules.append(Extension("polycast.runtime.transport._ring",
                                  ["polycast/runtime/transport/_ring.c",
                                   "polycast/runtime/driver/_replay.c"],
-                                 depends=["polycast/runtime/transport/_ring.h"],
+                                 depends=["polycast/runtime/transport/_ring.h",
+                                          "polycast/runtime/transport/ring_layout.h"],
                                  extra_compile_args=["-O2", "-std=gnu11"], optional=True))
     # The multicast datagram path (recvmmsg/GRO, sendmmsg/GSO, placement, BLAKE2b MACs).
     dgram = "polycast/runtime/transport/_dgram"

@@ -32,7 +32,7 @@ where the time goes, and ``polycast bench`` / ``bench/peers.py`` for the busbw f
 ``auto``'s calls are split on its Python path: the compiled helper, which runs a repeated
 large allgather or broadcast whole (same copies, no Python between), is turned off for
 each timed call, as the wrappers could not see inside it. So are the engine's: the ranks run
-with POLYCAST_REPLAY=0, as the compiled replay (runtime/driver/_replay.c) runs a repeated call of
+with the replay=0 test hook (POLYCAST_TEST_HOOKS), as the compiled replay (runtime/driver/_replay.c) runs a repeated call of
 pulled DATA whole, its reads included; compare with ``bench/peers.py`` for what the replay
 saves.
 ``--realtime`` runs the ranks at ``chrt -r 1`` (root): the machine's other load stays out.
@@ -168,8 +168,13 @@ def _rank(args) -> None:
         return frame(self, *a, **k)
     peers.PeerIO._frame = counted
 
-    comm = polycast.init()
-    P, r = comm.size, comm.rank
+    world = polycast.init()
+    # Explicit algorithms on a communicator without symmetric memory (POLYCAST_SYMM=0: the
+    # engine's schedules); auto on the world (the default path).
+    world.Barrier()                 # (every rank makes the child in the same order)
+    engine = world._make_child(world._child_id("engine"), list(world.members),
+                               world.config.replace(symm=False))
+    P, r = world.size, world.rank
     coll = Collective(args.collective)
     rows = []
     for size in args.sizes.split(","):
@@ -182,17 +187,14 @@ def _rank(args) -> None:
             recv[:] = 1.0               # the root's data, in place
         for algo in args.algos.split(","):
             how = None if algo == "auto" else algo
-            if algo == "auto":              # the launch set POLYCAST_SYMM=0 for the engine
-                os.environ.pop("POLYCAST_SYMM", None)
-            else:
-                os.environ["POLYCAST_SYMM"] = "0"
+            comm = world if algo == "auto" else engine
 
             def once():
                 if algo == "auto":
                     # The compiled helper runs a repeated large allgather or broadcast whole,
                     # copies and barriers, where these wrappers cannot time its parts: each
                     # timed call is made to take the Python path, which does the same copies.
-                    st = comm.__dict__.get("_symm_state")
+                    st = comm._dispatch.symm
                     if st is not None:
                         st.bar.fast_off()
                 if coll is Collective.ALLGATHER:
@@ -302,7 +304,7 @@ def main(argv=None) -> int:
                         args.sizes, "--algos", args.algos, "--collective", args.collective,
                         "--iters", str(args.iters)]
         got = run_ranks(cmd, P, f"bcma{os.getpid()}_{P}", MARKER, args.timeout, REPO,
-                        extra_env={"POLYCAST_SYMM": "0", "POLYCAST_REPLAY": "0"})
+                        extra_env={"POLYCAST_TEST_HOOKS": "replay=0"})
         if got is None:
             return 1
         rows += got

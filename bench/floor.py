@@ -16,7 +16,7 @@ Three parts, each the minimum over repeats (a shared machine inflates time, not 
            replay (direct.run: the call's checks and accounting; replay.replay: the helper
            and its glue; runtime/driver/direct.py and replay.py), with its rings' yields and
            the share of calls taken straight there; ``--replay off``: one engine event per
-           message (POLYCAST_REPLAY=0).
+           message (POLYCAST_TEST_HOOKS=replay=0).
 
 The budget column: within 3x of MPICH at P ranks on C cores is 3 x mpich_us a call, i.e.
 3 x mpich_us x min(C, P) / P of CPU per rank (``--mpich-us``: MPICH's time for the call in
@@ -179,7 +179,7 @@ def rank_job(argv: list[str]) -> None:
         acc: dict[str, list] = {}
         replay = d._comms[0].replay
         from polycast.runtime.driver.direct import DirectCall
-        directs = [dc for key, kept in comm._direct.items() for dc in kept
+        directs = [dc for key, kept in comm._dispatch.direct.items() for dc in kept
                    if key[0].value == "allreduce"]
         direct_before = sum(dc.whole for dc in directs)
         objs = {"engine": d._comms[0].engine, "driver": d, "peers": d.peers,
@@ -232,7 +232,7 @@ def run_part(part: str, nranks: int, args) -> dict | None:
     if args.realtime:
         cmd = ["chrt", "-r", "1"] + cmd
     env = {"POLYCAST_SYMM": "0", "POLYCAST_TRANSPORT": args.transport,
-           "POLYCAST_REPLAY": "1" if args.replay == "on" else "0"}
+           "POLYCAST_TEST_HOOKS": "replay=1" if args.replay == "on" else "replay=0"}
     return run_ranks(cmd, nranks, f"floor{os.getpid()}{part}{nranks}", MARKER, args.timeout,
                      REPO, env)
 
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
                     help="MPICH's time for the call (us), for the 3x budget column")
     ap.add_argument("--replay", default="on", choices=("on", "off"),
                     help="ranks part: small calls in the compiled replay (on, what ships) "
-                         "or one engine event per message (off: POLYCAST_REPLAY=0)")
+                         "or one engine event per message (off: POLYCAST_TEST_HOOKS=replay=0)")
     ap.add_argument("--timeout", type=float, default=180.0)
     ap.add_argument("--json", default=os.path.join(HERE, "results", "floor.json"))
     args = ap.parse_args(argv)

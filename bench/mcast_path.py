@@ -69,11 +69,10 @@ def worker(argv: list[str]) -> int:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--datagrams", default="native")
     args = ap.parse_args(argv)
-    if args.datagrams == "python":      # the datagram path's test hook
-        from polycast.runtime.transport import dgram
-        dgram.force_python = True
     import polycast
-    comm = polycast.init()
+    # the datagram path's test hook (polycast.config.Hooks.dgram), read once by init
+    with polycast.config.override(hooks={"dgram": args.datagrams != "python"}):
+        comm = polycast.init()
     P, r = comm.size, comm.rank
     count = args.nbytes // 4 // P * P
     full = (np.arange(count, dtype=np.float32) % 65521) + 1

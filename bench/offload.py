@@ -66,10 +66,9 @@ def rank_main(argv) -> int:
     ap.add_argument("--seconds", type=float)
     ap.add_argument("--datagrams", default="native")
     a = ap.parse_args(argv)
-    if a.datagrams == "python":         # the datagram path's test hook (same-run comparison)
-        from polycast.runtime.transport import dgram
-        dgram.force_python = True
-    comm = polycast.init(progress="offload" if a.mode == "offload" else "thread")
+    # the datagram path's test hook (polycast.config.Hooks.dgram; same-run comparison)
+    with polycast.config.override(hooks={"dgram": a.datagrams != "python"}):
+        comm = polycast.init(progress="offload" if a.mode == "offload" else "thread")
     r, P = comm.rank, comm.size
     count = a.size // 4 // P
     registered = a.mode == "offload" and not a.staged

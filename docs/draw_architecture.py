@@ -44,8 +44,8 @@ class Step:
 
 # One blocking ``comm.Allgather(send, recv)`` between processes on one host.
 CALL: tuple[Step, ...] = (
-    Step("Comm.Allgather checks its arguments", "polycast.comm.collectives"),
-    Step("which path runs it (symmetric memory or not)", "polycast.dispatch.routing"),
+    Step("Comm.Allgather hands its call over", "polycast.comm.collectives"),
+    Step("which path runs it: kept call, symm, engine", "polycast.dispatch.call"),
     Step("auto: cheapest algorithm for this size", "polycast.planner.choose"),
     Step("build (once) the schedule", "polycast.algorithms.registry"),
     Step("post: the steps become actions", "polycast.engine.engine"),

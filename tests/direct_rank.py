@@ -48,7 +48,7 @@ _UFUNC = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maxim
 
 # -- helpers ------------------------------------------------------------------------------
 def _kept(c, key) -> list:
-    return list(c._direct.get(key, ()))
+    return list(c._dispatch.direct.get(key, ()))
 
 
 def _whole(c, key) -> int:
@@ -440,23 +440,28 @@ def _live(c, key, run):
 
 def env() -> dict:
     """Per phase: warm calls, the DirectCall that runs them; the variable set on every
-    rank for ``m`` calls (their log lines on stderr between PHASE markers), then unset."""
+    rank for ``m`` calls (their log lines, if any, on stderr between PHASE markers), then
+    unset. The communicator's settings were read when it was made, so the kept call runs
+    them all. Then a communicator made with POLYCAST_DEBUG=TRACE: every call logged, none
+    kept."""
     bad: list = []
     k = Calls(comm, bad)
     n = 4
     i = [0]
     out: dict = {}
 
-    def calls(m, algo):
+    def calls(m, algo, c=None):
+        kk = k if c is None else Calls(c, bad)
         for _ in range(m):
             i[0] += 1
-            k.allreduce("env", n, np.float32, "sum", algo, i[0])
+            kk.allreduce("env", n, np.float32, "sum", algo, i[0])
 
     def phase(name, var, value, algo="recdoubling", m=5):
         key = (AR, algo, "sum")
         calls(8, algo)
         dc = _live(comm, key, lambda: calls(1, algo))
         w0 = dc.whole if dc is not None else None
+        a0 = dc.adopted if dc is not None else None
         nb = len(bad)
         print(f"PHASE {name} begin", file=sys.stderr, flush=True)
         old = os.environ.get(var)
@@ -470,11 +475,14 @@ def env() -> dict:
                 os.environ[var] = old
         print(f"PHASE {name} end", file=sys.stderr, flush=True)
         w1 = dc.whole if dc is not None else None
+        a1 = dc.adopted if dc is not None else None
         calls(m, algo)
         w2 = dc.whole if dc is not None else None
+        a2 = dc.adopted if dc is not None else None
         out[name] = {"calls": m, "kept_before": w0,
-                     "while_set": None if w0 is None else w1 - w0,
-                     "after_unset": None if w0 is None else w2 - w1,
+                     # calls the DirectCall took: run whole, or begun and adopted
+                     "while_set": None if w0 is None else w1 - w0 + a1 - a0,
+                     "after_unset": None if w0 is None else w2 - w1 + a2 - a1,
                      "bad": bad[nb:]}
 
     phase("nchunks", "POLYCAST_NCHUNKS", "2")
@@ -483,6 +491,14 @@ def env() -> dict:
     phase("algo_var_explicit", "POLYCAST_ALLREDUCE_ALGO", "ring")
     phase("algo_var_auto", "POLYCAST_ALLREDUCE_ALGO", "ring", algo=None)
     phase("symm_var_auto", "POLYCAST_SYMM", "1", algo=None)
+    from test_runtime_helpers import with_config
+    traced = with_config(comm, debug="TRACE")
+    m = 6
+    print("PHASE traced_comm begin", file=sys.stderr, flush=True)
+    calls(m, "recdoubling", traced)
+    print("PHASE traced_comm end", file=sys.stderr, flush=True)
+    out["traced_comm"] = {"calls": m, "kept": len(traced._dispatch.direct)}
+    traced.Free()
     return {"phases": out, "bad": bad}
 
 
@@ -653,7 +669,7 @@ def dup() -> dict:
         kd.allreduce("dup-d", 3, np.float32, "sum", "recdoubling", i)
     res["interleaved"] = [_taken(comm, KEY) - w0, _taken(d, KEY) - d0]
     d.Free()
-    res["dup_direct_after_free"] = len(d._direct)
+    res["dup_direct_after_free"] = len(d._dispatch.direct)
     try:
         d.Allreduce(np.ones(3, np.float32), np.empty(3, np.float32), algorithm="recdoubling")
         res["call_after_free"] = "ok"
@@ -666,13 +682,13 @@ def dup() -> dict:
     res["world_after_free"] = _taken(comm, KEY) - w0
     # a second Dup, made after the first was freed, starts with nothing kept
     d2 = comm.Dup()
-    res["dup2_direct_new"] = len(d2._direct)
+    res["dup2_direct_new"] = len(d2._dispatch.direct)
     k2 = Calls(d2, bad)
     for i in range(10):
         k2.allreduce("dup2", 3, np.float32, "sum", "recdoubling", i)
     res["dup2_whole"] = _taken(d2, KEY)
     d2.Free()
-    res["dup2_direct_after_free"] = len(d2._direct)
+    res["dup2_direct_after_free"] = len(d2._dispatch.direct)
     res["bad"] = bad
     return res
 

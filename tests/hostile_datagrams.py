@@ -25,7 +25,7 @@ def main() -> None:
     comm = polycast.init()
     drv = comm._driver
     world = drv.world
-    secret = drv.config.secret
+    secret = drv.engine_config.secret
     P, r = comm.size, comm.rank
     sniffer = group = None
     if r == 0:

@@ -13,8 +13,9 @@ import sys
 import numpy as np
 import pytest
 
+from polycast import config
 from polycast.engine.early import own
-from polycast.errors import PeerLost
+from polycast.errors import InvalidArgument, PeerLost
 from polycast.runtime.transport import cma
 
 from test_runtime_helpers import selftest
@@ -121,10 +122,8 @@ def test_dead_writer_is_a_clear_peer_lost():
     assert cma.probe(p.pid, cma.probe_info()) is not None
 
 
-def test_refusals(monkeypatch):
-    monkeypatch.setenv("POLYCAST_CMA", "0")
-    assert cma.disabled_reason() == "POLYCAST_CMA=0"
-    monkeypatch.delenv("POLYCAST_CMA")
+def test_refusals():
+    assert cma.disabled_reason(None, enabled=False) == "the cma=0 test hook"
     if cma.disabled_reason() is None:
         assert "secret" in cma.disabled_reason(b"k")
     assert cma.probe(0, cma.probe_info()) is not None          # another pid namespace
@@ -132,8 +131,9 @@ def test_refusals(monkeypatch):
     wrong = [cma.probe_info()[0], "00" * 8]
     if cma.disabled_reason() is None:
         assert cma.probe(os.getpid(), wrong) == "process_vm_readv read the wrong bytes"
-    monkeypatch.setenv("POLYCAST_CMA_MIN_NBYTES", "garbage")
-    assert cma.min_nbytes() == cma.MIN_NBYTES_DEFAULT
+    assert config.load({}).cma_min_nbytes == 512 << 10
+    with pytest.raises(InvalidArgument, match="POLYCAST_CMA_MIN_NBYTES='garbage'"):
+        config.load({"POLYCAST_CMA_MIN_NBYTES": "garbage"})   # once silently the default
 
 
 OK = re.compile(r"SELFTEST all OK (\d+) checks .* transports=shm .* single_copy=(\d+)/(\d+)")
@@ -142,12 +142,12 @@ OK = re.compile(r"SELFTEST all OK (\d+) checks .* transports=shm .* single_copy=
 @pytest.mark.parametrize("forced", ["on", "off"])
 def test_every_algorithm_single_copy_forced(forced):
     """Every collective and algorithm, exact, on 3 shm ranks: with every DATA payload
-    single-copy (threshold 1 byte), and with POLYCAST_CMA=0 (the rings carry all)."""
+    single-copy (threshold 1 byte), and with the cma=0 test hook (the rings carry all)."""
     env = {"POLYCAST_TRANSPORT": "shm", "POLYCAST_SYMM": "0"}
     if forced == "on":
         env["POLYCAST_CMA_MIN_NBYTES"] = "1"
     else:
-        env["POLYCAST_CMA"] = "0"
+        env["POLYCAST_TEST_HOOKS"] = "cma=0"
     results = selftest(3, "all", env=env, timeout=240)
     for r in results:
         m = OK.search(r.out)
@@ -203,7 +203,7 @@ def test_large_messages_exact(transport, cma_env):
     from test_runtime_helpers import spawn_ranks
     results = spawn_ranks(3, ["tests/large_exact.py"], timeout=240,
                           env={"POLYCAST_TRANSPORT": transport, "POLYCAST_SYMM": "0",
-                               "POLYCAST_CMA": cma_env})
+                               "POLYCAST_TEST_HOOKS": f"cma={cma_env}"})
     lazy_total = 0
     for r in results:
         m = LARGE.search(r.out)

@@ -2,7 +2,7 @@
 it places exactly what the Python reference places and hands everything else up untouched
 (fuzzed here with hypothesis, 100,000 inputs in bench/fuzz.py); batches over a real socket
 (recvmmsg, sendmmsg, UDP GSO/GRO where the kernel has them); and the runtime gives the same
-results with it and without it (POLYCAST_NATIVE=0), with and without a secret."""
+results with it and without it (the dgram=0 test hook), with and without a secret."""
 
 from __future__ import annotations
 
@@ -400,14 +400,17 @@ def test_fuzz_helper_parser_matches_the_reference_and_writes_nothing_else(secret
     pytest.param("1", True, marks=pytest.mark.slow)])
 def test_runtime_multicast_exact_with_and_without_the_helper(native, secret):
     """Every multicast collective (selftest's mcast suite) on 3 local ranks, with the
-    helper placing the chunks and without it (POLYCAST_NATIVE=0: the Python path), and
-    with a job secret (the helper checks every MAC)."""
-    env = dict(os.environ, POLYCAST_NATIVE=native)
+    helper placing the chunks and without it (POLYCAST_TEST_HOOKS=dgram=0: the Python
+    path), and with a job secret (the helper checks every MAC); each rank says which path
+    it took (POLYCAST_DEBUG=INFO)."""
+    env = dict(os.environ, POLYCAST_TEST_HOOKS=f"dgram={native}", POLYCAST_DEBUG="INFO")
     cmd = [sys.executable, "-m", "polycast.cli.main", "run", "-n", "3", "--timeout", "120"] + \
         (["--secret"] if secret else []) + ["-m", "polycast.tools.selftest", "--suite", "mcast"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count("SELFTEST mcast OK") == 3 and "mcast=yes" in p.stdout
+    path = "compiled path" if native == "1" else "Python path (test hook dgram=0)"
+    assert (p.stdout + p.stderr).count(f"multicast datagrams: {path}") == 3, p.stderr[-3000:]
 
 
 OFFLOAD_RANK = """

@@ -417,7 +417,7 @@ def test_late_rank_large_allgather_succeeds_across_processes(transport, pull):
     limit = 1 << 20
     results = spawn_ranks(3, ["-c", _LATE_RANK], timeout=90, env={
         "POLYCAST_TRANSPORT": transport, "POLYCAST_TIMEOUT": "30",
-        "POLYCAST_MAX_EARLY_NBYTES": str(limit), "POLYCAST_CMA_PULL": pull})
+        "POLYCAST_MAX_EARLY_NBYTES": str(limit), "POLYCAST_TEST_HOOKS": f"cma_pull={pull}"})
     got = []
     for r in results:
         m = re.search(r"RESULT ok=(\w+) peak=(\d+) rts=(\d+) cts=(\d+) pull=(\d+) "
@@ -465,20 +465,23 @@ def test_the_runtime_sends_eager_up_to_1_mib_between_shm_ranks_only(transport):
                 assert not (res["rts"] and res["pull"]), (env, res)
 
 
-def test_runtime_env_knobs_override_the_engine_config(monkeypatch):
-    from polycast.runtime.driver import env_engine_config
-    base = EngineConfig(op_timeout_s=7.0)
-    assert env_engine_config(base) is base                 # nothing set: unchanged
-    monkeypatch.setenv("POLYCAST_MAX_EARLY_NBYTES", "4096")
-    monkeypatch.setenv("POLYCAST_EAGER_MAX_NBYTES", "0")
-    cfg = env_engine_config(base)
+def test_settings_override_the_engine_config():
+    """POLYCAST_MAX_EARLY_NBYTES / POLYCAST_EAGER_MAX_NBYTES reach the engines' config;
+    bad values are refused naming the variable."""
+    from types import SimpleNamespace
+
+    from polycast import config
+    from polycast.runtime.bootstrap.engine_config import engine_config
+    world = SimpleNamespace(key=None, job_id="j", single_host=True, timeout_seconds=7.0)
+    base, default = engine_config(world, config.Config()), EngineConfig()
+    assert (base.max_early_nbytes, base.eager_max_nbytes, base.op_timeout_s) == (
+        default.max_early_nbytes, default.eager_max_nbytes, 7.0)
+    cfg = engine_config(world, config.load({"POLYCAST_MAX_EARLY_NBYTES": "4096",
+                                            "POLYCAST_EAGER_MAX_NBYTES": "0"}))
     assert (cfg.max_early_nbytes, cfg.eager_max_nbytes, cfg.op_timeout_s) == (4096, 0, 7.0)
-    monkeypatch.setenv("POLYCAST_EAGER_MAX_NBYTES", "lots")
-    with pytest.raises(InvalidArgument, match="POLYCAST_EAGER_MAX_NBYTES='lots'"):
-        env_engine_config(base)
-    monkeypatch.setenv("POLYCAST_EAGER_MAX_NBYTES", "-5")
-    with pytest.raises(InvalidArgument, match="eager_max_nbytes"):
-        env_engine_config(base)
+    for bad in ("lots", "-5"):
+        with pytest.raises(InvalidArgument, match=f"POLYCAST_EAGER_MAX_NBYTES='{bad}'"):
+            config.load({"POLYCAST_EAGER_MAX_NBYTES": bad})
 
 
 def test_every_algorithm_with_every_payload_by_rendezvous_across_processes():

@@ -70,10 +70,11 @@ def test_the_symm_worker_runs_its_jobs_with_the_short_interval(interval):
     with the short interval; one the caller runs itself (Wait, blocking calls) does not."""
     from types import SimpleNamespace
 
+    from polycast.config import Config
     from polycast.runtime.driver import Request
     from polycast.runtime.symm.queue import JobQueue
     st = SimpleNamespace(bar=SimpleNamespace(spin_seconds=0.0, yield_seconds=0.0),
-                         comm=SimpleNamespace(id=7, timeout_seconds=10.0))
+                         comm=SimpleNamespace(id=7, timeout_seconds=10.0, config=Config()))
     q = JobQueue(st)
     seen, ran = [], threading.Event()
 

@@ -5,10 +5,7 @@ Tests needing the compiled helper are skipped, saying why, where it was not buil
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -17,7 +14,7 @@ import pytest
 from polycast.runtime.transport import futex, native
 from polycast.runtime.transport.frames import KIND_CMA, KIND_CMA_DONE
 from polycast.runtime.transport.shm import COPY_OUT_NBYTES, SLEEP_FUTEX, Ring
-from test_runtime_helpers import REPO, spawn_ranks
+from test_runtime_helpers import spawn_ranks
 
 needs_native = pytest.mark.skipif(native.ring is None,
                                   reason=f"compiled ring helper not in use: {native.why_not}")
@@ -193,17 +190,19 @@ def test_compiled_futex_wakes_a_sleeper_on_the_ring_counter(tmp_path):
     rd.close()
 
 
-def test_native_off_forces_the_python_rings():
-    code = ("from polycast.runtime.transport import native, shm, futex; import tempfile, os;"
-            "p = os.path.join(tempfile.mkdtemp(), 'r'); r = shm.Ring.create(p, 1 << 16);"
-            "r.unlink(); print(native.ring, r.native, futex.WaitSet([])._c_wait,"
-            " native.describe())")
-    env = dict(os.environ, POLYCAST_NATIVE="0", PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[:3] == ["None", "False", "None"]
-    assert "pure Python (POLYCAST_NATIVE=0)" in out.stdout
+def test_native_off_forces_the_python_rings(tmp_path):
+    """The native=0 test hook: a job's rings run the Python hot path even where the
+    compiled one is built (and it says so)."""
+    from polycast.config import Hooks
+    off = Hooks(native=False)
+    assert not native.in_use(off)
+    r = Ring.create(str(tmp_path / "r"), 1 << 16, native.in_use(off))
+    r.unlink()
+    assert not r.native
+    assert "pure Python (" in native.describe(off)
+    if native.ring is not None:
+        assert native.describe(off) == "shm rings: pure Python (test hook native=0)"
+        assert native.in_use(Hooks()) and "compiled" in native.describe(Hooks())
 
 
 OK = re.compile(r"SELFTEST algos OK (\d+) checks")
@@ -211,20 +210,20 @@ INFO = re.compile(r"polycast INFO shm rings: (compiled hot path|pure Python \(([
 
 
 def test_job_with_compiled_and_python_ranks_is_exact():
-    """3 shm ranks, rank 1 on the Python rings (POLYCAST_NATIVE=0), the others on the compiled
+    """3 shm ranks, rank 1 on the Python rings (native=0 test hook), the others on the compiled
     ones where built: every collective and algorithm exact (single-copy off, so the rings
     carry every byte), each rank saying at POLYCAST_DEBUG=INFO which rings it runs."""
     results = spawn_ranks(3, ["-m", "polycast.tools.selftest", "--suite", "algos"],
                           env={"POLYCAST_TRANSPORT": "shm", "POLYCAST_SYMM": "0",
-                               "POLYCAST_CMA": "0", "POLYCAST_DEBUG": "INFO"},
-                          per_rank={1: {"POLYCAST_NATIVE": "0"}}, timeout=240)
+                               "POLYCAST_TEST_HOOKS": "cma=0", "POLYCAST_DEBUG": "INFO"},
+                          per_rank={1: {"POLYCAST_TEST_HOOKS": "cma=0,native=0"}}, timeout=240)
     for r in results:
         assert r.returncode == 0 and OK.search(r.out), (
             f"rank {r.rank} exit {r.returncode}\n{r.out[-3000:]}\n{r.err[-3000:]}")
         m = INFO.search(r.err)
         assert m, r.err[-2000:]
         if r.rank == 1:
-            assert m.group(2) == "POLYCAST_NATIVE=0"
+            assert m.group(2) in ("test hook native=0", native.why_not)
         elif native.ring is not None:
             assert m.group(1) == "compiled hot path"
 
@@ -254,9 +253,9 @@ def test_job_on_a_weakly_ordered_cpu_uses_rings_only_between_compiled_ranks():
     """3 ranks that see an arm64 CPU, rank 2 without the compiled helper: ranks 0 and 1 talk
     over their (compiled) rings, rank 2 over TCP with both (it says why at INFO); exact."""
     results = spawn_ranks(3, ["-c", AS_ARM64, "--suite", "algos"],
-                          env={"POLYCAST_SYMM": "0", "POLYCAST_CMA": "0",
+                          env={"POLYCAST_SYMM": "0", "POLYCAST_TEST_HOOKS": "cma=0",
                                "POLYCAST_DEBUG": "INFO"},
-                          per_rank={2: {"POLYCAST_NATIVE": "0"}}, timeout=240)
+                          per_rank={2: {"POLYCAST_TEST_HOOKS": "cma=0,native=0"}}, timeout=240)
     for r in results:
         m = TRANSPORTS.search(r.out)
         assert r.returncode == 0 and m, (
@@ -268,8 +267,27 @@ def test_job_on_a_weakly_ordered_cpu_uses_rings_only_between_compiled_ranks():
 def test_forced_shm_with_a_rank_that_cannot_run_rings_fails_on_every_rank():
     results = spawn_ranks(2, ["-c", AS_ARM64, "--suite", "algos"],
                           env={"POLYCAST_TRANSPORT": "shm", "POLYCAST_SYMM": "0"},
-                          per_rank={1: {"POLYCAST_NATIVE": "0"}}, timeout=120)
+                          per_rank={1: {"POLYCAST_TEST_HOOKS": "native=0"}}, timeout=120)
     assert results[0].returncode != 0 and \
         "ranks [1] cannot run the shm rings" in results[0].err, results[0].err[-2000:]
     assert results[1].returncode != 0 and \
         "x86-64 store ordering" in results[1].err, results[1].err[-2000:]
+
+
+def test_one_ring_layout_read_by_both_sides(tmp_path):
+    """ring_layout.h is the one definition: the Python rings take their offsets from it, the
+    compiled helper was built from it, and a header that says otherwise than the build makes
+    the Python rings run instead of a stale helper."""
+    from polycast.runtime.transport import frames, layout, shm
+    L = layout.LAYOUT
+    assert (shm.CTRL_NBYTES, shm.HEAD, shm.TAIL, shm.DATA_BELL, shm.SPACE_BELL, shm.ALIGN,
+            shm.KIND_WRAP) == (L["CTRL_NBYTES"], L["SLOT_HEAD"], L["SLOT_TAIL"],
+                               L["SLOT_DATA_BELL"], L["SLOT_SPACE_BELL"], L["ALIGN"],
+                               L["KIND_WRAP"])
+    assert frames.PREFIX_NBYTES == L["PREFIX_NBYTES"] and frames.KIND_CMA == L["KIND_CMA"]
+    if native.ring is not None:
+        assert native.ring.LAYOUT == {k: L[k] for k in native.ring.LAYOUT}
+    other = tmp_path / "ring_layout.h"
+    other.write_text(open(layout._HEADER).read().replace("#define CTRL_NBYTES 256",
+                                                         "#define CTRL_NBYTES 512"))
+    assert layout._read(str(other))["CTRL_NBYTES"] == 512

@@ -17,9 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_runtime_helpers import selftest, spawn_ranks  # noqa: E402
 
 from polycast.errors import InvalidArgument  # noqa: E402
-from polycast.runtime.offload import progress_mode  # noqa: E402
-from polycast.runtime.offload.arena import arena_nbytes  # noqa: E402
-from polycast.runtime.offload.client import offload_workers  # noqa: E402
+from polycast import config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="offload mode needs Linux (abstract Unix sockets)")
@@ -160,25 +158,24 @@ def test_a_call_refused_on_one_rank_fails_on_all():
         assert "RESULT after ok=True" in r.out, r.out + r.err[-2000:]
 
 
-def test_bad_settings_are_clear_errors(monkeypatch):
-    with pytest.raises(InvalidArgument, match="valid choices: thread, offload"):
-        progress_mode("nic")
-    with pytest.raises(InvalidArgument, match="POLYCAST_PROGRESS"):
-        progress_mode(env={"POLYCAST_PROGRESS": "bogus"})
-    assert progress_mode(env={}) == "thread"
-    with pytest.raises(InvalidArgument, match="POLYCAST_OFFLOAD_WORKERS='-1'"):
-        offload_workers({"POLYCAST_OFFLOAD_WORKERS": "-1"})
-    with pytest.raises(InvalidArgument, match="POLYCAST_OFFLOAD_WORKERS='x'"):
-        offload_workers({"POLYCAST_OFFLOAD_WORKERS": "x"})
+def test_bad_settings_are_clear_errors():
     from polycast.runtime.bootstrap.env import JobEnv
     from polycast.runtime.offload.client import attach
-    monkeypatch.setenv("POLYCAST_FAULTS", "loss=2")
+    with pytest.raises(InvalidArgument, match="valid choices: thread, offload"):
+        config.Config().replace(progress="nic")
+    with pytest.raises(InvalidArgument, match="POLYCAST_PROGRESS"):
+        config.load({"POLYCAST_PROGRESS": "bogus"})
+    assert config.load({}).progress == "thread"
+    with pytest.raises(InvalidArgument, match="POLYCAST_OFFLOAD_WORKERS='-1'"):
+        config.load({"POLYCAST_OFFLOAD_WORKERS": "-1"})
+    with pytest.raises(InvalidArgument, match="POLYCAST_OFFLOAD_WORKERS='x'"):
+        config.load({"POLYCAST_OFFLOAD_WORKERS": "x"})
     with pytest.raises(InvalidArgument, match="POLYCAST_FAULTS='loss=2'"):
-        attach(JobEnv(0, 1, 0, 1, "127.0.0.1", 1, "single", "", 1.0))    # before any start
-    monkeypatch.delenv("POLYCAST_FAULTS")
+        attach(JobEnv(0, 1, 0, 1, "127.0.0.1", 1, "single", "", 1.0),   # before any start
+               config.load({"POLYCAST_FAULTS": "loss=2"}))
     with pytest.raises(InvalidArgument, match="at least 1 MiB"):
-        arena_nbytes({"POLYCAST_OFFLOAD_ARENA": "1000"})
-    assert arena_nbytes({}) == 1 << 30
+        config.load({"POLYCAST_OFFLOAD_ARENA": "1000"})
+    assert config.load({}).offload_arena_nbytes == 1 << 30
 
 
 def test_a_missing_offload_process_is_a_clear_error():

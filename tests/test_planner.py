@@ -329,24 +329,22 @@ def test_comm_choices_per_size_class_and_nchunks(monkeypatch, tmp_path):
     assert comm.choose_algorithm(Collective.ALLGATHER, 3 * MIB + 4096, None) == a  # one class
     k = choice.pipeline_nchunks(comm, Collective.ALLGATHER, a, 3 * MIB)
     assert k == comm.plan("allgather", 3 * MIB, symm=False).nchunks
-    monkeypatch.setenv("POLYCAST_NCHUNKS", "3")
+    monkeypatch.setenv("POLYCAST_NCHUNKS", "3")         # a communicator made now takes it
+    comm = Comm(_FakeDriver(), 0, [0, 1, 2, 3], 60.0)
     assert choice.pipeline_nchunks(comm, Collective.ALLGATHER, a, 3 * MIB) == 3
 
 
-def test_debug_info_once_per_class_trace_every_call(monkeypatch, capsys):
+def test_debug_info_once_per_class_trace_every_call(capsys):
     debug.reset()
-    monkeypatch.setenv("POLYCAST_DEBUG", "INFO")
     for n in (MIB, MIB + 8, 3 * MIB):
-        debug.log_choice(2, 7, "allreduce", n, "ring", 4, "why")
+        debug.log_choice(2, 7, "allreduce", n, "ring", 4, "why", debug.INFO)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(x.startswith("[rank 2] polycast INFO") for x in err)
     assert "1MiB..2MiB: ring nchunks 4 (why)" in err[0]
-    monkeypatch.setenv("POLYCAST_DEBUG", "TRACE")
-    debug.log_choice(2, 7, "allreduce", MIB, "ring", 1, "")
+    debug.log_choice(2, 7, "allreduce", MIB, "ring", 1, "", debug.TRACE)
     err = capsys.readouterr().err
     assert "polycast TRACE" in err
-    monkeypatch.setenv("POLYCAST_DEBUG", "")
-    debug.log_choice(2, 7, "allreduce", 5 * MIB, "ring", 1, "")
+    debug.log_choice(2, 7, "allreduce", 5 * MIB, "ring", 1, "", 0)     # unset or WARN
     assert capsys.readouterr().err == ""
 
 

@@ -236,13 +236,13 @@ def _hashes(res):
 @pytest.fixture(scope="module")
 def engine_results():
     """The engine path's results without the replay: 4 ranks."""
-    return _ranks(4, "calls", env={"POLYCAST_REPLAY": "0"})
+    return _ranks(4, "calls", env={"POLYCAST_TEST_HOOKS": "replay=0"})
 
 
 def test_without_the_replay_nothing_is_replayed(engine_results):
     for res in engine_results:
         assert res["counts"]["replayed"] == 0 and res["counts"]["stops"] is None
-        assert res["counts"]["off"] == "POLYCAST_REPLAY=0"
+        assert res["counts"]["off"] == "the replay=0 test hook"
         assert all(len(v) == 1 for v in _hashes(res).values())      # the same every call
 
 
@@ -275,11 +275,12 @@ def test_a_replay_adopted_at_every_step_reaches_the_same_results(engine_results)
 
 @needs_replay
 def test_a_mixed_job_one_rank_without_the_compiled_helper():
-    want = _ranks(2, "calls", env={"POLYCAST_REPLAY": "0", "REPLAY_REPS": "3"})
-    got = _ranks(2, "calls", env={"REPLAY_REPS": "3"}, per_rank={1: {"POLYCAST_NATIVE": "0"}})
+    want = _ranks(2, "calls", env={"POLYCAST_TEST_HOOKS": "replay=0", "REPLAY_REPS": "3"})
+    got = _ranks(2, "calls", env={"REPLAY_REPS": "3"},
+                 per_rank={1: {"POLYCAST_TEST_HOOKS": "native=0"}})
     assert [_hashes(r) for r in got] == [_hashes(r) for r in want]
     assert got[0]["counts"]["replayed"] > 0
-    assert got[1]["counts"]["replayed"] == 0 and "POLYCAST_NATIVE=0" in got[1]["counts"]["off"]
+    assert got[1]["counts"]["replayed"] == 0 and "native=0" in got[1]["counts"]["off"]
 
 
 @needs_replay

@@ -66,8 +66,9 @@ def test_dead_rank_raises_peer_lost_in_time():
 @pytest.mark.parametrize("futex", ["1", "0"])
 def test_tiny_shm_rings_fragment_and_flow_control(futex):
     """64 KiB rings: every big message travels in pieces and writers wait for space;
-    sleepers woken by futex counters, and (POLYCAST_FUTEX=0) by doorbell frames."""
-    results = selftest(3, "api", env={"POLYCAST_TRANSPORT": "shm", "POLYCAST_FUTEX": futex,
+    sleepers woken by futex counters, and (the futex=0 test hook) by doorbell frames."""
+    results = selftest(3, "api", env={"POLYCAST_TRANSPORT": "shm",
+                                      "POLYCAST_TEST_HOOKS": f"futex={futex}",
                                       "POLYCAST_SHM_RING_NBYTES": "65536"})
     for r in results:
         assert r.returncode == 0 and "SELFTEST api OK" in r.out, (

@@ -72,3 +72,13 @@ def rank_results(results: list[RankResult], victim: int | None = None, *,
 def selftest(nranks: int, suite: str, env: dict | None = None, timeout: float = 120.0):
     return spawn_ranks(nranks, ["-m", "polycast.tools.selftest", "--suite", suite],
                        env=env, timeout=timeout)
+
+
+def with_config(comm, **changes):
+    """A communicator of ``comm``'s members with ``comm``'s settings changed (collective:
+    every rank calls it): a communicator's settings are fixed when it is made
+    (polycast.config), so a rank script wanting others makes one this way instead of
+    changing the environment under a running communicator."""
+    comm.Barrier()
+    return comm._make_child(comm._child_id("config"), list(comm.members),
+                            comm.config.replace(**changes))

@@ -224,18 +224,17 @@ def test_blocked_writer_waits_on_the_space_counter_it_saw_when_the_ring_was_full
     reader.close()
 
 
-@pytest.mark.parametrize("how", ["env", "platform", "no-syscall"])
+@pytest.mark.parametrize("how", ["platform", "no-syscall"])
 def test_futex_unavailable_says_why_and_the_driver_keeps_doorbells(monkeypatch, how):
-    """Off Linux, with POLYCAST_FUTEX=0, or with no syscall() in the C library the probe
-    answers False with a reason (and the driver then sleeps in select on doorbells)."""
+    """Off Linux or with no syscall() in the C library the probe answers False with a
+    reason (and the driver then sleeps in select on doorbells, as under the futex=0 test
+    hook)."""
     import ctypes
 
     from polycast.runtime.transport import futex
     monkeypatch.setattr(futex, "_syscall", None)
     monkeypatch.setattr(futex, "_why_not", None)
-    if how == "env":
-        monkeypatch.setenv("POLYCAST_FUTEX", "0")
-    elif how == "platform":
+    if how == "platform":
         monkeypatch.setattr(futex.sys, "platform", "darwin")
     else:
         def no_libc(*a, **k):
@@ -392,11 +391,14 @@ def test_algorithm_from_environment_and_auto_rules(monkeypatch, tmp_path):
     class FakeDriver:
         rank = 1
     monkeypatch.setenv("POLYCAST_PROFILE", str(tmp_path / "none.json"))   # built-in model
-    comm = Comm(FakeDriver(), 0, [0, 1, 2, 3], 60.0)
     monkeypatch.setenv("POLYCAST_ALLGATHER_ALGO", "bruck")
+    comm = Comm(FakeDriver(), 0, [0, 1, 2, 3], 60.0)
     assert comm.choose_algorithm(Collective.ALLGATHER, 1 << 20, None) == "bruck"
     assert comm.choose_algorithm(Collective.ALLGATHER, 1 << 20, "ring") == "ring"  # call wins
     monkeypatch.delenv("POLYCAST_ALLGATHER_ALGO")
+    # read once, when the communicator was made: it keeps its setting; a new one reads anew
+    assert comm.choose_algorithm(Collective.ALLGATHER, 1 << 20, None) == "bruck"
+    comm = Comm(FakeDriver(), 0, [0, 1, 2, 3], 60.0)
     # auto is the planner's choice: a few message hops for 8 bytes, bandwidth-optimal
     # traffic (2(P-1)/P S per rank) for 16 MiB.
     small = comm.choose_algorithm(Collective.ALLREDUCE, 8, None)
@@ -405,6 +407,7 @@ def test_algorithm_from_environment_and_auto_rules(monkeypatch, tmp_path):
     assert comm.choose_algorithm(Collective.ALLREDUCE, 16 << 20, None) in (
         "ring", "rabenseifner", "mcast")
     monkeypatch.setenv("POLYCAST_ALLREDUCE_ALGO", "nonsense")
+    comm = Comm(FakeDriver(), 0, [0, 1, 2, 3], 60.0)
     with pytest.raises(InvalidArgument, match="ring"):
         comm.choose_algorithm(Collective.ALLREDUCE, 8, None)
 
@@ -450,24 +453,28 @@ def test_auto_symm_is_not_offered_without_total_store_order(monkeypatch):
 
     class _Comm:
         _driver = type("D", (), {"world": _World()})()
-    assert routing._members_on_one_host(_Comm())
+
+    def dispatch():
+        return type("Dispatch", (), {"comm": _Comm(), "one_host": None})()
+    assert routing.members_on_one_host(dispatch())
     monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")
-    assert not routing._members_on_one_host(_Comm())
+    assert not routing.members_on_one_host(dispatch())
 
 
 def test_datagram_size_follows_the_interface_mtu(monkeypatch):
     from polycast.engine.wire import header_nbytes
     from polycast.runtime.transport.mcast import datagram_payload_nbytes
     assert datagram_payload_nbytes("job", True, None) == 60000
-    monkeypatch.setenv("POLYCAST_MCAST_IF", "127.0.0.1")          # lo: a 64 KiB MTU
+    lo = "127.0.0.1"                                    # POLYCAST_MCAST_IF: lo, a 64 KiB MTU
     with open("/sys/class/net/lo/mtu") as fh:
         lo_mtu = int(fh.read())
     want = min(65000, lo_mtu - 28 - header_nbytes(None))
-    assert datagram_payload_nbytes("job", False, None) == want
-    assert datagram_payload_nbytes("job", False, b"key") == min(
+    assert datagram_payload_nbytes("job", False, None, lo) == want
+    assert datagram_payload_nbytes("job", False, b"key", lo) == min(
         65000, lo_mtu - 28 - header_nbytes(b"key"))
-    monkeypatch.setenv("POLYCAST_MCAST_IF", "192.0.2.1")          # no such interface here
-    assert datagram_payload_nbytes("job", False, None) == 1500 - 28 - header_nbytes(None)
+    nowhere = "192.0.2.1"                               # no such interface here
+    assert datagram_payload_nbytes("job", False, None, nowhere) == \
+        1500 - 28 - header_nbytes(None)
 
 
 def test_a_driving_thread_does_not_sleep_on_a_request_already_done():

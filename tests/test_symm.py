@@ -130,7 +130,7 @@ def _rank_main(suite: str) -> int:
     # naming the requirement, and auto does not pick it.
     import polycast.runtime.symm as symm
     real_host = symm.shared.host_id
-    symm.shared.host_id = lambda: f"host{r}"
+    symm.shared.host_id = lambda override="": f"host{r}"
     multi = comm.Dup()
     try:
         multi.symm_empty(4, np.float32)
@@ -318,21 +318,22 @@ def _auto_suite(comm, check, leftovers) -> None:
     sizes = []
     # Small slots, so that the counts below take both forms: calls up to 1 KiB per rank
     # in the two alternating slots (one barrier), larger ones in the staging segment.
-    st = symm.state(comm, create=True)
+    st = comm._dispatch.symm_state(create=True)
     check("auto/slots-not-yet", st.slots is None)
     st.slot_nbytes = 1024
     # Above the slots, allgather reads peers' arrays single-copy where the rings' probes
-    # said every rank may (POLYCAST_CMA=0: never; then it stages like the rest).
+    # said every rank may (the cma=0 test hook: never; then it stages like the rest).
     from polycast.runtime.transport import cma
     world = comm._driver.world
-    may = cma.disabled_reason() is None and not world.single_copy_refused
+    may = cma.disabled_reason(None, comm.config.hooks.cma) is None \
+        and not world.single_copy_refused
     check("auto/single-copy-as-probed", st.single_copy == may,
           f"single_copy={st.single_copy}, this rank may read its peers: {may}")
-    if os.environ.get("POLYCAST_CMA") == "0":
+    if not comm.config.hooks.cma:
         check("auto/single-copy-off", not st.single_copy)
 
     def stage_nbytes() -> int:
-        st = symm.state(comm)
+        st = comm._dispatch.symm
         return st.stage.nbytes if st is not None and st.stage is not None else 0
 
     # Increasing counts: 0 and 1 element, non-powers of two, and allreduce above
@@ -388,7 +389,7 @@ def _auto_suite(comm, check, leftovers) -> None:
                 comm.Allreduce(polycast.IN_PLACE, inout, op=op)
                 check(f"{tag}/{op}/allreduce-inplace", np.array_equal(inout, want))
         sizes.append(stage_nbytes())
-    st = symm.state(comm)
+    st = comm._dispatch.symm
     check("auto/small-kept", bool(st.small) == (st.bar.native is not None),
           f"{len(st.small)} kept, compiled helper {st.bar.native is not None}")
     # The staging buffer grew with the calls, to powers of two covering the largest one,
@@ -397,14 +398,14 @@ def _auto_suite(comm, check, leftovers) -> None:
     # (reduce-scatter of int64.) With single copy every collective above the slots reads
     # (or writes) the peers' arrays and nothing stages: the buffer never grows.
     need = 20001 * 8 * P
-    if symm.state(comm).single_copy:
+    if comm._dispatch.symm.single_copy:
         check("auto/single-copy-no-growth", len(set(sizes)) == 1 and sizes[0] < need,
               str(sizes))
     else:
         check("auto/grew", sizes == sorted(sizes) and sizes[0] < sizes[-1], str(sizes))
         check("auto/grew-pow2", sizes[-1] >= need and sizes[-1] & (sizes[-1] - 1) == 0
               and sizes[-1] < 2 * need, f"{sizes[-1]} for {need}")
-    st = symm.state(comm)
+    st = comm._dispatch.symm
     check("auto/one-stage", st.stage in st.segments and st.slots in st.segments
           and len(st.segments) == 2, str(len(st.segments)))
 
@@ -435,7 +436,7 @@ def _auto_suite(comm, check, leftovers) -> None:
     # k // P elements of every other rank's buffer while they read the rest (P does not
     # divide k). Counted, so a call that quietly took the pipeline fails here.
     from polycast.runtime.symm import BCAST_CHUNK_NBYTES
-    st = symm.state(comm)
+    st = comm._dispatch.symm
     k = 3 * BCAST_CHUNK_NBYTES // 8 + 7
     for root, rep in ((P - 1, 0), (0, 1)):
         want = np.arange(k, dtype=np.int64) * 3 + 1 + rep
@@ -479,26 +480,27 @@ def _auto_suite(comm, check, leftovers) -> None:
         cma_mod._writev = real_writev
     buf2 = want.copy() if r == 1 % P else np.zeros(k, np.int64)
     nowrite.Bcast(buf2, 1 % P)
-    st2 = symm.state(nowrite)
+    st2 = nowrite._dispatch.symm
     check("no-writev/agreed", st2 is not None and not st2.single_copy_writes
           and st2.single_copy_calls["bcast"] == 0 or P == 1,
           f"writes={getattr(st2, 'single_copy_writes', None)}")
     check("no-writev/bcast", np.array_equal(buf, want) and np.array_equal(buf2, want))
     nowrite.Free()
 
-    # POLYCAST_SYMM=0: the engine's schedules, same results.
-    os.environ["POLYCAST_SYMM"] = "0"
+    # POLYCAST_SYMM=0 (a communicator made with it): the engine's schedules, same results.
+    from test_runtime_helpers import with_config
+    off = with_config(comm, symm=False)
     got = np.empty(3)
-    req = comm.Iallreduce(np.full(3, r + 1.0), got)
+    req = off.Iallreduce(np.full(3, r + 1.0), got)
     req.Wait()
     check("env-off/allreduce", "symm" not in req.desc
           and np.array_equal(got, np.full(3, P * (P + 1) / 2)), req.desc)
     got = np.empty(2 * P)
-    req = comm.Iallgather(np.full(2, float(r)), got)
+    req = off.Iallgather(np.full(2, float(r)), got)
     req.Wait()
     check("env-off/allgather", "symm" not in req.desc
           and np.array_equal(got, np.repeat(np.arange(P, dtype=float), 2)), req.desc)
-    del os.environ["POLYCAST_SYMM"]
+    off.Free()
     # An explicit algorithm name is the engine's schedule, as before.
     req = comm.Iallreduce(np.full(3, r + 1.0), got[:3], algorithm="ring")
     req.Wait()
@@ -507,7 +509,7 @@ def _auto_suite(comm, check, leftovers) -> None:
     # Ranks on different hosts (host ids faked for a fresh communicator): the first auto
     # call finds out and every call takes the engine.
     real_host = symm.shared.host_id
-    symm.shared.host_id = lambda: f"host{r}"
+    symm.shared.host_id = lambda override="": f"host{r}"
     multi = comm.Dup()
     try:
         got = np.empty(2 * P)
@@ -611,21 +613,22 @@ def _needs_symm_native():
 
 
 # native: "1" the compiled barrier and small calls where built, "0" the Python fallback on
-# every rank (POLYCAST_NATIVE=0), "mixed" the fallback on rank 1 only (same layout).
+# every rank (the native=0 test hook), "mixed" the fallback on rank 1 only (same layout).
 @pytest.mark.parametrize("nranks,single_copy,native", [
     (2, "1", "1"), (3, "1", "1"), (4, "1", "1"), (3, "0", "1"), (3, "1", "0"),
     pytest.param(3, "1", "mixed", marks=_needs_symm_native())])
 def test_symm_auto_staged_plain_arrays(nranks, single_copy, native, tmp_path):
     """``auto`` on one host runs ordinary arrays through a staging symmetric buffer (large
-    allgathers single-copy, unless POLYCAST_CMA=0), with the compiled helper, without, and
-    with one rank without it."""
+    allgathers single-copy, unless the cma=0 test hook), with the compiled helper, without,
+    and with one rank without it."""
     before = _symm_files()
     prof = _symm_first_profile(tmp_path / "profile.json")
     results = spawn_ranks(nranks, [HERE, "--suite", "auto"],
                           env={"POLYCAST_TIMEOUT": "20", "POLYCAST_PROFILE": prof,
-                               "POLYCAST_CMA": single_copy,
-                               "POLYCAST_NATIVE": "0" if native == "0" else "1"},
-                          per_rank={1: {"POLYCAST_NATIVE": "0"}} if native == "mixed" else None,
+                               "POLYCAST_TEST_HOOKS":
+                                   f"cma={single_copy},native={int(native != '0')}"},
+                          per_rank={1: {"POLYCAST_TEST_HOOKS": f"cma={single_copy},native=0"}}
+                          if native == "mixed" else None,
                           timeout=120)
     for res in results:
         assert res.returncode == 0 and SUITE_OK in res.out, (

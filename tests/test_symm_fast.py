@@ -8,7 +8,7 @@ allgather, symm_empty arrays), and a rank that calls differently while
 its peers take it makes EVERY rank raise (MismatchError, or InvalidArgument on the rank
 whose arguments are bad), never a hang or wrong data. Waits stay bounded (a silent or dead
 peer: CollectiveTimeout / PeerLost naming it). Runs compiled, with the Python fallback on
-every rank (POLYCAST_NATIVE=0: never armed) and mixed (rank 1 Python).
+every rank (the native=0 test hook: never armed) and mixed (rank 1 Python).
 
 Run as a rank: ``python tests/test_symm_fast.py --suite fast|hang|death``."""
 
@@ -21,6 +21,13 @@ import time
 import numpy as np
 
 SUITE_OK = "FAST-SUITE OK"
+
+
+def _armed(comm) -> bool:
+    """Whether the compiled helper keeps this communicator's repeated calls (its dispatch
+    hands calls to it first)."""
+    st = comm._dispatch.symm
+    return st is not None and st.bar.fast is not None
 
 
 def _rank_main(suite: str) -> int:
@@ -45,7 +52,7 @@ def _rank_main(suite: str) -> int:
     def uses() -> int:
         return B.compiled.stats()["fast"] if B.compiled is not None else 0
 
-    native = os.environ.get("POLYCAST_NATIVE") != "0" and B.compiled is not None
+    native = comm.config.hooks.native and B.compiled is not None
 
     def counted(name: str, before: int, n: int) -> None:
         """This rank's fast path ran exactly n calls since ``before`` (none in Python)."""
@@ -60,7 +67,7 @@ def _rank_main(suite: str) -> int:
         return np.array([sum(i + q for q in range(P)), sum(i * q for q in range(P))],
                         np.float32)
 
-    def allreduce(i, send=None, recv=None, **kw):
+    def allreduce(i, send=None, recv=None, comm=comm, **kw):
         send = s if send is None else send
         recv = d if recv is None else recv
         send[...] = (i + r, i * r)
@@ -70,7 +77,7 @@ def _rank_main(suite: str) -> int:
     # The first call of a shape takes the Python path and keeps it; the rest are one call.
     ok = all(allreduce(i) for i in range(40))
     check("fast/allreduce-exact", ok)
-    check("fast/armed", (comm.__dict__.get("_symm_fast") is not None) == native)
+    check("fast/armed", _armed(comm) == native)
     before = uses()
     ok = all(allreduce(i) for i in range(40, 90))
     check("fast/allreduce-exact-fast", ok)
@@ -131,12 +138,12 @@ def _rank_main(suite: str) -> int:
     check("refuse/ndarray-subclass", allreduce(7, recv=np.empty(2, np.float32).view(Sub)))
     check("refuse/op-object", allreduce(8, op=ReduceOp.SUM))
     check("refuse/explicit-algorithm", allreduce(9, algorithm="ring"))
-    for var in ("POLYCAST_ALLREDUCE_ALGO", "POLYCAST_SYMM"):
-        os.environ[var] = "ring" if var.endswith("ALGO") else "0"
-        try:
-            check(f"refuse/{var}", allreduce(10))
-        finally:
-            del os.environ[var]
+    from test_runtime_helpers import with_config        # a communicator made with them
+    for var, changes in (("POLYCAST_ALLREDUCE_ALGO", {"algorithms": {"allreduce": "ring"}}),
+                         ("POLYCAST_SYMM", {"symm": False})):
+        other = with_config(comm, **changes)
+        check(f"refuse/{var}", allreduce(10, comm=other))
+        other.Free()
     counted("refuse/none-counted", before, 0)
     check("refuse/then-fast-again", allreduce(11))
     counted("refuse/fast-again", before, 1)
@@ -236,7 +243,7 @@ def _rank_main(suite: str) -> int:
 
     # Symmetric arrays of the user's own: calls route by buffer, so no more fast path.
     y = comm.symm_empty(2, np.float32)
-    check("symm_empty/disarms", comm.__dict__.get("_symm_fast") is None)
+    check("symm_empty/disarms", not _armed(comm))
     before = uses()
     check("symm_empty/exact", allreduce(40) and allreduce(41, recv=y))
     counted("symm_empty/none-counted", before, 0)
@@ -246,7 +253,7 @@ def _rank_main(suite: str) -> int:
         s3, d3 = np.ones(2, np.float32), np.empty(2, np.float32)
         for _ in range(5):
             comm2.Allreduce(s3, d3)
-        check(f"{suite}/armed", (comm2.__dict__.get("_symm_fast") is not None) == native)
+        check(f"{suite}/armed", _armed(comm2) == native)
         if r == P - 1:
             if suite == "death":
                 os._exit(17)
@@ -258,7 +265,7 @@ def _rank_main(suite: str) -> int:
         dt = time.monotonic() - t0
         check(f"{suite}/names-rank", exc is not None and f"{P - 1}" in str(exc), str(exc))
         check(f"{suite}/in-time", dt < comm.timeout_seconds + 1.5, f"{dt:.1f}s")
-        check(f"{suite}/disarmed", comm2.__dict__.get("_symm_fast") is None)
+        check(f"{suite}/disarmed", not _armed(comm2))
         print(f"{SUITE_OK if not failures else 'FAST-SUITE FAILED'} {checks} checks",
               flush=True)
         os._exit(0 if not failures else 1)
@@ -304,8 +311,9 @@ def _run(nranks, suite, tmp_path, native="1", timeout_s="10", script=HERE):
     """``script --suite suite`` as ``nranks`` ranks (``native`` "mixed": rank 1 in Python)."""
     results = spawn_ranks(nranks, [script, "--suite", suite],
                           env={"POLYCAST_TIMEOUT": timeout_s, "POLYCAST_PROFILE": _profile(
-                              tmp_path), "POLYCAST_NATIVE": "0" if native == "0" else "1"},
-                          per_rank={1: {"POLYCAST_NATIVE": "0"}} if native == "mixed" else None,
+                              tmp_path), "POLYCAST_TEST_HOOKS": f"native={int(native != '0')}"},
+                          per_rank={1: {"POLYCAST_TEST_HOOKS": "native=0"}} if native == "mixed"
+                          else None,
                           timeout=120)
     return results
 

@@ -26,17 +26,23 @@ NO_SINGLE = "NO-SINGLE-COPY"
 N = (5 << 18) // 4
 
 
+def _armed(comm) -> bool:
+    """Whether the compiled helper keeps this communicator's repeated calls (its dispatch
+    hands calls to it first)."""
+    st = comm._dispatch.symm
+    return st is not None and st.bar.fast is not None
+
+
 def _rank_main(suite: str) -> int:
     import polycast
     from polycast.errors import CollectiveTimeout, MismatchError, PeerLost, PolycastError
-    from polycast.runtime import symm
     from polycast.runtime.symm import barrier as B
 
     comm = polycast.init()
     P, r = comm.size, comm.rank
     failures: list[str] = []
     checks = 0
-    native = os.environ.get("POLYCAST_NATIVE") != "0" and B.compiled is not None
+    native = comm.config.hooks.native and B.compiled is not None
 
     def check(name: str, ok: bool, detail: str = "") -> None:
         nonlocal checks
@@ -65,7 +71,7 @@ def _rank_main(suite: str) -> int:
                    for p in range(P))
 
     check("first/exact", allgather(0))
-    st = symm.state(comm)
+    st = comm._dispatch.symm
     if st is None or not st.single_copy:
         print(f"{NO_SINGLE} {getattr(st, 'usable_reason', None) or 'CMA not allowed here'}",
               flush=True)
@@ -76,7 +82,7 @@ def _rank_main(suite: str) -> int:
         comm2 = comm.Dup()
         for i in range(3):
             check("death/warm", allgather(i, comm2))
-        check("death/armed", (comm2.__dict__.get("_symm_fast") is not None) == native)
+        check("death/armed", _armed(comm2) == native)
         if r == P - 1:
             os._exit(17)
         t0 = time.monotonic()
@@ -87,7 +93,7 @@ def _rank_main(suite: str) -> int:
             check("death/names-rank", f"{P - 1}" in str(exc), str(exc))
         dt = time.monotonic() - t0
         check("death/in-time", dt < comm.timeout_seconds + 1.5, f"{dt:.1f}s")
-        check("death/disarmed", comm2.__dict__.get("_symm_fast") is None)
+        check("death/disarmed", not _armed(comm2))
         print(f"{SUITE_OK if not failures else 'SINGLE-SUITE FAILED'} {checks} checks",
               flush=True)
         os._exit(0 if not failures else 1)
@@ -120,11 +126,10 @@ def _rank_main(suite: str) -> int:
     check("refuse/nonblocking", np.array_equal(out.reshape(P, N)[:, 0],
                                                7.0 + np.arange(P, dtype=np.float32)))
     check("refuse/explicit-algorithm", allgather(30, algorithm="ring"))
-    os.environ["POLYCAST_SYMM"] = "0"
-    try:
-        check("refuse/POLYCAST_SYMM=0", allgather(31))
-    finally:
-        del os.environ["POLYCAST_SYMM"]
+    from test_runtime_helpers import with_config
+    off = with_config(comm, symm=False)         # POLYCAST_SYMM=0: the engine's schedules
+    check("refuse/POLYCAST_SYMM=0", allgather(31, off))
+    off.Free()
     counted("refuse/none-counted", before, 0)
     before = stat("single")
     check("refuse/then-fast-again", allgather(32))

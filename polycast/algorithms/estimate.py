@@ -17,15 +17,14 @@ more than :data:`CHECK_ABOVE_RANKS` ranks (below that every schedule is small).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
 from ..collectives import Collective
+from ..config import Config, current
 from ..errors import InvalidArgument, PolycastError
 
 CHECK_ABOVE_RANKS = 256
-DEFAULT_LIMIT_GIB = 4.0
 # Measured resident bytes of built schedules (ring/mcast allgather, bruck, rabenseifner at
 # 512-1024 ranks): about 300 B per step and 130 B per block or dependency reference.
 STEP_NBYTES, REF_NBYTES = 300, 130
@@ -63,15 +62,9 @@ class Estimate:
         return max(1, int(self.nranks * (limit_nbytes / self.nbytes) ** (1 / e)))
 
 
-def limit_nbytes() -> float:
-    text = os.environ.get("POLYCAST_MAX_SCHEDULE_GIB", "")
-    try:
-        gib = float(text) if text else DEFAULT_LIMIT_GIB
-    except ValueError:
-        raise InvalidArgument(f"POLYCAST_MAX_SCHEDULE_GIB={text!r} is not a number") from None
-    if gib <= 0:
-        raise InvalidArgument(f"POLYCAST_MAX_SCHEDULE_GIB must be > 0, got {text}")
-    return gib * 2**30
+def limit_nbytes(cfg: Config | None = None) -> float:
+    """POLYCAST_MAX_SCHEDULE_GIB in bytes: ``cfg``'s, else the current configuration's."""
+    return (cfg or current()).max_schedule_nbytes
 
 
 def _scaled(options: dict, nranks: int, sample: int) -> dict | None:
@@ -146,13 +139,15 @@ def _gib(nbytes: float) -> str:
 
 
 def check(collective, algorithm: str, nranks: int, nchunks: int = 1, channels: int = 1,
-          compact: bool = False, **options) -> Estimate | None:
-    """Raise :class:`TooLarge` if the schedule would not fit the memory limit (``compact``:
-    as the simulator's fast path holds it, where the algorithm has a compact form)."""
+          compact: bool = False, *, limit: float | None = None, **options
+          ) -> Estimate | None:
+    """Raise :class:`TooLarge` if the schedule would not fit ``limit`` bytes (default
+    :func:`limit_nbytes`; ``compact``: as the simulator's fast path holds it, where the
+    algorithm has a compact form)."""
     if nranks <= CHECK_ABOVE_RANKS:
         return None
     est = estimate(collective, algorithm, nranks, nchunks, channels, compact, **options)
-    limit = limit_nbytes()
+    limit = limit_nbytes() if limit is None else limit
     if est is None or est.nbytes <= limit:
         return est
     from .registry import algorithms

@@ -125,12 +125,14 @@ def get(collective: Collective | str, name: str) -> Algorithm:
 
 
 def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
-          root: int = 0, nchunks: int = 1, channels: int = 1, compact: bool = False,
-          **options) -> Schedule:
+          root: int = 0, nchunks: int = 1, channels: int = 1, compact: bool = False, *,
+          max_schedule_nbytes: float | None = None, **options) -> Schedule:
     """Generate the schedule of ``algorithm`` for one call (the single entry point).
     ``compact``: a :class:`~polycast.schedule.compact.CompactSchedule` (columns from the
     algorithm's vectorised generator, Step programs built only when asked for) where the
-    algorithm has one for this call, else the ordinary schedule."""
+    algorithm has one for this call, else the ordinary schedule. ``max_schedule_nbytes``:
+    refuse (TooLarge) a schedule estimated to need more memory (default:
+    POLYCAST_MAX_SCHEDULE_GIB of the current configuration)."""
     coll = Collective.parse(collective)
     check_rank_args(nranks, root, count)
     if not isinstance(nchunks, int) or nchunks < 1:
@@ -161,7 +163,7 @@ def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
     if gen is not None and channels == 1 and options.get("counts") is None and nranks > 1:
         if nranks > estimate.CHECK_ABOVE_RANKS:    # as columns, timed on the fast path
             estimate.check(coll, algorithm, nranks, nchunks, channels, compact=True,
-                           **options)
+                           limit=max_schedule_nbytes, **options)
         try:
             cols = gen(spec)
         except NotImplementedError:
@@ -172,9 +174,10 @@ def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
                 coll, algorithm, nranks, root, count,
                 {"nchunks": nchunks, **spec.options, **cols.options}, cols,
                 lambda: build(coll, algorithm, nranks, count, root, nchunks, channels,
-                              **options))
+                              max_schedule_nbytes=max_schedule_nbytes, **options))
     if nranks > estimate.CHECK_ABOVE_RANKS:    # refuse what would not fit in memory
         estimate.check(coll, algorithm, nranks, nchunks, channels,   # counts: same shape
+                       limit=max_schedule_nbytes,
                        **{k: v for k, v in options.items() if k != "counts"})
     # Schedules are millions of small immutable objects at 1024 ranks; the cyclic garbage
     # collector would rescan them all repeatedly (15-40 % of build time) and finds nothing.

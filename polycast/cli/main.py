@@ -13,7 +13,8 @@ from ..errors import PolycastError
 from .checks import Parser
 
 # In the order `polycast --help` lists them.
-COMMANDS = ("demo", "tree", "algos", "sim", "nic", "bench", "tune", "run", "lab", "doctor")
+COMMANDS = ("demo", "tree", "algos", "sim", "nic", "bench", "tune", "run", "lab", "doctor",
+            "config")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,17 +7,18 @@
 >>> req = comm.Iallgather(x, out)                 # non-blocking; req.Wait()
 
 Every call builds the schedule of the chosen algorithm (``algorithm=`` keyword, else the
-environment's ``POLYCAST_<COLLECTIVE>_ALGO``, else ``auto``: see :mod:`.choice`), registers
-the arrays (bad sizes or dtypes raise InvalidArgument before anything is sent) and posts it
-to the progress thread. Every wait is bounded by the communicator's timeout
-(POLYCAST_TIMEOUT, default 60 s).
+communicator's ``POLYCAST_<COLLECTIVE>_ALGO``, else ``auto``: see
+:mod:`polycast.dispatch.choice`), registers the arrays (bad sizes or dtypes raise
+InvalidArgument before anything is sent) and posts it to the progress thread. Every wait is
+bounded by the communicator's timeout (POLYCAST_TIMEOUT, default 60 s). A communicator's
+settings (``comm.config``, :mod:`polycast.config`) are read once, when it is made.
 
-Modules: :mod:`.core` (identity, posting, Split/Dup/Free), :mod:`.choice` (which algorithm),
-:mod:`.buffers` (what a buffer may be), :mod:`.collectives` (buffer methods),
-:mod:`.objects` (object methods), :mod:`.p2p` (point-to-point), :mod:`.message`
-(matched probes), :mod:`.ordered`
-(non-commutative ops), :mod:`.communicator` (``Comm``), :mod:`.lifecycle`
-(``init``, ``finalize``, ``world``).
+Modules: :mod:`.core` (identity, posting, Split/Dup/Free), :mod:`.collectives` (buffer
+methods), :mod:`.vector` (vector and scan collectives), :mod:`.persistent`,
+:mod:`.objects` (object methods), :mod:`.p2p` (point-to-point), :mod:`.message` (matched
+probes), :mod:`.ordered` (non-commutative ops), :mod:`.communicator` (``Comm``),
+:mod:`.lifecycle` (``init``, ``finalize``, ``world``). What a buffer may be is
+:mod:`polycast.buffers`'; which path and algorithm a call takes, :mod:`polycast.dispatch`'s.
 """
 
 from ..errors import UnknownName

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import atexit
-import os
+import dataclasses
 import threading
 
+from .. import config
 from ..errors import InvalidArgument
-from ..runtime import symm as _symm
 from ..runtime.driver import Driver
 from .communicator import Comm
 
@@ -21,20 +21,23 @@ def init(*, rank: int | None = None, size: int | None = None,
          mtu_nbytes: int | None = None, pacing_gbps: float | None = None,
          progress: str | None = None) -> Comm:
     """Join the job and return the world communicator (calling it again returns the same
-    one). The job is described by the environment (see :mod:`polycast.runtime.bootstrap.env`: polycast
-    run, torchrun, mpiexec, srun), or explicitly by ``rank``, ``size``, ``master_addr`` and
-    ``master_port`` (all four; every rank on one host is assumed when the address is a
-    loopback one). ``transport``: "auto", "shm" or "tcp" (else POLYCAST_TRANSPORT);
-    ``timeout``: seconds every wait is bounded by (else POLYCAST_TIMEOUT, default 60);
-    ``progress``: "thread" (in-process, the default) or "offload" (one process per host
-    carries every local rank's communication: :mod:`polycast.runtime.offload`; else
-    POLYCAST_PROGRESS)."""
+    one). The job is described by the environment (see :mod:`polycast.runtime.bootstrap.env`:
+    polycast run, torchrun, mpiexec, srun), or explicitly by ``rank``, ``size``,
+    ``master_addr`` and ``master_port`` (all four; every rank on one host is assumed when the
+    address is a loopback one). The settings are read now, once (:mod:`polycast.config`:
+    the ``POLYCAST_*`` variables); these arguments take precedence over them:
+    ``transport``: "auto", "shm" or "tcp" (else POLYCAST_TRANSPORT); ``timeout``: seconds
+    every wait is bounded by (else POLYCAST_TIMEOUT, default 60); ``progress``: "thread"
+    (in-process, the default) or "offload" (one process per host carries every local rank's
+    communication: :mod:`polycast.runtime.offload`; else POLYCAST_PROGRESS); ``mtu_nbytes``
+    and ``pacing_gbps`` (else POLYCAST_MTU, POLYCAST_PACING_GBPS)."""
     global _WORLD
     from ..runtime.bootstrap.env import detect
-    from ..runtime.offload import progress_mode
     with _WORLD_LOCK:
         if _WORLD is not None and not _WORLD._freed:
             return _WORLD
+        if timeout is not None and not timeout > 0:
+            raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout}")
         explicit = (rank, size, master_addr, master_port)
         if any(v is not None for v in explicit):
             if any(v is None for v in explicit):
@@ -43,51 +46,45 @@ def init(*, rank: int | None = None, size: int | None = None,
                                       f"size={size!r}, master_addr={master_addr!r}, "
                                       f"master_port={master_port!r}")
             local = master_addr.startswith("127.") or master_addr == "localhost"
-            job = detect({"POLYCAST_RANK": str(rank), "POLYCAST_SIZE": str(size),
-                          "POLYCAST_LOCAL_RANK": str(rank if local else 0),
-                          "POLYCAST_LOCAL_SIZE": str(size if local else 1),
-                          "POLYCAST_MASTER_ADDR": master_addr,
-                          "POLYCAST_MASTER_PORT": str(master_port),
-                          **({"POLYCAST_TIMEOUT": os.environ["POLYCAST_TIMEOUT"]}
-                             if os.environ.get("POLYCAST_TIMEOUT") else {})})
-        else:
-            job = detect(env)
-        if timeout is not None:
-            if timeout <= 0:
-                raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout}")
-            from dataclasses import replace
-            job = replace(job, timeout_seconds=float(timeout))
-        if progress_mode(progress) == "offload":
+            env = {"POLYCAST_RANK": str(rank), "POLYCAST_SIZE": str(size),
+                   "POLYCAST_LOCAL_RANK": str(rank if local else 0),
+                   "POLYCAST_LOCAL_SIZE": str(size if local else 1),
+                   "POLYCAST_MASTER_ADDR": master_addr,
+                   "POLYCAST_MASTER_PORT": str(master_port)}
+        job = detect(env)
+        cfg = config.current(rank=job.rank).replace(
+            transport=transport, timeout_seconds=None if timeout is None else float(timeout),
+            progress=progress, mtu_nbytes=mtu_nbytes, pacing_gbps=pacing_gbps)
+        job = dataclasses.replace(job, timeout_seconds=cfg.timeout_seconds)
+        if cfg.progress == "offload":
             from ..runtime.offload.client import attach
-            driver = attach(job, transport, mtu_nbytes=mtu_nbytes, pacing_gbps=pacing_gbps)
+            driver = attach(job, cfg)
             _WORLD = Comm(driver, 0, list(range(job.size)), job.timeout_seconds,
-                          driver.world_mcast_error)
+                          driver.world_mcast_error, cfg)
         else:
-            _WORLD = open_comm(job, transport=transport, mtu_nbytes=mtu_nbytes,
-                               pacing_gbps=pacing_gbps)
+            _WORLD = open_comm(job, cfg)
         atexit.register(finalize)
         return _WORLD
 
 
-def open_comm(job, *, transport: str | None = None, store=None,
-              mtu_nbytes: int | None = None, pacing_gbps: float | None = None) -> Comm:
-    """Connect the ranks of ``job`` (a :class:`polycast.runtime.bootstrap.env.JobEnv`) and return
-    their communicator, with its own progress thread and connections. :func:`init` makes
-    the world so; polycast.torch makes one per process group, rendezvousing through
+def open_comm(job, cfg: config.Config | None = None, *, store=None) -> Comm:
+    """Connect the ranks of ``job`` (a :class:`polycast.runtime.bootstrap.env.JobEnv`) and
+    return their communicator, with its own progress thread and connections, under the
+    settings ``cfg`` (default: :func:`polycast.config.current`, read now). :func:`init`
+    makes the world so; polycast.torch makes one per process group, rendezvousing through
     torch's ``store`` (see :func:`polycast.runtime.bootstrap.world.connect`). Closed by
     :func:`close_comm`."""
     from ..runtime.bootstrap.engine_config import engine_config
     from ..runtime.bootstrap.world import connect
-    world = connect(job, transport, store=store)
-    config = engine_config(world, job.timeout_seconds, mtu_nbytes=mtu_nbytes,
-                           pacing_gbps=pacing_gbps)
-    driver = Driver(world, config)
+    cfg = cfg if cfg is not None else config.current(rank=job.rank)
+    world = connect(job, cfg, store=store)
+    driver = Driver(world, engine_config(world, cfg), cfg)
     try:
         err = driver.add_comm(0, list(range(world.size)))
     except BaseException:
         driver.close()
         raise
-    return Comm(driver, 0, list(range(world.size)), job.timeout_seconds, err)
+    return Comm(driver, 0, list(range(world.size)), job.timeout_seconds, err, cfg)
 
 
 def close_comm(comm: Comm) -> None:
@@ -95,7 +92,7 @@ def close_comm(comm: Comm) -> None:
     symmetric memory and stop its progress thread (each step does nothing the second
     time)."""
     comm._freed = True
-    _symm.free(comm)
+    comm._dispatch.free()
     comm._driver.close()
 
 

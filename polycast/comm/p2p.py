@@ -106,7 +106,7 @@ class PointToPointMethods:
         if sync:
             self._driver.post_send(self.id, req, dest, tag, data, sync=True)
             return req
-        if dest == self.rank and data.nbytes <= self._driver.config.eager_max_nbytes:
+        if dest == self.rank and data.nbytes <= self._driver.engine_config.eager_max_nbytes:
             # To itself, small: buffered, as MPI implementations do, so a Send to self
             # returns before its Recv is posted.
             inner = self._p2p_request(f"Send to self, tag {tag}")

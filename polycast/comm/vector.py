@@ -43,7 +43,6 @@ import zlib
 
 import numpy as np
 
-from .. import environ
 from .. import ops as _ops
 from ..algorithms import algorithms, get
 from ..collectives import Collective
@@ -159,7 +158,7 @@ class VectorCollectives:
                           ) -> tuple[str, int]:
         """(algorithm, nchunks) of a vector call of ``nbytes`` (S): the one asked for, which
         must have a vector form, or the planner's choice among those that have one."""
-        name = (algorithm or environ.algorithm(coll) or "auto").lower()
+        name = (algorithm or self.config.algorithm(coll) or "auto").lower()
         if name != "auto":
             if "counts" not in get(coll, name).options:
                 raise InvalidArgument(
@@ -171,7 +170,7 @@ class VectorCollectives:
     def _vector_plan(self, coll: Collective, nbytes: int) -> tuple[str, int, float]:
         """The planner's (algorithm, nchunks, estimated seconds) among the algorithms with
         a vector form, per power-of-two size class (as choice.plan: every rank the same)."""
-        cache = self.__dict__.setdefault("_vector_choices", {})
+        cache = self._dispatch.plans.vector
         k = nbytes.bit_length()
         key = (coll, k, self.mcast_error is None)
         hit = cache.get(key)
@@ -190,8 +189,8 @@ class VectorCollectives:
         collective step, since a rank whose arguments failed is not here to take it. The
         padded path then agrees on the counts first through the engine, where such a
         rank's refusal is seen (the symmetric-memory path does not see it)."""
-        if environ.get(environ.algorithm_var(coll), "auto").lower() != "auto" \
-                or self.__dict__.get("_symm_state") is None:
+        if (self.config.algorithm(coll) or "auto") != "auto" \
+                or self._dispatch.symm is None:
             return False
         P, it = self.size, np.dtype(dtype).itemsize
         padded = P * max(counts) * it
@@ -212,9 +211,9 @@ class VectorCollectives:
         dt = (send if send is not None else recv).dtype
         nbytes = _vector_elements(coll, P, counts) * dt.itemsize
         algo, nchunks = self._vector_algorithm(coll, nbytes, algorithm)
-        sched = self._built(coll, algo, 0, root, nchunks, counts)
-        return self._post_built(sched, send, recv, dt.itemsize, dtype_name(dt), opname,
-                                after)
+        d = self._dispatch
+        sched = d.schedule(coll, algo, 0, root, nchunks, counts)
+        return d.post_built(sched, send, recv, dt.itemsize, dtype_name(dt), opname, after)
 
     # -- Allgatherv --------------------------------------------------------------------
     def Iallgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:

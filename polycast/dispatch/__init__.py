@@ -1,2 +1,8 @@
-"""Which path runs a call: the planner's choice for a communicator (``choice``) and the
-symmetric-memory route on one host (``routing``)."""
+"""Which path runs a call: the one dispatch of every communicator's calls (``call``: the
+kept compiled calls, the route to symmetric memory, the engine; and what is kept for it),
+the planner's answers for a communicator (``choice``) and the symmetric-memory route on one
+host (``routing``)."""
+
+from .call import Dispatch, Form
+
+__all__ = ["Dispatch", "Form"]

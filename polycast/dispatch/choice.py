@@ -19,16 +19,15 @@ schedule or symmetric memory, and how finely it is pipelined.
 An explicit ``algorithm=`` (or POLYCAST_<COLLECTIVE>_ALGO) other than ``auto`` always
 runs that engine schedule, pipelined as the planner would pipeline it (POLYCAST_NCHUNKS=K
 forces K chunks per part on every call: experiments, calibration); ``symm`` asks for the
-user's symmetric buffers (:func:`polycast.dispatch.routing.wanted`).
+user's symmetric buffers (:func:`polycast.dispatch.routing.wanted`). The answers are kept
+by the communicator's dispatch (:class:`Plans`).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 
-from .. import environ
 from ..algorithms import build, get, supported
 from ..collectives import Collective
 from ..errors import PolycastError
@@ -53,11 +52,26 @@ def _one_host(comm) -> bool:
     return all(w == world.rank or (w in peers and peers[w].same_host) for w in comm.members)
 
 
+class Plans:
+    """What the planner answered for one communicator (its dispatch keeps it): every
+    answer depends only on what its ranks share, so it is asked once."""
+
+    __slots__ = ("fabrics", "shape", "choices", "supported", "vector")
+
+    def __init__(self) -> None:
+        self.fabrics: dict = {}         # (symm on offer, multicast up) -> Fabric
+        self.shape: CommShape | None = None
+        self.choices: dict = {}         # (collective, size class, symm, multicast) -> Choice
+        self.supported: dict = {}       # collective -> the algorithms that run on its ranks
+        self.vector: dict = {}          # vector calls' choices (polycast.comm.vector)
+
+
 def fabric(comm, symm: bool):
-    """The communicator's fabric (cached on it; ``symm``: whether symmetric memory is
-    still on offer -- it goes when an allocation was refused on every rank)."""
-    key = ("_planner_fabric", symm, comm.mcast_error is None)
-    fab = comm.__dict__.get(key)
+    """The communicator's fabric (kept; ``symm``: whether symmetric memory is still on
+    offer -- it goes when an allocation was refused on every rank)."""
+    cache = comm._dispatch.plans.fabrics
+    key = (symm, comm.mcast_error is None)
+    fab = cache.get(key)
     if fab is None:
         one = _one_host(comm)
         try:
@@ -67,18 +81,18 @@ def fabric(comm, symm: bool):
         transport = "shm" if kinds <= {"shm"} else "tcp"
         fab = local_fabric(single_host=one, transport=transport,
                            multicast=one and comm.mcast_error is None, symm=symm,
-                           prof=_profile.load() if one else None)
-        comm.__dict__[key] = fab
+                           prof=_profile.load(_profile.default_path(comm.config)) if one else None)
+        cache[key] = fab
     return fab
 
 
 def shape(comm) -> CommShape:
     """Hosts x ranks per host as every rank sees it: one host, or (ranks of other hosts
     being grouped in ways this rank cannot see) one rank per host."""
-    key = "_planner_shape"
-    sh = comm.__dict__.get(key)
+    plans = comm._dispatch.plans
+    sh = plans.shape
     if sh is None:
-        sh = comm.__dict__[key] = CommShape(comm.size, comm.size if _one_host(comm) else 1)
+        sh = plans.shape = CommShape(comm.size, comm.size if _one_host(comm) else 1)
     return sh
 
 
@@ -87,7 +101,7 @@ def plan(comm, coll: Collective, nbytes: int, symm: bool):
     per power-of-two size class (the estimate is made at the class's middle)."""
     k = nbytes.bit_length()
     key = (coll, k, symm, comm.mcast_error is None)
-    cache = comm.__dict__.setdefault("_planner_choices", {})
+    cache = comm._dispatch.plans.choices
     hit = cache.get(key)
     if hit is None:
         rep = 0 if nbytes == 0 else (3 << (k - 2) if k >= 2 else nbytes)
@@ -99,12 +113,13 @@ def plan(comm, coll: Collective, nbytes: int, symm: bool):
 def choose_algorithm(comm, coll: Collective, nbytes: int, algorithm: str | None) -> str:
     """The engine schedule a call of ``nbytes`` (S) would use. Under ``auto`` on one host,
     calls of ordinary arrays may take the symm path first (:func:`symm_wins`)."""
-    name = algorithm or environ.algorithm(coll) or "auto"
+    name = algorithm or comm.config.algorithm(coll) or "auto"
     name = name.lower()
     P = comm.size
-    ok = comm._supported.get(coll)
+    known = comm._dispatch.plans.supported
+    ok = known.get(coll)
     if ok is None:          # the registry is fixed once loaded: ask once per collective
-        ok = comm._supported[coll] = supported(coll, P)
+        ok = known[coll] = supported(coll, P)
     if name != "auto":
         if name not in ok:
             get(coll, name)          # unknown names: UnknownName with the choices
@@ -125,18 +140,14 @@ def choose_algorithm(comm, coll: Collective, nbytes: int, algorithm: str | None)
 def pipeline_nchunks(comm, coll: Collective, algo: str, nbytes: int) -> int:
     """How finely ``algo`` is pipelined for a call of ``nbytes`` (S): the planner's depth
     for ``auto``'s choice, and the planner's best depth for an algorithm asked by name."""
-    forced = os.environ.get("POLYCAST_NCHUNKS")
+    forced = comm.config.nchunks
     if forced:
-        try:
-            return max(1, int(forced))
-        except ValueError:
-            raise PolycastError(f"POLYCAST_NCHUNKS={forced!r} is not a positive integer") \
-                from None
+        return forced
     c = plan(comm, coll, nbytes, symm=False)
     if c.algorithm == algo:
         return c.nchunks
     key = ("nchunks", coll, algo, nbytes.bit_length())
-    cache = comm.__dict__.setdefault("_planner_choices", {})
+    cache = comm._dispatch.plans.choices
     k = cache.get(key)
     if k is None:
         fab = fabric(comm, False)
@@ -154,13 +165,10 @@ def symm_wins(comm, coll: Collective, nbytes: int) -> bool:
     return plan(comm, coll, nbytes, symm=True).algorithm == "symm"
 
 
-debug_level = _debug.level
-
-
 def log(comm, coll: Collective, nbytes: int, algorithm: str, nchunks: int,
         auto: bool) -> None:
     """POLYCAST_DEBUG: the choice of this call (INFO once per size class, TRACE always)."""
-    lvl = _debug.level()
+    lvl = comm.config.debug_level
     if not lvl:
         return
     detail = "asked for"

@@ -1,37 +1,44 @@
 """Which path a call takes on one host: the user's symmetric buffers (SYMM), ordinary
 arrays staged through the communicator's staging segment (STAGED, the ``auto`` path), or
 None (the engine's schedules). The answer depends only on what every rank shares, so ranks
-never take different paths."""
+never take different paths. Every function takes the communicator's
+:class:`~polycast.dispatch.call.Dispatch` (``d``), which keeps the answers that cannot
+change."""
 
 from __future__ import annotations
 
-
 import numpy as np
 
-from .. import environ
 from ..collectives import Collective
 from ..errors import CollectiveTimeout, PeerLost, PolycastError
 from ..runtime.transport.shm import shm_available
-from ..runtime.symm.shared import state
 
 NAME = "symm"
+SYMM, STAGED = "symm", "staged"
+_STAGED = (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLREDUCE,
+           Collective.BROADCAST)
 
 
-def wanted(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
+def wanted(d, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
            in_place: bool) -> bool:
-    """Whether a call takes this path: asked for by name (``algorithm=`` or
+    """Whether a call takes the SYMM path: asked for by name (``algorithm=`` or
     POLYCAST_<COLLECTIVE>_ALGO), or ``auto`` when the buffers peers must read are symmetric
     (the user opted in by allocating them so; every rank must do the same): the source of
     reduce-scatter, the source or the whole recvbuf of allgather, the recvbuf of
     allreduce."""
-    name = (algorithm or environ.algorithm(coll) or "auto").lower()
+    comm = d.comm
+    name = (algorithm or comm.config.algorithm(coll) or "auto").lower()
     if name == NAME:
         return True
-    if name != "auto" or auto_disabled():
+    if name != "auto" or not comm.config.symm:
         return False
-    st = comm.__dict__.get("_symm_state")
+    st = d.symm
     if st is None or st.usable_reason or st.bar.broken or comm.size < 2:
         return False
+    return _symmetric(st, coll, sendbuf, recvbuf, in_place)
+
+
+def _symmetric(st, coll: Collective, sendbuf, recvbuf, in_place: bool) -> bool:
     src = recvbuf if in_place else sendbuf
     if coll is Collective.REDUCE_SCATTER:
         return st.find(src) is not None
@@ -42,26 +49,13 @@ def wanted(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
     return False
 
 
-_SYMM_OFF = ("0", "false", "no", "off")
-
-
-def auto_disabled() -> bool:
-    """POLYCAST_SYMM=0 (or false/no/off): ``auto`` never takes symmetric memory."""
-    got = environ.get("POLYCAST_SYMM")
-    return got is not None and got.strip().lower() in _SYMM_OFF
-
-
-_STAGED = (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLREDUCE,
-           Collective.BROADCAST)
-
-
-def _members_on_one_host(comm) -> bool:
+def members_on_one_host(d) -> bool:
     """From what the rendezvous told every rank (no message): the same answer everywhere,
     since every member sees every other member on its own host or none does. It cannot
-    change, so it is kept on the communicator (asked once, not per call)."""
-    d = comm.__dict__
-    got = d.get("_symm_one_host")
+    change, so it is kept (asked once, not per call)."""
+    got = d.one_host
     if got is None:
+        comm = d.comm
         world = getattr(comm._driver, "world", None)
         if world is None or not shm_available():
             got = False
@@ -71,63 +65,52 @@ def _members_on_one_host(comm) -> bool:
             peers = world.peers
             got = all(w == world.rank or (w in peers and peers[w].same_host)
                       for w in comm.members)
-        d["_symm_one_host"] = got
+        d.one_host = got
     return got
 
 
-SYMM, STAGED = "symm", "staged"
-
-
-def route(comm, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
+def route(d, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
           in_place: bool) -> str | None:
     """Which symm path a call takes: SYMM (``algorithm="symm"``, or ``auto`` with the
     user's symmetric buffers: :func:`wanted`), STAGED (``auto`` with ordinary arrays on
-    one host: :func:`auto_staged`), or None (the engine). One function, so the common case
-    reads the environment twice, not four times (measured: 12 -> ~4 us a call)."""
-    name = algorithm or environ.algorithm(coll) or "auto"
+    one host: :func:`auto_staged`), or None (the engine)."""
+    comm = d.comm
+    name = algorithm or comm.config.algorithm(coll) or "auto"
     if name == NAME:
         return SYMM
     name = name.lower()
     if name == NAME:
         return SYMM
-    if name != "auto" or auto_disabled():
+    if name != "auto" or not comm.config.symm:
         return None
-    st = comm.__dict__.get("_symm_state")
+    st = d.symm
     # (without a symm_empty allocation no buffer can be symmetric: skip looking)
     if (st is not None and st.nuser and not (st.usable_reason or st.bar.broken)
-            and comm.size > 1):
-        src = recvbuf if in_place else sendbuf
-        if (coll is Collective.REDUCE_SCATTER and st.find(src) is not None
-                or coll is Collective.ALLGATHER and (st.find(recvbuf) is not None
-                                                     or st.find(src) is not None)
-                or coll is Collective.ALLREDUCE and st.find(recvbuf) is not None):
-            return SYMM
+            and comm.size > 1 and _symmetric(st, coll, sendbuf, recvbuf, in_place)):
+        return SYMM
     buf = recvbuf if coll is not Collective.BROADCAST else sendbuf
     if coll in _STAGED:
         nbytes = getattr(recvbuf if in_place or coll is not Collective.REDUCE_SCATTER
                          else sendbuf, "nbytes", None)
         # (the planner's kept answer first, as _planner_wants keys it)
-        got = comm.__dict__.get("_symm_planner", _NO_ANSWERS).get(
-            (coll, nbytes, comm.mcast_error is None))
-        if not (got if got is not None else _planner_wants(comm, coll, nbytes)):
+        got = d.symm_answers.get((coll, nbytes, comm.mcast_error is None))
+        if not (got if got is not None else _planner_wants(d, coll, nbytes)):
             return None
         # The common case, _staged_ok's checks inline: a state that takes calls.
         if (st is not None and type(buf) is np.ndarray and not buf.dtype.hasobject
                 and comm.size > 1 and not comm._freed and _takes_calls(st)):
             return STAGED
-    return STAGED if _staged_ok(comm, coll, buf) else None
+    return STAGED if _staged_ok(d, coll, buf) else None
 
 
-_NO_ANSWERS: dict = {}
-
-
-def _planner_wants(comm, coll: Collective, nbytes: int | None) -> bool:
+def _planner_wants(d, coll: Collective, nbytes: int | None) -> bool:
     """Whether the planner (polycast.planner: the one place choices are made) runs an
     ``auto`` call of ``nbytes`` (S) through symmetric memory; None: any size may. The
-    answers are kept per communicator, collective and size (a call repeats its sizes)."""
-    if nbytes is None or comm.size < 2 or not _members_on_one_host(comm):
+    answers are kept per collective and size (a call repeats its sizes)."""
+    comm = d.comm
+    if nbytes is None or comm.size < 2 or not members_on_one_host(d):
         return nbytes is None
-    cache = comm.__dict__.setdefault("_symm_planner", {})
+    cache = d.symm_answers
     key = (coll, nbytes, comm.mcast_error is None)    # as choice.plan's key
     got = cache.get(key)
     if got is None:
@@ -138,7 +121,7 @@ def _planner_wants(comm, coll: Collective, nbytes: int | None) -> bool:
     return got
 
 
-def auto_staged(comm, coll: Collective, algorithm: str | None, buf,
+def auto_staged(d, coll: Collective, algorithm: str | None, buf,
                 nbytes: int | None = None) -> bool:
     """Whether an ``auto`` call with ordinary arrays takes the staged symm path: the
     collective is allgather, reduce-scatter, allreduce or broadcast, the communicator has
@@ -148,34 +131,35 @@ def auto_staged(comm, coll: Collective, algorithm: str | None, buf,
     never take different paths. The first such call makes the communicator's symmetric
     state (collective: every rank is making the same call). The planner decides whether
     the call's size (``nbytes``, S; else ``buf``'s) is faster there than on the engine."""
+    comm = d.comm
     if algorithm is not None and algorithm.lower() != "auto":
         return False
-    env = environ.algorithm(coll)
-    if env and env.lower() != "auto" or auto_disabled():
+    asked = comm.config.algorithm(coll)
+    if asked and asked != "auto" or not comm.config.symm:
         return False
     if nbytes is None and isinstance(buf, np.ndarray) and buf.size:
         nbytes = buf.nbytes
-    if coll in _STAGED and not _planner_wants(comm, coll, nbytes):
+    if coll in _STAGED and not _planner_wants(d, coll, nbytes):
         return False
-    return _staged_ok(comm, coll, buf)
+    return _staged_ok(d, coll, buf)
 
 
-def _staged_ok(comm, coll: Collective, buf) -> bool:
+def _staged_ok(d, coll: Collective, buf) -> bool:
+    comm = d.comm
     if coll not in _STAGED or comm.size < 2 or comm._freed:
         return False
     if not isinstance(buf, np.ndarray) or buf.dtype.hasobject:
         return False
-    d = comm.__dict__
-    st = d.get("_symm_state")
+    st = d.symm
     if st is None:
-        if d.get("_symm_creating") or d.get("_symm_refused") or not _members_on_one_host(comm):
+        if d.symm_creating or d.symm_refused or not members_on_one_host(d):
             return False
         try:
-            st = state(comm, create=True)
+            st = d.symm_state(create=True)
         except (PeerLost, CollectiveTimeout):
             raise
         except PolycastError as exc:        # raised on every rank: all take the engine
-            comm._symm_refused = str(exc)
+            d.symm_refused = str(exc)
             return False
     return _takes_calls(st)
 

@@ -29,10 +29,11 @@ import signal
 import subprocess
 import time
 
+from ..config import read_var
 from ..errors import PolycastError
 from .plan import HOST_IFNAME, LabPlan
 
-STATE_DIR = os.environ.get("POLYCAST_LAB_STATE_DIR", "/run/polycast-lab")
+STATE_DIR = read_var("POLYCAST_LAB_STATE_DIR")
 _CMD_TIMEOUT_S = 20.0
 
 

@@ -52,6 +52,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .. import config
 from ..errors import InvalidArgument
 from . import counters
 from .netns import LabError, current, unavailable_reason
@@ -94,7 +95,7 @@ class Placement:
         if "GLOO_SOCKET_IFNAME" not in os.environ:
             env["GLOO_SOCKET_IFNAME"] = HOST_IFNAME
         # Present but empty means "unpaced": only an absent variable gets the lab's default.
-        if plan.link_bps and "POLYCAST_PACING_GBPS" not in os.environ:
+        if plan.link_bps and not config.current().is_set("pacing_gbps"):
             env["POLYCAST_PACING_GBPS"] = f"{plan.link_bps / 2e9:g}"
         return env
 

@@ -83,6 +83,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, replace
 
+from ..config import current
 from ..errors import InvalidArgument, UnknownName
 from ..units import parse_frequency, parse_size
 
@@ -293,7 +294,7 @@ def bf3_dpa() -> NicModel:
 def load_host_python(path: str | None = None) -> dict:
     """The measured host-python data (``bench/nic.py`` writes it), or the built-in fallback
     when the file is missing or malformed."""
-    return _load_host(path or os.environ.get("POLYCAST_NIC_HOST_FILE") or HOST_PYTHON_FILE,
+    return _load_host(path or current().nic_host_file or HOST_PYTHON_FILE,
                       HOST_PYTHON_FALLBACK)
 
 

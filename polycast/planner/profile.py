@@ -28,6 +28,7 @@ import threading
 import time
 import warnings
 
+from ..config import Config, current
 from ..version import __version__
 
 FORMAT = 1
@@ -55,10 +56,12 @@ BUILTIN_SYMM = {
 }
 
 
-def default_path() -> str:
-    env = os.environ.get("POLYCAST_PROFILE")
-    if env:
-        return env
+def default_path(cfg: Config | None = None) -> str:
+    """``cfg``'s POLYCAST_PROFILE (default: the current configuration's), else the
+    user's cache directory."""
+    path = (cfg or current()).profile_path
+    if path:
+        return path
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "polycast", "profile.json")
 

@@ -155,15 +155,13 @@ class Simulation:
     callback is due; callbacks may post more before that."""
 
     def __init__(self, topology, config: SimConfig | None = None) -> None:
-        from ..engine.engine import Engine
         self.topo = topology
         self.cfg = config or SimConfig()
         self.P = topology.nranks
         ecfg = self._ecfg = default_engine_config(**self.cfg.engine)
-        self.engines = [Engine(r, self.P, config=ecfg) for r in range(self.P)]   # the world's
         # Endpoints: one engine per (rank, communicator); the world's endpoint of rank r is
         # r. Events name endpoints; channels are per (endpoint, peer).
-        self._ep_engine = list(self.engines)
+        self._ep_engine = _Engines(ecfg, self.P)
         self._ep_rank = list(range(self.P))
         self._ep_comm = [0] * self.P
         self._comm_group: list[tuple[int, ...]] = [tuple(range(self.P))]
@@ -220,7 +218,6 @@ class Simulation:
     def add_comm(self, group) -> int:
         """A communicator over the global ranks ``group`` (in its local rank order); returns
         its id for :meth:`post`."""
-        from ..engine.engine import Engine
         try:
             members = tuple(int(r) for r in group)
         except (TypeError, ValueError):
@@ -237,11 +234,16 @@ class Simulation:
         eps = []
         for local, rank in enumerate(members):
             eps.append(len(self._ep_engine))
-            self._ep_engine.append(Engine(local, len(members), comm=cid, config=self._ecfg))
+            self._ep_engine.add(local, len(members), cid)
             self._ep_rank.append(rank)
             self._ep_comm.append(cid)
         self._comm_eps.append(eps)
         return cid
+
+    @property
+    def engines(self) -> list:
+        """The world communicator's engines (rank order)."""
+        return [self._ep_engine[r] for r in range(self.P)]
 
     def comm_group(self, comm: int) -> tuple[int, ...]:
         """The global ranks of communicator ``comm`` (local rank order)."""
@@ -377,7 +379,7 @@ class Simulation:
         if self._fast_stats is not None:
             return dict(self._fast_stats)
         out: dict = {}
-        for e in self._ep_engine:
+        for e in self._ep_engine.made():
             st = e.stats
             items = st.items() if isinstance(st, dict) else vars(st).items()
             for k, v in items:
@@ -738,6 +740,35 @@ class Simulation:
         for key, _ in waiting:
             self._busy.discard(key)
             self._start_next(key)
+
+
+class _Engines:
+    """The engine of every endpoint, each made when first used: the fast path steps none,
+    and a simulation of 65,536 ranks would otherwise build 65,536 engines (each with
+    per-peer state) before anything runs."""
+
+    def __init__(self, config, nranks: int) -> None:
+        self._cfg = config
+        self._spec: list[tuple[int, int, int]] = [(r, nranks, 0) for r in range(nranks)]
+        self._made: dict[int, object] = {}
+
+    def add(self, rank: int, nranks: int, comm: int) -> None:
+        self._spec.append((rank, nranks, comm))
+
+    def __len__(self) -> int:
+        return len(self._spec)
+
+    def __getitem__(self, ep: int):
+        eng = self._made.get(ep)
+        if eng is None:
+            from ..engine.engine import Engine
+            rank, n, comm = self._spec[ep]
+            eng = self._made[ep] = Engine(rank, n, comm=comm, config=self._cfg)
+        return eng
+
+    def made(self) -> list:
+        """The engines made so far (those never made have done nothing)."""
+        return [self._made[ep] for ep in sorted(self._made)]
 
 
 def _innet_groups(schedule) -> dict[tuple[int, int], int]:

@@ -41,6 +41,13 @@ from .fast_kinds import (ARRIVE, CHAN, COPY, DEP, FIN, MARR, MCAST, MRECV, PACE,
                          SILENT_RTO, Refused)
 
 _NEG = -math.inf
+# Per kind of edge: the field of its source it reads (a row of the walk's F: done, arrive,
+# chanfree, pnext, drain) and the input of its node it feeds (dependencies, message or
+# stream, channel, pacer).
+_ROW = np.zeros(5, np.int64)
+_ROW[[DEP, ARRIVE, CHAN, PACE, MARR]] = [0, 1, 2, 3, 4]
+_SLOT = np.zeros(5, np.int64)
+_SLOT[[DEP, ARRIVE, CHAN, PACE, MARR]] = [0, 1, 2, 3, 1]
 
 
 def static_refusal(loss: float = 0.0, nic=None, record: bool = False) -> str | None:
@@ -102,10 +109,10 @@ class _Graph:
         posts: dict[tuple[int, int], float] = {}
         for ev in sim._heap:                            # (t, seq, _POST, endpoint, req, _)
             posts[(ev[3], ev[4])] = ev[0]
-        cols = {k: [] for k in ("kind", "q", "ep", "rank", "local", "peer", "tag", "idx",
-                                "nbytes", "post")}
+        cols = {k: [] for k in ("kind", "q", "local", "peer", "tag", "idx", "nbytes")}
         dep_counts, dep_flat = [], []
         self.reqs = []
+        eps_of, group_of, post_of, shapes = [], [], [], []
         base = 0
         for q, (sched, itemsize, comm) in enumerate(sim._reqs):
             group = sim._comm_group[comm]
@@ -113,28 +120,69 @@ class _Graph:
             n = sched.nranks
             c = columns_of(sched)
             ns = c.nsteps
-            local = c.local.astype(np.int64)
-            starts = c.starts[:-1] + base
             cols["kind"].append(c.kind.astype(np.int64))
             cols["q"].append(np.full(ns, q, np.int64))
-            cols["ep"].append(np.asarray(eps, dtype=np.int64)[local])
-            cols["rank"].append(np.asarray(group, dtype=np.int64)[local])
-            cols["local"].append(local)
+            cols["local"].append(c.local.astype(np.int64))
             cols["peer"].append(c.peer.astype(np.int64))
             cols["tag"].append(c.tag.astype(np.int64))
             cols["idx"].append(c.idx)
             cols["nbytes"].append(c.nelems * itemsize)
             pt = np.array([posts[(e, q)] for e in eps], dtype=np.float64)
-            cols["post"].append(pt[local])
             dep_counts.append(c.dep_counts.astype(np.int64))
             dep_flat.append(c.dep_flat + base)
-            self.reqs.append((sched, itemsize, comm, n, base, starts, pt))
+            self.reqs.append((sched, itemsize, comm, n, base, None, pt))
+            lens = np.diff(c.starts)
+            shapes.append((n, int(lens[0])) if len(lens) and (lens == lens[0]).all() else None)
+            eps_of.append(np.asarray(eps, dtype=np.int64))
+            group_of.append(np.asarray(group, dtype=np.int64))
+            post_of.append(pt)
             base += ns
         self.nsteps = base
+        # Steps in program-position order (every rank's first step, then every rank's
+        # second, ...; each rank's own steps stay in program order): a level of the walk
+        # holds about one step per rank, and in the schedules' rank-major order those lie
+        # a whole program apart, every read a cache miss.
+        perm = _position_order(shapes) if shapes and None not in shapes else \
+            np.argsort(np.concatenate(cols["idx"]), kind="stable")
+        inv = np.empty(base, np.int64)
+        inv[perm] = np.arange(base)
         for k, v in cols.items():
-            setattr(self, k, np.concatenate(v) if v else np.zeros(0, np.int64))
-        self.dep_counts = np.concatenate(dep_counts)
-        self.dep_flat = np.concatenate(dep_flat)
+            setattr(self, k, np.concatenate(v)[perm] if v else np.zeros(0, np.int64))
+        # endpoint, global rank and post time of every step, by (request, local rank)
+        off = np.concatenate([[0], np.cumsum([len(x) for x in eps_of])])
+        at = off[self.q] + self.local
+        self.ep = np.concatenate(eps_of)[at]
+        self.rank = np.concatenate(group_of)[at]
+        self.post = np.concatenate(post_of)[at]
+        counts = np.concatenate(dep_counts)
+        flat = np.concatenate(dep_flat)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self.dep_counts = counts = counts[perm]
+        tot = int(counts.sum())
+        ends = np.cumsum(counts)
+        pos = np.repeat(first[perm] - (ends - counts), counts) + np.arange(tot)
+        self.dep_flat = inv[flat[pos]]
+
+
+def _position_order(shapes: list[tuple[int, int]]) -> np.ndarray:
+    """For requests of ``(programs, steps per program)`` laid out rank-major one after
+    another: the order listing step 0 of every program (request by request), then step 1,
+    ... -- ``np.argsort(positions, kind="stable")`` without the sort."""
+    Lmax = max(L for _, L in shapes)
+    j = np.arange(Lmax)
+    n_at = np.array([np.where(j < L, n, 0) for n, L in shapes])      # (requests, Lmax)
+    per_j = n_at.sum(axis=0)
+    base = np.concatenate([[0], np.cumsum(per_j)[:-1]])
+    before = np.cumsum(n_at, axis=0) - n_at
+    perm = np.empty(int(per_j.sum()), np.int64)
+    off = 0
+    for q, (n, L) in enumerate(shapes):
+        at = base[:L] + before[q, :L]
+        src = off + np.arange(n, dtype=np.int64) * L
+        for jj in range(L):
+            perm[at[jj]:at[jj] + n] = src + jj
+        off += n * L
+    return perm
 
 
 def run(sim) -> str:
@@ -396,21 +444,37 @@ class _Plan:
     def settled_walk(self) -> dict:
         """Walk, re-order the channels by the start times found, walk again, until the
         order the walk assumed is the order its times give."""
-        order = self.initial_order()
         if len(self.g.reqs) > 1:
             # Several requests share channels: first order each channel by the start times
             # a walk finds when each request had its channels to itself.
             order = self.channel_order(self.walk(self._order(np.zeros(self.N), True)))
+        else:
+            order = self.initial_order()
         for _ in range(8):
             times = self.walk(order)
-            new = self.channel_order(times)
-            if self.order_is(new, order):
+            if self.order_holds(order, times["emit"]):
                 return times
-            order = new
+            order = self.channel_order(times)
         raise Refused("the channels' message order did not settle")
 
     def initial_order(self):
         return self._order(np.zeros(self.N))
+
+    def order_holds(self, order, emit: np.ndarray) -> bool:
+        """Whether the times a walk found give its channels the order it assumed (each
+        next message of a channel later, or at the same instant and after it by request
+        and program position): the order :meth:`_order` would sort them into."""
+        t = _quantize(emit)
+        for nodes, keys in ((order[0], order[1]), (order[2], order[3])):
+            same = keys[1:] == keys[:-1]
+            a, b = nodes[:-1][same], nodes[1:][same]
+            ta, tb = t[a], t[b]
+            qa, qb = self.q[a], self.q[b]
+            later = (tb > ta) | ((tb == ta) & ((qb > qa) | ((qb == qa)
+                                                            & (self.tie[b] > self.tie[a]))))
+            if not later.all():
+                return False
+        return True
 
     def _order(self, emit: np.ndarray, per_request: bool = False):
         """Channel and pacer orders: nodes sorted by (channel, start time, request,
@@ -427,10 +491,6 @@ class _Plan:
         o1 = np.lexsort((self.tie[msg], self.q[msg], t[msg], ckey))
         o2 = np.lexsort((self.tie[mc], self.q[mc], t[mc], mkey))
         return msg[o1], ckey[o1], mc[o2], mkey[o2]
-
-    @staticmethod
-    def order_is(a, b) -> bool:
-        return all(np.array_equal(x, y) for x, y in zip(a, b))
 
     def channel_order(self, times):
         return self._order(times["emit"])
@@ -469,42 +529,39 @@ class _Plan:
         sptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(src, minlength=N), out=sptr[1:])
         indeg = np.diff(pptr)
+        # edge -> the field its source gives (a row of F) and the input it feeds (slot)
+        src_at = _ROW[cat] * N + src
+        slot = _SLOT[cat]
+        marr = cat == MARR
+        del src, cat
         kind, post, dur, lat = self.kind, self.post, self.dur, self.lat
-        t_eos, t_next = self.t_eos, self.t_next
-        done = np.full(N, np.nan)
+        t_eos, t_next, wire = self.t_eos, self.t_next, self.wire
+        F = np.full((5, N), np.nan)          # rows: done, arrive, chanfree, pnext, drain
+        done, arrive, chanfree, pnext, drain = F
+        Fr = F.ravel()
         emit = np.full(N, np.nan)
         start = np.full(N, np.nan)
-        drain = np.full(N, np.nan)
-        arrive = np.full(N, np.nan)
-        chanfree = np.full(N, np.nan)
-        pnext = np.full(N, np.nan)
-        fields = {DEP: done, ARRIVE: arrive, CHAN: chanfree, PACE: pnext, MARR: drain}
         front = np.flatnonzero(indeg == 0)
         seen = 0
         levels = 0
         while len(front):
+            n = len(front)
             levels += 1
-            seen += len(front)
-            cnt = indeg_all = pptr[front + 1] - pptr[front]
+            seen += n
+            cnt = pptr[front + 1] - pptr[front]
             tot = int(cnt.sum())
-            ready = post[front].copy()
-            chan_in = np.full(len(front), _NEG)
-            arr_in = np.full(len(front), _NEG)
-            pace_in = np.full(len(front), _NEG)
+            acc = np.full(4 * n, _NEG)      # inputs: dependencies, arrival, channel, pacer
             if tot:
-                owner = np.repeat(np.arange(len(front)), cnt)
+                owner = np.repeat(np.arange(n), cnt)
                 e = np.repeat(pptr[front] - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt) \
                     + np.arange(tot)
-                es, ec = src[e], cat[e]
-                for c, acc in ((DEP, ready), (ARRIVE, arr_in), (CHAN, chan_in),
-                               (PACE, pace_in), (MARR, arr_in)):
-                    m = ec == c
-                    if not m.any():
-                        continue
-                    v = fields[c][es[m]]
-                    if c == MARR:
-                        v = v + lat[front[owner[m]]]
-                    np.maximum.at(acc, owner[m], v)
+                v = Fr[src_at[e]]
+                m = marr[e]
+                if m.any():
+                    v[m] += lat[front[owner[m]]]
+                np.maximum.at(acc, slot[e] * n + owner, v)
+            ready = np.maximum(post[front], acc[:n])
+            arr_in, chan_in, pace_in = acc[n:2 * n], acc[2 * n:3 * n], acc[3 * n:]
             k = kind[front]
             emit[front] = ready
             dn = ready.copy()
@@ -525,7 +582,7 @@ class _Plan:
                 f = front[m]
                 t0 = np.maximum(ready[m], pace_in[m])
                 st = np.maximum(t0, chan_in[m])
-                dr = np.where(self.wire[f] > 0, st + dur[f], st)
+                dr = np.where(wire[f] > 0, st + dur[f], st)
                 te = t0 + t_eos[f]
                 start[f], drain[f] = st, dr
                 chanfree[f] = np.maximum(dr, te)

@@ -17,6 +17,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
+from ..config import current
 from ..errors import InvalidArgument
 from ..runtime.transport import mcast, native
 
@@ -68,11 +69,11 @@ def check_shm(path: str = "/dev/shm") -> Check:
 def check_rings() -> Check:
     """Which shm rings run: the compiled helper (runtime/transport/_ring.c) or the Python fallback."""
     if native.ring is not None:
+        if not current().hooks.native:
+            return Check("shm rings", WARN, "pure Python: the native=0 test hook is set",
+                         "unset POLYCAST_TEST_HOOKS to use the compiled rings (~2 us less "
+                         "CPU per message on each side)")
         return Check("shm rings", OK, "compiled hot path (polycast.runtime.transport._ring)")
-    if native.why_not == "POLYCAST_NATIVE=0":
-        return Check("shm rings", WARN, "pure Python: POLYCAST_NATIVE=0 is set",
-                     "unset POLYCAST_NATIVE to use the compiled rings (~2 us less CPU per "
-                     "message on each side)")
     return Check("shm rings", WARN, f"pure Python: {native.why_not}",
                  "install a C compiler and the Python headers (e.g. apt-get install gcc "
                  "python3-dev), then reinstall polycast (pip install -e .): the compiled "

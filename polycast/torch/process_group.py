@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
 import threading
 
 import torch.distributed as dist
 
+from .. import config
 from ..collectives import Collective
 from ..errors import InvalidArgument, PolycastError
 from . import ops, p2p
@@ -63,15 +63,16 @@ class Options:
                                   f"{self.timeout_seconds!r}")
 
 
-def _timeout_seconds(options: Options, timeout) -> float:
+def _timeout_seconds(options: Options, timeout, cfg) -> float:
+    """Options.timeout_seconds, else POLYCAST_TIMEOUT when set, else torch's timeout, else
+    POLYCAST_TIMEOUT's default."""
     if options.timeout_seconds is not None:
         return float(options.timeout_seconds)
-    from ..runtime.bootstrap.env import timeout_from_env
-    if os.environ.get("POLYCAST_TIMEOUT"):
-        return timeout_from_env()
+    if cfg.is_set("timeout_seconds"):
+        return cfg.timeout_seconds
     if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0:
         return timeout.total_seconds()
-    return timeout_from_env()
+    return cfg.timeout_seconds
 
 
 class ProcessGroupPolycast(dist.ProcessGroup):
@@ -84,7 +85,9 @@ class ProcessGroupPolycast(dist.ProcessGroup):
             raise InvalidArgument(f"pg_options for the polycast backend must be "
                                   f"polycast.torch.Options, got {type(options).__name__}")
         self.options = options or Options()
-        self.comm = open_comm(store, rank, size, _timeout_seconds(self.options, timeout))
+        cfg = config.current(rank=rank)         # the group's settings, read once
+        self.comm = open_comm(store, rank, size, _timeout_seconds(self.options, timeout, cfg),
+                              cfg)
         try:
             self.options.validate(self.comm)
         except BaseException:

@@ -68,11 +68,12 @@ def job_for(store, rank: int, size: int, timeout_seconds: float) -> JobEnv:
                   launcher="torch", job_id="", timeout_seconds=timeout_seconds)
 
 
-def open_comm(store, rank: int, size: int, timeout_seconds: float):
+def open_comm(store, rank: int, size: int, timeout_seconds: float, cfg=None):
     """Connect the group's ranks through ``store`` and return their polycast ``Comm``
-    (its own progress thread and connections; closed by ``close_comm``)."""
+    (its own progress thread and connections; closed by ``close_comm``), under the
+    settings ``cfg`` (polycast.config; default: read now)."""
     from ..comm.lifecycle import open_comm as _open
-    return _open(job_for(store, rank, size, timeout_seconds),
+    return _open(job_for(store, rank, size, timeout_seconds), cfg,
                  store=TorchStore(store, timeout_seconds))
 
 

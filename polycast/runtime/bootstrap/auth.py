@@ -43,11 +43,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import socket
 
-from ...errors import InvalidArgument, PolycastError
+from ...config import read_var
+from ...errors import PolycastError
 
 ENV = "POLYCAST_SECRET"
 NONCE_NBYTES = 16
@@ -58,16 +58,18 @@ class AuthenticationFailed(PolycastError):
     """A peer or the store could not prove it holds the job's secret (or we could not)."""
 
 
-def secret_from_env(env=None) -> bytes | None:
-    """The 32-byte master key from ``POLYCAST_SECRET``, or None when it is not set."""
-    env = os.environ if env is None else env
-    text = env.get(ENV)
+def secret_key(text: str | None) -> bytes | None:
+    """The 32-byte master key from the job's secret (the configuration's
+    ``POLYCAST_SECRET``), or None when there is none."""
     if text is None:
         return None
-    if not text:
-        raise InvalidArgument(f"{ENV} is set but empty; set it to a long random string on "
-                              "every rank, or unset it")
     return hashlib.blake2b(text.encode(), digest_size=32, person=b"polycast-secret").digest()
+
+
+def secret_from_env(env=None) -> bytes | None:
+    """The master key from ``POLYCAST_SECRET`` in ``env`` (default ``os.environ``), or
+    None when it is not set; set but empty is an error."""
+    return secret_key(read_var(ENV, env))
 
 
 def new_secret() -> str:

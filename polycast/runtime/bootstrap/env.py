@@ -28,9 +28,10 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping
 
+from ...config import Config, read_var
 from ...errors import InvalidArgument
 
-DEFAULT_TIMEOUT_SECONDS = 60.0
+DEFAULT_TIMEOUT_SECONDS = Config.timeout_seconds       # POLYCAST_TIMEOUT's default
 
 
 class EnvironmentMissing(InvalidArgument):
@@ -71,17 +72,9 @@ def _int(env: Mapping[str, str], name: str) -> int:
 
 
 def timeout_from_env(env: Mapping[str, str] | None = None) -> float:
-    env = os.environ if env is None else env
-    text = env.get("POLYCAST_TIMEOUT", "")
-    if not text:
-        return DEFAULT_TIMEOUT_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise InvalidArgument(f"POLYCAST_TIMEOUT={text!r}: give a positive number of seconds")
-    return value
+    """POLYCAST_TIMEOUT in ``env`` (default ``os.environ``), for a launcher sizing its own
+    waits to its ranks' (a rank takes it from its configuration)."""
+    return read_var("POLYCAST_TIMEOUT", env)
 
 
 def _derived_port(job_key: str) -> int:
@@ -107,11 +100,14 @@ def _master(env: Mapping[str, str], size: int, local_size: int, job_key: str,
         "POLYCAST_MASTER_PORT) to a host:port reachable from every rank")
 
 
-def detect(env: Mapping[str, str] | None = None) -> JobEnv:
-    """Read the job's geometry from the environment; raise :class:`EnvironmentMissing`
-    naming the variables each launcher must set when nothing is found."""
+def detect(env: Mapping[str, str] | None = None,
+           timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> JobEnv:
+    """Read the job's geometry from the environment (the variables its launcher set);
+    raise :class:`EnvironmentMissing` naming the variables each launcher must set when
+    nothing is found. ``timeout_seconds``: the job's bound on every wait (from its
+    configuration)."""
     env = os.environ if env is None else env
-    timeout = timeout_from_env(env)
+    timeout = timeout_seconds
     if "POLYCAST_RANK" in env or "POLYCAST_SIZE" in env:
         for name in ("POLYCAST_RANK", "POLYCAST_SIZE", "POLYCAST_MASTER_ADDR",
                      "POLYCAST_MASTER_PORT"):
@@ -177,15 +173,15 @@ def detect(env: Mapping[str, str] | None = None) -> JobEnv:
     return job
 
 
-def host_id() -> str:
+def host_id(override: str = "") -> str:
     """Identifies this host (and its shared-memory namespace) among the job's hosts.
 
     Hostname and boot id, plus the network namespace: processes in different network
     namespaces (containers, or ``ip netns`` hosts emulating a LAN) cannot reach each
     other over loopback and are different hosts to polycast (TCP, multicast with TTL 1),
     even on one kernel. POLYCAST_HOST_ID overrides all of it (e.g. to force TCP between
-    ranks of one machine, or to group ranks that share /dev/shm across namespaces)."""
-    override = os.environ.get("POLYCAST_HOST_ID")
+    ranks of one machine, or to group ranks that share /dev/shm across namespaces): the
+    configuration's ``host_id``, passed as ``override``."""
     if override:
         return override
     boot = ""

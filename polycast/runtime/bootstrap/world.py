@@ -21,23 +21,22 @@ import os
 import secrets
 import socket
 import struct
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ...errors import CollectiveTimeout, InvalidArgument, PolycastError
 from ... import debug
-from . import auth
+from ...config import Config, current
+from ...errors import CollectiveTimeout, PolycastError
 from ..transport import cma, native
-from .env import JobEnv, host_id
-from ..transport.shm import DEFAULT_RING_NBYTES, Ring, ring_path, rings_unavailable_reason
-from .store import PortInUse, StoreClient, StoreServer
+from ..transport.shm import Ring, ring_path, rings_unavailable_reason
 from ..transport.tcp import TcpLink
+from . import auth
+from .env import JobEnv, host_id
+from .store import PortInUse, StoreClient, StoreServer
 
 _HELLO = struct.Struct("!4sI")
 _MAGIC = b"PCst"
-TRANSPORTS = ("auto", "shm", "tcp")
 
 
 @dataclass
@@ -79,13 +78,6 @@ class KeyValueStore(Protocol):
     def add(self, key: str, amount: int = 1) -> int: ...
 
 
-def _transport_choice(transport: str | None) -> str:
-    t = (transport or os.environ.get("POLYCAST_TRANSPORT") or "auto").lower()
-    if t not in TRANSPORTS:
-        raise InvalidArgument(f"POLYCAST_TRANSPORT={t!r}; valid choices: {', '.join(TRANSPORTS)}")
-    return t
-
-
 def _local_ip_towards(addr: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
@@ -112,10 +104,11 @@ def _peer_pid(theirs: dict, mine: dict) -> int:
 
 
 def _offer_single_copy(world: World, rings_in: dict, info: dict, me: dict,
-                       secret: bytes | None) -> None:
-    """Probe, per ring we read, whether we can read its writer's memory (runtime/transport/cma.py)
-    and tell the writer through the ring; say what was decided at POLYCAST_DEBUG=INFO."""
-    off = cma.disabled_reason(secret)
+                       secret: bytes | None, cfg: Config) -> None:
+    """Probe, per ring we read, whether we can read its writer's memory
+    (runtime/transport/cma.py) and tell the writer through the ring; say what was decided at
+    POLYCAST_DEBUG=INFO."""
+    off = cma.disabled_reason(secret, cfg.hooks.cma)
     refused = {}
     for r, ring in rings_in.items():
         why = off or cma.probe(_peer_pid(info[r], me), info[r].get("cma"))
@@ -123,15 +116,14 @@ def _offer_single_copy(world: World, rings_in: dict, info: dict, me: dict,
         if why is not None:
             refused[r] = why
     world.single_copy_refused = refused
-    if debug.level() >= 1 and rings_in:
-        print(f"[rank {world.rank}] polycast INFO {native.describe()}", file=sys.stderr,
-              flush=True)
+    if cfg.debug_level >= debug.INFO and rings_in:
+        debug.info(world.rank, native.describe(cfg.hooks))
         ok = sorted(set(rings_in) - set(refused))
         msg = f"single-copy (CMA) reads from ranks {ok}" if ok else "single-copy (CMA) off"
         if refused:
             msg += "; shm rings for " + "; ".join(f"rank {r}: {why}"
                                                  for r, why in sorted(refused.items()))
-        print(f"[rank {world.rank}] polycast INFO {msg}", file=sys.stderr, flush=True)
+        debug.info(world.rank, msg)
 
 
 def _barrier(store: StoreClient, name: str, size: int, timeout: float) -> None:
@@ -143,17 +135,20 @@ def _barrier(store: StoreClient, name: str, size: int, timeout: float) -> None:
         store.wait(f"barrier/{name}/done", timeout)
 
 
-def connect(env: JobEnv, transport: str | None = None,
-            ring_nbytes: int | None = None, store: KeyValueStore | None = None) -> World:
-    """Rendezvous and connect every pair of ranks; bounded by ``env.timeout_seconds``.
-    ``store``: rendezvous through this store (its keys must be private to this group of
-    ranks) instead of serving one at ``env.master_addr:master_port``."""
-    choice = _transport_choice(transport)
+def connect(env: JobEnv, cfg: Config | None = None,
+            store: KeyValueStore | None = None) -> World:
+    """Rendezvous and connect every pair of ranks under the settings ``cfg`` (transport,
+    ring size, secret...; default: :func:`polycast.config.current`); bounded by
+    ``env.timeout_seconds``. ``store``: rendezvous through this store (its keys must be
+    private to this group of ranks) instead of serving one at
+    ``env.master_addr:master_port``."""
+    cfg = cfg if cfg is not None else current(rank=env.rank)
+    choice = cfg.transport
     timeout = env.timeout_seconds
     deadline = time.monotonic() + timeout
-    ring_nbytes = ring_nbytes or int(os.environ.get("POLYCAST_SHM_RING_NBYTES",
-                                                    DEFAULT_RING_NBYTES))
-    secret = auth.secret_from_env()
+    ring_nbytes = cfg.shm_ring_nbytes
+    use_native = native.in_use(cfg.hooks)
+    secret = auth.secret_key(cfg.secret)
     server = None
     own_store = store is None
     if own_store and env.rank == 0:
@@ -178,8 +173,8 @@ def connect(env: JobEnv, transport: str | None = None,
         listener.listen(max(16, env.size))
         # Rings are used between two ranks of a host only when both can run them (a CPU
         # without x86's store order runs only the compiled rings: runtime/transport/native.py).
-        rings_why = None if choice == "tcp" else rings_unavailable_reason()
-        me = {"addr": my_ip, "port": listener.getsockname()[1], "host": host_id(),
+        rings_why = None if choice == "tcp" else rings_unavailable_reason(use_native)
+        me = {"addr": my_ip, "port": listener.getsockname()[1], "host": host_id(cfg.host_id),
               "pid": os.getpid(), "pidns": _pid_namespace(), "cma": cma.probe_info(),
               "rings": choice != "tcp" and rings_why is None}
         store.set(f"rank/{env.rank}", json.dumps(me))
@@ -207,13 +202,14 @@ def connect(env: JobEnv, transport: str | None = None,
         if use_shm:
             for r in ringed:
                 path = ring_path(job_id, r, env.rank)
-                rings_in[r] = Ring.create(path, ring_nbytes)
-            _offer_single_copy(world, rings_in, info, me, secret)
+                rings_in[r] = Ring.create(path, ring_nbytes, use_native)
+            _offer_single_copy(world, rings_in, info, me, secret, cfg)
         _barrier(store, "rings-made", env.size, max(0.1, deadline - time.monotonic()))
         rings_out: dict[int, Ring] = {}
         if use_shm:
             for r in ringed:
-                rings_out[r] = Ring.attach(ring_path(job_id, env.rank, r), ring_nbytes)
+                rings_out[r] = Ring.attach(ring_path(job_id, env.rank, r), ring_nbytes,
+                                           use_native)
         _barrier(store, "rings-mapped", env.size, max(0.1, deadline - time.monotonic()))
         for ring in rings_in.values():
             ring.unlink()          # both sides have it mapped: nothing can leak now
@@ -291,4 +287,4 @@ def _connect_pairs(rank: int, size: int, info: dict, listener: socket.socket, ke
     return socks
 
 
-__all__ = ["World", "Peer", "connect", "KeyValueStore", "PortInUse", "TRANSPORTS"]
+__all__ = ["World", "Peer", "connect", "KeyValueStore", "PortInUse"]

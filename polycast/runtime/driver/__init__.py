@@ -13,7 +13,7 @@ request     :class:`Request` (Wait/Test/Waitall) as the user holds it
 =========== ===================================================================================
 """
 
-from .core import Driver, env_engine_config
+from .core import Driver
 from .request import Request
 
-__all__ = ["Driver", "Request", "env_engine_config"]
+__all__ = ["Driver", "Request"]

@@ -47,7 +47,6 @@
 #define MAX_STEPS 64
 #define MAX_SLOTS 16
 #define HEADER_NBYTES 44
-#define SLEEP_FUTEX 2           /* shm.SLEEP_FUTEX: the reader waits on the data counter */
 #define YIELD_RAN_OTHERS 10e-6  /* a yield longer than this ran another task (progress.py) */
 /* The longest futex sleep before looking again. Another sleeper of this process (the
  * progress thread, runtime/driver/progress.py) sets and clears the rings' sleeping flag
@@ -64,8 +63,6 @@ struct waitv {                  /* the kernel's struct futex_waitv */
 #define WAKE_ALL (1 << 30)      /* driver/peers.py WAKE_ALL */
 /* Single-copy frames (runtime/transport/frames.py, runtime/transport/cma.py): a descriptor "<QQQ" (seq,
  * address, nbytes) followed by the engine header; an acknowledgement, the "<Q" seqs read. */
-#define KIND_CMA (KIND_BASE + 5)
-#define KIND_CMA_DONE (KIND_BASE + 6)
 #define DESC_NBYTES 24
 #define F_PULL 0x04             /* wire.F_PULL: a DATA its receiver reads when it wants */
 
@@ -421,7 +418,7 @@ static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double 
 }
 
 /* ``limit``: stop once that many steps are done (< 0: no limit); the tests interrupt a
- * replay at every step this way (POLYCAST_REPLAY_STEP_LIMIT). */
+ * replay at every step this way (the replay_step_limit test hook). */
 static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double wait_s,
                       double spin_s, double spin_wall_s, int can_futex, int limit,
                       const char **held, Remote *const *remote, uint64_t *cseq,

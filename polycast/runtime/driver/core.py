@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import time
 
 import numpy as np
 
+from ... import debug
+from ...config import Config
 from ...engine import wire
 from ...engine.actions import CloseStream, OpenStream, StreamData
 from ...engine.engine import Engine, EngineConfig
-from ...errors import InvalidArgument, PolycastError
+from ...errors import PolycastError
 from ...memory import Buffers
 from ..bootstrap.report import process_state
 from ..bootstrap.world import World
 from ..transport import dgram
 from .datagrams import MulticastIO
-from .direct import DirectCall, env_data
+from .direct import DirectCall
 from .execute import ActionRunner, CommState
 from .peers import PeerIO
 from .progress import Progress
@@ -53,55 +54,37 @@ INLINE_POST_MAX_NBYTES = 256 << 10
 SHM_EAGER_MAX_NBYTES = 1 << 20
 
 
-def env_engine_config(config: EngineConfig) -> EngineConfig:
-    """POLYCAST_MAX_EARLY_NBYTES / POLYCAST_EAGER_MAX_NBYTES override the engine's early
-    buffer bound and rendezvous threshold (bytes; tests use them to force the late-rank
-    path with small messages)."""
-    changes = {}
-    for var, name in (("POLYCAST_MAX_EARLY_NBYTES", "max_early_nbytes"),
-                      ("POLYCAST_EAGER_MAX_NBYTES", "eager_max_nbytes")):
-        text = os.environ.get(var)
-        if text:
-            try:
-                changes[name] = int(text)
-            except ValueError:
-                raise InvalidArgument(f"{var}={text!r}: must be an integer number of "
-                                      "bytes") from None
-    if not changes:
-        return config
-    config = dataclasses.replace(config, **changes)
-    config.validate()
-    return config
-
-
 class Driver:
     """Owns the engines and the I/O of one process; runs the progress thread."""
 
-    def __init__(self, world: World, config: EngineConfig | None = None, *,
-                 mcast_io=MulticastIO, on_action=None, native_datagrams: bool | None = None
-                 ) -> None:
-        """``mcast_io``: the multicast I/O class (the offload process sends on one group per
-        root); ``on_action(comm_state, action)``: what to do with actions this driver does
-        not carry out itself (the offload's OpenStream, StreamData, CloseStream).
-        ``native_datagrams``: place received multicast chunks with the compiled helper
-        (runtime/transport/dgram.py; None: where it is built, unless its test hook says
-        otherwise; False: the Python path)."""
+    def __init__(self, world: World, engine_config: EngineConfig | None = None,
+                 config: Config | None = None, *, mcast_io=MulticastIO,
+                 on_action=None) -> None:
+        """``engine_config``: the engines' (runtime/bootstrap/engine_config.py);
+        ``config``: the job's settings (polycast.config: test hooks, multicast interface,
+        faults...); ``mcast_io``: the multicast I/O class (the offload process sends on one
+        group per root); ``on_action(comm_state, action)``: what to do with actions this
+        driver does not carry out itself (the offload's OpenStream, StreamData,
+        CloseStream). Received multicast chunks are placed by the compiled helper
+        (runtime/transport/dgram.py) where it is built, unless the ``dgram=0`` test hook
+        asks for the Python path."""
         self.world = world
         self.rank = world.rank
-        self.config = env_engine_config(config or EngineConfig(
-            op_timeout_s=world.timeout_seconds))
-        self.secret = self.config.secret
+        self.config = config if config is not None else Config()
+        self.engine_config = engine_config or EngineConfig(op_timeout_s=world.timeout_seconds)
+        self.secret = self.engine_config.secret
         # The helper places what this driver's own sockets receive (not when someone else
         # places the streams: the offload's receive workers).
         placer = None
-        if native_datagrams is None:
-            native_datagrams = dgram.native_wanted()
-        if native_datagrams and dgram.available() and on_action is None and \
+        if dgram.in_use(self.config.hooks) and on_action is None and \
                 mcast_io is MulticastIO:
-            placer = dgram.Placer(self.secret, landing=self.config.mtu_nbytes
+            placer = dgram.Placer(self.secret, landing=self.engine_config.mtu_nbytes
                                   >= dgram.LANDING_MIN_NBYTES)
-            self.config = dataclasses.replace(self.config, external_streams=True)
+            self.engine_config = dataclasses.replace(self.engine_config,
+                                                     external_streams=True)
             on_action = self._stream_action
+        if self.config.debug_level >= debug.INFO and mcast_io is MulticastIO:
+            debug.info(self.rank, dgram.describe(placer is not None))
         self.buffers = Buffers()
         self.requests: dict[int, Request] = {}
         # Outstanding requests whose schedule multicasts: while there are any, sleepers
@@ -115,15 +98,14 @@ class Driver:
         self.progress = Progress(self)
         self.timers = Timers()
         self.peers = PeerIO(world, self.progress.sel, self._on_frame, self._on_sent,
-                            self._on_lost, self._on_gone)
-        self.mcast = mcast_io(self.progress.sel, self._on_datagram, placer,
-                              self._on_placed) if placer is not None else \
-            mcast_io(self.progress.sel, self._on_datagram)
+                            self._on_lost, self._on_gone, self.config)
+        self.mcast = mcast_io(self.progress.sel, self._on_datagram, self.config, placer,
+                              self._on_placed if placer is not None else None)
         self.runner = ActionRunner(self.buffers, self.requests, self.peers, self.mcast,
                                    self.timers, self.secret, self.mcast_requests, on_action)
         self._run = self.runner.run
         # Small calls replayed by the compiled helper (driver/replay.py), or why not.
-        self.replay_off = replay_unavailable()
+        self.replay_off = replay_unavailable(self.config.hooks)
         self.progress.start()
 
     @property
@@ -175,25 +157,24 @@ class Driver:
         with self.progress.lock:
             self._post_and_flush(comm_id, request, schedule, itemsize, dtype, op)
 
-    def direct_call(self, comm_id: int, shape, send, recv, env,
+    def direct_call(self, comm_id: int, shape, send, recv,
                     timeout_seconds: float) -> DirectCall | None:
         """A repeated call of ``shape`` (``Request.replay`` of a call the replay ran whole:
         schedule, itemsize, dtype name, op name) with arrays like ``send`` and ``recv``, kept
         to go straight into the replay (direct.py), or None when it cannot: no replay for
-        it here, no environment store to check ``env`` (``((name bytes, value), ...)``) in.
-        Its I-variant runs there only up to INLINE_POST_MAX_NBYTES (larger posts are the
+        it here. Its I-variant runs there only up to INLINE_POST_MAX_NBYTES (larger posts are the
         progress thread's, as in :meth:`post`); the blocking form at any size the replay
         takes (its caller waits for the call anyway)."""
         cs = self._comms.get(comm_id)
         schedule, itemsize = shape[0], shape[1]
-        if cs is None or cs.replay is None or env_data() is None:
+        if cs is None or cs.replay is None:
             return None
         with self.progress.lock:
             ent = cs.replay.entry(*shape)
         if ent is None:
             return None
         tmp = self.buffers.tmp_elements(schedule, cs.engine.rank)
-        return DirectCall(self, cs, ent, shape, send, recv, env, timeout_seconds, tmp,
+        return DirectCall(self, cs, ent, shape, send, recv, timeout_seconds, tmp,
                           schedule.count * itemsize <= INLINE_POST_MAX_NBYTES)
 
     def refuse(self, comm_id: int, why: str) -> None:
@@ -335,7 +316,7 @@ class Driver:
     def _add_comm(self, comm_id: int, members: list[int], want_mcast: bool) -> str | None:
         if comm_id in self._comms:
             raise PolycastError(f"communicator id {comm_id} already exists")
-        engine = Engine(members.index(self.rank), len(members), comm_id, self.config)
+        engine = Engine(members.index(self.rank), len(members), comm_id, self.engine_config)
         engine.set_eager_limits(self._eager_limits(members))
         engine.set_pull_peers(self._pull_limits(members))
         cs = CommState(comm_id, engine, members)
@@ -360,8 +341,8 @@ class Driver:
         all peers). Both ends of a pair work out the same value: they share the ring size,
         the config and the member count. Empty when POLYCAST_EAGER_MAX_NBYTES is set: it
         is the limit for every peer."""
-        cfg = self.config
-        if os.environ.get("POLYCAST_EAGER_MAX_NBYTES") or len(members) < 2:
+        cfg = self.engine_config
+        if self.config.eager_max_nbytes is not None or len(members) < 2:
             return {}
         bound = min(SHM_EAGER_MAX_NBYTES, cfg.max_early_nbytes // (4 * (len(members) - 1)))
         out = {}
@@ -379,9 +360,9 @@ class Driver:
         """Local rank -> the smallest rendezvous message sent for it to pull (its DATA at
         once, held by the receiver until its RECV starts: Engine.set_pull_peers): members
         this process and they read single-copy both ways. Both ends work out the same value
-        (each ring's verdict is in the ring). Empty when POLYCAST_CMA_PULL=0 (RTS/CTS, for
+        (each ring's verdict is in the ring). Empty under the cma_pull=0 test hook (RTS/CTS, for
         comparison)."""
-        if os.environ.get("POLYCAST_CMA_PULL", "1").strip() == "0":
+        if not self.config.hooks.cma_pull:
             return {}
         peers = self.peers
         out = {}

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from ...config import Config
 from ..transport import dgram
 from ..transport import faults as _faults
 from ..transport.mcast import MulticastUnavailable, drop_own_datagrams, open_group
@@ -67,9 +68,16 @@ class _Chunks:
 class MulticastIO:
     """One multicast socket per communicator; selector keys are ``("mcast", comm_id)``."""
 
-    def __init__(self, sel: selectors.BaseSelector, on_datagram, placer=None,
-                 on_progress=None, send_chunks: bool | None = None) -> None:
+    def __init__(self, sel: selectors.BaseSelector, on_datagram, cfg: Config | None = None,
+                 placer=None, on_progress=None, send_chunks: bool | None = None) -> None:
+        """``cfg``: the job's settings (the multicast interface, POLYCAST_FAULTS);
+        ``placer``: the compiled helper's (transport.dgram.Placer), or None: the Python
+        path; ``on_progress``: what the placer placed (Driver._on_placed); ``send_chunks``:
+        send streams with the helper when it does not place (None: when it does)."""
+        cfg = cfg if cfg is not None else Config()
         self._sel = sel
+        self._interface = cfg.mcast_interface or None
+        self._faults_spec = cfg.faults
         self._on_datagram = on_datagram
         self.placer = placer                  # transport.dgram.Placer, or None: Python path
         self._on_progress = on_progress
@@ -78,7 +86,6 @@ class MulticastIO:
         self._paced: list = []                  # (not_before, n, comm id, datagram)
         # With the helper, streams leave chunk by chunk from the request's memory, built
         # and sent in C (MulticastChunks); without it, as one datagram per chunk.
-        # ``send_chunks``: whether to, when the helper does not place (None: when it does).
         self.sends_chunks = placer is not None if send_chunks is None else \
             bool(send_chunks) and dgram.available()
         self._chunks: list[_Chunks] = []
@@ -89,7 +96,7 @@ class MulticastIO:
     def open(self, comm_id: int, job_id: str, single_host: bool, own_rank: int) -> str | None:
         """Join the communicator's group; returns why multicast is unavailable, or None."""
         try:
-            sock, addr = open_group(job_id, comm_id, single_host)
+            sock, addr = open_group(job_id, comm_id, single_host, self._interface)
         except MulticastUnavailable as exc:
             return str(exc)
         drop_own_datagrams(sock, own_rank)
@@ -97,7 +104,7 @@ class MulticastIO:
             self.placer.watch(sock)             # UDP GRO where the kernel offers it
         if not self._faults_read:
             self._faults_read = True
-            self.faults = _faults.from_env(own_rank)
+            self.faults = _faults.parse(self._faults_spec, own_rank)
         self._sel.register(sock, selectors.EVENT_READ, ("mcast", comm_id))
         self._groups[comm_id] = _Group(sock, addr)
         return None

@@ -15,8 +15,6 @@ INLINE_POST_MAX_NBYTES, as an inline post),
 * checks its own arguments in a few attribute reads: exact ndarrays, the kept dtype object,
   the kept element counts; the helper then refuses read-only, non-contiguous and (for
   ``disjoint`` calls) overlapping arrays before anything moves;
-* checks that nothing a call's memo depends on has changed: POLYCAST_DEBUG (unset), the
-  collective's POLYCAST_<COLL>_ALGO, POLYCAST_NCHUNKS, and for ``auto`` POLYCAST_SYMM;
 * hands the arrays to the helper under the progress lock, as ``Driver.post`` would.
 
 Then, like the post's replay:
@@ -30,41 +28,40 @@ Then, like the post's replay:
 * **not taken** (an argument or a variable differs, something else is going on in the
   engine or on its rings, a command is queued): False with nothing done, and the caller
   takes the full path, which checks and raises as always.
+
+Nothing here depends on the environment: the communicator's configuration is fixed when it
+is made (polycast.config), so a kept shape stays valid for its life.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
+from ...collectives import Collective
 from ...errors import PolycastError
 from .request import Request
 
 _NDARRAY = np.ndarray
 _DONE = 0
-# os.environ's own store (bytes on POSIX; environ.raw reads the same): a per-call check of
-# the variables costs a dict lookup each.
-_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
-
-
-def env_data():
-    """The store a :class:`DirectCall` checks its variables in, or None (then none is made)."""
-    return _ENV_DATA
+_TWO, _BCAST, _BARRIER = "two arrays", "broadcast", "barrier"     # call() by collective
 
 
 class DirectCall:
     """One kept call shape of one communicator (see the module docstring)."""
 
-    __slots__ = ("d", "cs", "rp", "ent", "schedule", "itemsize", "dtname", "op", "dtype",
-                 "nsend", "nrecv", "tmp", "env", "rank", "timeout_seconds", "inline_ok",
+    __slots__ = ("d", "cs", "rp", "ent", "schedule", "itemsize", "dtname", "op", "kind", "dtype",
+                 "nsend", "nrecv", "tmp", "rank", "timeout_seconds", "inline_ok",
                  "whole", "adopted")
 
-    def __init__(self, driver, cs, ent, shape, send, recv, env, timeout_seconds: float,
+    def __init__(self, driver, cs, ent, shape, send, recv, timeout_seconds: float,
                  tmp_nelems: int | None, inline_ok: bool = True) -> None:
         self.d, self.cs, self.rp, self.ent = driver, cs, cs.replay, ent
         self.schedule, self.itemsize, self.dtname, self.op = shape
+        coll = self.schedule.collective
+        self.kind = _BCAST if coll is Collective.BROADCAST else \
+            _BARRIER if coll is Collective.BARRIER else _TWO
         arr = recv if recv is not None else send
         self.dtype = arr.dtype if arr is not None else None
         self.nsend = -1 if send is None else send.size
@@ -72,33 +69,31 @@ class DirectCall:
         # The helper's scratch, reused: a call it stops part-way is adopted with this very
         # array, and the next call waits for the engine to be idle (Engine.replay_begin).
         self.tmp = None if tmp_nelems is None else np.empty(tmp_nelems, self.dtype)
-        self.env = tuple(env)               # ((name bytes, value as stored or None), ...)
         self.rank = cs.engine.rank
         self.timeout_seconds = timeout_seconds
         self.inline_ok = inline_ok          # small enough for its I-variant to run here
         self.whole = 0                      # calls run whole here (tests, benchmarks)
         self.adopted = 0                    # ... begun here, finished by the engine
 
-    # -- per collective: the arguments' check, then run ------------------------------------
-    def allreduce(self, send, recv, nonblocking: bool = False):
+    # -- the arguments' check, then run -----------------------------------------------------
+    def call(self, send, recv, root, nonblocking: bool = False):
+        """The call as the dispatch hands it over (polycast.dispatch.call): an allreduce,
+        allgather or reduce-scatter's two arrays (the counts kept tell them apart), a
+        broadcast's buffer (``recv``) and ``root``, or a barrier's nothing."""
+        kind = self.kind
+        if kind is _BARRIER:
+            return self.run(None, None, False, nonblocking)
+        dt = self.dtype
+        if kind is _BCAST:
+            if type(recv) is not _NDARRAY or recv.dtype is not dt or recv.size != self.nrecv:
+                return False
+            return self.run(recv if root == self.rank else None, recv, False, nonblocking)
         if type(send) is not _NDARRAY or type(recv) is not _NDARRAY:
             return False
-        dt = self.dtype
         if send.dtype is not dt or recv.dtype is not dt or send.size != self.nsend \
                 or recv.size != self.nrecv:
             return False
         return self.run(send, recv, True, nonblocking)
-
-    allgather = reduce_scatter = allreduce      # the counts kept tell the forms apart
-
-    def bcast(self, buf, is_root: bool, nonblocking: bool = False):
-        if type(buf) is not _NDARRAY or buf.dtype is not self.dtype \
-                or buf.size != self.nrecv:
-            return False
-        return self.run(buf if is_root else None, buf, False, nonblocking)
-
-    def barrier(self, nonblocking: bool = False):
-        return self.run(None, None, False, nonblocking)
 
     # -- the call ---------------------------------------------------------------------------
     def run(self, send, recv, disjoint: bool, nonblocking: bool = False):
@@ -110,10 +105,6 @@ class DirectCall:
         progress = d.progress
         if progress._cmds or progress.error is not None or nonblocking and not self.inline_ok:
             return False        # posts keep their order; a dead thread is the full path's
-        data = _ENV_DATA
-        for name, value in self.env:
-            if data.get(name) != value:
-                return False
         with progress.lock:
             progress._drive_ended = time.monotonic()    # Progress.user_active, inline
             cs = self.cs

@@ -11,7 +11,7 @@ a few hundred times, so it crawled while the user computed and ran in ``Wait`` i
 no overlap (bench/overlap.py: the collective's threads used 1-5 ms of their ~18 ms of CPU
 inside a 50-70 ms compute window).
 
-:func:`short_switch` (or :func:`begin_short` / :func:`end_short`) lowers the interval to SWITCH_SECONDS while at least one such job
+:func:`short_switch` (or :func:`begin_short` / :func:`end_short`) lowers the interval to POLYCAST_SWITCH_US while at least one such job
 runs, and puts back what was there when the last one ends. The user's thread is only
 interrupted when the communication thread actually waits for the GIL, and then holds it
 for those few microseconds. The interval is the interpreter's, so a program that sets its
@@ -21,27 +21,30 @@ own meanwhile keeps it (we restore only a value we set ourselves).
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 
-# POLYCAST_SWITCH_US=0 leaves the interval alone.
-SWITCH_SECONDS = float(os.environ.get("POLYCAST_SWITCH_US", "100")) * 1e-6
+from ...config import Config
+
+# The configuration's POLYCAST_SWITCH_US (0 leaves the interval alone), in seconds.
+SWITCH_SECONDS = Config.gil_switch_us * 1e-6
 
 _lock = threading.Lock()
 _users = 0
 _saved: float | None = None      # the interval before the first user, when we lowered it
+_set: float = 0.0                # the interval we set then
 
 
-def begin_short() -> None:
-    """One more user of the short interval (the first one lowers it)."""
-    global _users, _saved
+def begin_short(seconds: float = SWITCH_SECONDS) -> None:
+    """One more user of the short interval (the first one lowers it to ``seconds``: its
+    job's POLYCAST_SWITCH_US)."""
+    global _users, _saved, _set
     with _lock:
         if _users == 0:
             old = sys.getswitchinterval()
-            if 0 < SWITCH_SECONDS < old:
-                sys.setswitchinterval(SWITCH_SECONDS)
-                _saved = old
+            if 0 < seconds < old:
+                sys.setswitchinterval(seconds)
+                _saved, _set = old, seconds
         _users += 1
 
 
@@ -52,15 +55,15 @@ def end_short() -> None:
     with _lock:
         _users -= 1
         if _users == 0 and _saved is not None:
-            if abs(sys.getswitchinterval() - SWITCH_SECONDS) < 1e-6:
+            if abs(sys.getswitchinterval() - _set) < 1e-6:
                 sys.setswitchinterval(_saved)
             _saved = None
 
 
 @contextlib.contextmanager
-def short_switch():
-    """Run the body with the switch interval at most SWITCH_SECONDS."""
-    begin_short()
+def short_switch(seconds: float = SWITCH_SECONDS):
+    """Run the body with the switch interval at most ``seconds``."""
+    begin_short(seconds)
     try:
         yield
     finally:

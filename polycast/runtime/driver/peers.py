@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import selectors
 
+from ...config import Config
 from ...errors import PeerLost
 from ..transport import cma, futex
 from ..transport.frames import KIND_BYE, KIND_CMA, KIND_CMA_DONE, KIND_DOORBELL, is_driver_kind
@@ -42,7 +43,9 @@ class PeerIO:
     """The rings and TCP links of a :class:`World`; selector keys are ``("peer", rank)``."""
 
     def __init__(self, world: World, sel: selectors.BaseSelector, on_frame, on_sent,
-                 on_lost, on_gone=None) -> None:
+                 on_lost, on_gone=None, cfg: Config | None = None) -> None:
+        """``cfg``: the job's settings (single-copy threshold, futex and cma test hooks)."""
+        cfg = cfg if cfg is not None else Config()
         self.world = world
         self._sel = sel
         self._on_frame, self._on_sent, self._on_lost = on_frame, on_sent, on_lost
@@ -58,14 +61,14 @@ class PeerIO:
         # Some peer has no ring: input can come on a socket only.
         self.tcp_only = any(p.ring_in is None for p in peers)
         # Futex wake-ups work here (a sleeper may wait on the rings' counters).
-        self.futex = bool(self.rings_in) and futex.available()
+        self.futex = bool(self.rings_in) and cfg.hooks.futex and futex.available()
         # Single-copy: peers whose ring reader can read our memory; per peer the descriptors
         # sent and not yet acknowledged {seq: (token, view kept alive)}, and the seqs we
         # are done reading from each peer, not yet acknowledged (a held one is acknowledged
         # when read, so out of order).
-        self.cma_min_nbytes = cma.min_nbytes()
+        self.cma_min_nbytes = cfg.cma_min_nbytes
         self.cma_peers = {p.rank for p in peers if p.ring_out is not None and p.ring_out.cma_ok
-                          and cma.disabled_reason() is None}
+                          and cma.disabled_reason(None, cfg.hooks.cma) is None}
         self._cma_seq = dict.fromkeys(self.cma_peers, 0)
         self._cma_wait: dict[int, dict] = {r: {} for r in self.cma_peers}
         self._cma_acks: dict[int, list] = {}
@@ -224,7 +227,7 @@ class PeerIO:
             futex.wake(peer.ring_out.data_bell_addr, WAKE_ALL)
         else:
             # A doorbell also when the reader sleeps on its futex but this rank cannot
-            # wake one (POLYCAST_FUTEX=0 here only): the reader's bounded wait ends it.
+            # wake one (the futex=0 test hook here only): the reader's bounded wait ends it.
             peer.tcp.enqueue(KIND_DOORBELL, b"", [], 0, None)
             self._dirty.add(r)
 

@@ -35,12 +35,11 @@ IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost d
 # With futex sleeps (no doorbells) spinning still wins there: 4 ranks, recdoubling, the
 # ranks at real-time priority so the machine's other load stays out: no spin 323 us, 20,
 # 50 and 200 us alike at 240-270 us (a sleep and its timer cost ~16-20 us of CPU in this VM).
-DRIVE_SPIN_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_US", "50")) * 1e-6
-DRIVE_SPIN_WALL_SECONDS = float(os.environ.get("POLYCAST_DRIVE_SPIN_WALL_US", "1000")) * 1e-6
+# Both are test hooks of the configuration (drive_spin_us, drive_spin_wall_us; spin_us for
+# the progress thread's own polling, off by default).
 YIELD_RAN_OTHERS_SECONDS = 10e-6    # a yield longer than this ran someone else
 FULL_ROUND_SECONDS = 0.0005  # a driving thread's bound between full rounds (sockets, timers)
 PARK_SECONDS = 0.002          # the progress thread's nap while user threads drive progress
-SPIN_SECONDS = float(os.environ.get("POLYCAST_SPIN_US", "0")) * 1e-6
 
 
 class Progress:
@@ -53,6 +52,13 @@ class Progress:
 
     def __init__(self, driver) -> None:
         self.d = driver
+        cfg = driver.config
+        hooks = cfg.hooks
+        self.drive_spin_seconds = hooks.drive_spin_us * 1e-6
+        self.drive_spin_wall_seconds = hooks.drive_spin_wall_us * 1e-6
+        self.spin_seconds = hooks.spin_us * 1e-6
+        self.switch_seconds = cfg.gil_switch_us * 1e-6
+        self.cprofile = hooks.cprofile       # cProfile the thread into <this>.<rank>
         self.sel = selectors.DefaultSelector()
         self._cmds: collections.deque = collections.deque()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -151,7 +157,7 @@ class Progress:
     # -- the progress thread -------------------------------------------------------------------
     def _main(self) -> None:
         d = self.d
-        prof_path = os.environ.get("POLYCAST_PROFILE")      # debugging: cProfile the thread
+        prof_path = self.cprofile
         if prof_path:
             import cProfile
             prof = cProfile.Profile()
@@ -178,11 +184,14 @@ class Progress:
         """Hold a short GIL switch interval (runtime/driver/gil.py) while this thread carries
         requests nobody drives (an overlapped Iallreduce while the user computes): each
         return from a sleep, a copy or a reduction takes the GIL back from the computing
-        thread within gil.SWITCH_SECONDS instead of CPython's 5 ms (measured: 6.7 vs
+        thread within POLYCAST_SWITCH_US instead of CPython's 5 ms (measured: 6.7 vs
         0.56 ms per take beside pure-Python compute, /tmp/overlap/gilwait.py). Off while a
         user thread drives progress (blocking calls, Wait) or nothing is outstanding."""
         if want != self._short:
-            (gil.begin_short if want else gil.end_short)()
+            if want:
+                gil.begin_short(self.switch_seconds)
+            else:
+                gil.end_short()
             self._short = want
 
     def _loop(self) -> None:
@@ -315,7 +324,7 @@ class Progress:
             return 0
         mono, yield_ = time.monotonic, os.sched_yield
         start = mono()
-        end = start + max(seconds, DRIVE_SPIN_WALL_SECONDS)
+        end = start + max(seconds, self.drive_spin_wall_seconds)
         own = 0.0           # wall time of looks that came straight back from the yield
         last = start
         while True:
@@ -363,8 +372,8 @@ class Progress:
         watches the rings (:meth:`_spin`, yielding the core) and handles what arrives with
         a quick round (rings and due timers only) instead of sleeping in select and
         being woken by a doorbell; a full round (sockets, multicast, commands) still runs
-        at least every FULL_ROUND_SECONDS, and after DRIVE_SPIN_SECONDS without input the
-        thread sleeps in select."""
+        at least every FULL_ROUND_SECONDS, and after ``drive_spin_seconds`` (a test hook)
+        without input the thread sleeps in select."""
         with self._drive_cv:
             self._driving += 1
         try:
@@ -400,7 +409,7 @@ class Progress:
                     spun = False
                     continue
                 if not spun:
-                    got = self._spin(DRIVE_SPIN_SECONDS)
+                    got = self._spin(self.drive_spin_seconds)
                     if got:
                         full = got == 2
                         continue
@@ -440,8 +449,8 @@ class Progress:
         if busy or self._cmds:
             self._last_activity = time.monotonic()
             return 0.0
-        if d.requests and SPIN_SECONDS > 0:
-            if time.monotonic() - self._last_activity < SPIN_SECONDS:
+        if d.requests and self.spin_seconds > 0:
+            if time.monotonic() - self._last_activity < self.spin_seconds:
                 os.sched_yield()
                 return 0.0
         return self._idle_timeout(time.monotonic())

@@ -15,7 +15,7 @@ Large calls too, when every message over the eager limit is a pulled DATA (betwe
 that read each other single-copy, engine/rendezvous.py): the helper writes the descriptors,
 reads the peers' with process_vm_readv and acknowledges them, so a repeated 16 MiB allgather
 runs its reads and copies with no Python between them (4 ranks on 2 cores, ``direct``:
-3.0-3.3 ms a call against 3.8-4.3 ms with POLYCAST_REPLAY=0, runs alternated). Python keeps
+3.0-3.3 ms a call against 3.8-4.3 ms with the replay=0 test hook, runs alternated). Python keeps
 the single-copy seqs (``PeerIO._cma_seq``, passed in and advanced), takes over the
 acknowledgements a full ring could not take, and maps a stopped run's written SENDs to their
 engine tokens (``PeerIO.await_ack``). Such a run waits longer without input before it stops:
@@ -24,20 +24,20 @@ its peers may be reading its memory (``PULL_GBPS``).
 Blocking and non-blocking calls alike run here, inside ``Driver.post`` (the inline post
 of a small call; a large one's, on the progress thread): a call whose peers are there
 completes before post returns (Wait finds it done); one whose peers are not stops after
-``POLYCAST_REPLAY_WAIT_US`` (2000) without input and is adopted. Waiting, the helper looks
+the ``replay_wait_us`` test hook (2000) without input and is adopted. Waiting, the helper looks
 at the rings and yields the core (4 ranks on 2 cores: the peer it waits for may need it);
-after ``POLYCAST_REPLAY_SPIN_US`` (30) of looks that came straight back, or
-``POLYCAST_REPLAY_SPIN_WALL_US`` (200) of yielding to others, it sleeps on the rings' futex
+after the ``replay_spin_us`` test hook (30) of looks that came straight back, or
+the ``replay_spin_wall_us`` test hook (200) of yielding to others, it sleeps on the rings' futex
 counters, woken by the peer's frame.
-Off with ``POLYCAST_REPLAY=0`` (or ``POLYCAST_NATIVE=0``, or no compiler).
+Off with the ``replay=0`` test hook (or the ``native=0`` test hook, or no compiler).
 """
 
 from __future__ import annotations
 
 import operator
-import os
 import time
 
+from ...config import Hooks
 from ...engine.early import holding
 from ...errors import PolycastError
 from ...schedule.ir import Kind
@@ -62,28 +62,13 @@ _FLOAT_OPS = {"sum": 0, "prod": 1}
 _INT_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
 
 
-def _env_us(name: str, default_us: float) -> float:
-    try:
-        return max(0.0, float(os.environ.get(name, default_us))) * 1e-6
-    except ValueError:
-        return default_us * 1e-6
-
-
-def _env_waits() -> tuple[float, float, float]:
+def _waits(hooks) -> tuple[float, float, float]:
     """(no input for this long: stop and let the engine adopt the call; spin this long,
     counting only looks that came straight back (the core was ours alone), before sleeping
-    on the rings; or this long of wall time, yielding to others)."""
-    return (_env_us("POLYCAST_REPLAY_WAIT_US", 2000), _env_us("POLYCAST_REPLAY_SPIN_US", 30),
-            _env_us("POLYCAST_REPLAY_SPIN_WALL_US", 200))
-
-
-def _env_step_limit() -> int:
-    """POLYCAST_REPLAY_STEP_LIMIT=k (tests): every replay stops after k steps and the
-    engine adopts the call there."""
-    try:
-        return int(os.environ.get("POLYCAST_REPLAY_STEP_LIMIT", "-1"))
-    except ValueError:
-        return -1
+    on the rings; or this long of wall time, yielding to others): the configuration's
+    replay_wait_us, replay_spin_us and replay_spin_wall_us test hooks."""
+    return (max(0.0, hooks.replay_wait_us) * 1e-6, max(0.0, hooks.replay_spin_us) * 1e-6,
+            max(0.0, hooks.replay_spin_wall_us) * 1e-6)
 
 
 def _held_payloads(held: list) -> list:
@@ -102,10 +87,15 @@ def _held_payloads(held: list) -> list:
     return out
 
 
-def unavailable_reason() -> str | None:
-    """Why calls are not replayed in this process, or None."""
-    if os.environ.get("POLYCAST_REPLAY", "1").strip().lower() in ("0", "false", "no", "off"):
-        return "POLYCAST_REPLAY=0"
+def unavailable_reason(hooks=None) -> str | None:
+    """Why calls are not replayed in a job with these test hooks (default: none set), or
+    None."""
+    if hooks is None:
+        hooks = Hooks()
+    if not hooks.replay:
+        return "the replay=0 test hook"
+    if not hooks.native:
+        return "the native=0 test hook (the replay is the compiled rings')"
     if native.ring is None:
         return f"the compiled ring helper is not in use ({native.why_not})"
     if not hasattr(native.ring, "ReplayPlan"):
@@ -134,8 +124,9 @@ class Replayer:
 
     def __init__(self, driver, cs) -> None:
         self.d, self.cs = driver, cs
-        self.waits = _env_waits()
-        self.step_limit = _env_step_limit()
+        hooks = driver.config.hooks
+        self.waits = _waits(hooks)
+        self.step_limit = hooks.replay_step_limit     # >= 0: stop after that many steps
         self._entries: dict[tuple, tuple] = {}     # key -> (schedule, _Entry or None)
         self._stops = [0] * len(REASONS)            # runs by how they ended
 

@@ -75,21 +75,5 @@ Modules: :mod:`.channel` (socket naming and credentials, the two rings and doorb
 
 from __future__ import annotations
 
-PROGRESS_MODES = ("thread", "offload")
-
-
-def progress_mode(progress: str | None = None, env=None) -> str:
-    """``progress`` or POLYCAST_PROGRESS, validated: "thread" (in-process, the default) or
-    "offload"."""
-    import os
-
-    from ...errors import InvalidArgument
-    env = os.environ if env is None else env
-    mode = (progress or env.get("POLYCAST_PROGRESS") or "thread").strip().lower()
-    if mode not in PROGRESS_MODES:
-        raise InvalidArgument(f"progress={mode!r} (or POLYCAST_PROGRESS); valid choices: "
-                              f"{', '.join(PROGRESS_MODES)}")
-    return mode
-
-
-__all__ = ["PROGRESS_MODES", "progress_mode"]
+# Whether a rank's communication is offloaded is its configuration's ``progress``
+# (POLYCAST_PROGRESS or init(progress=...)): polycast.config.

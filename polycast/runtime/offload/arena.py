@@ -21,24 +21,6 @@ from ...errors import InvalidArgument
 from ..transport.shm import SHM_DIR
 
 ALIGN = 64                          # a cache line: every allocation starts on one
-DEFAULT_ARENA_NBYTES = 1 << 30
-
-
-def arena_nbytes(env=None) -> int:
-    env = os.environ if env is None else env
-    text = env.get("POLYCAST_OFFLOAD_ARENA", "")
-    if not text:
-        return DEFAULT_ARENA_NBYTES
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1 << 20:
-        raise InvalidArgument(f"POLYCAST_OFFLOAD_ARENA={text!r}: must be an integer number "
-                              "of bytes, at least 1 MiB (default 1 GiB)")
-    return n
-
-
 def shm_path(what: str) -> str:
     return os.path.join(SHM_DIR, f"polycast-off-{os.getpid()}-{secrets.token_hex(4)}-{what}")
 

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from ...config import Config, current
 from ...errors import InvalidArgument, OffloadLost, PolycastError
 from ...memory import Buffers, buffers_used
 from ..driver.request import Request
@@ -32,19 +33,13 @@ from ..transport import faults as _faults
 from ..bootstrap.env import JobEnv
 from ..transport.shm import Ring, shm_unavailable_reason
 from . import descriptors as D
-from .arena import RankArena, arena_nbytes, shm_path
+from .arena import RankArena, shm_path
 from .channel import (RING_NBYTES, Channel, check_platform, peer_pid, recv_line, send_line,
                       socket_name)
 
 CONNECT_RETRY_SECONDS = 0.02
 SCHEDULES_KEPT = 256            # the offload process keeps twice as many (same order)
 WAIT_SLICE_SECONDS = 0.05       # a waiting thread re-checks liveness this often
-
-
-def staging_allowed(env=None) -> bool:
-    env = os.environ if env is None else env
-    return env.get("POLYCAST_OFFLOAD_STAGING", "1").strip().lower() not in (
-        "0", "false", "no", "off")
 
 
 @dataclasses.dataclass
@@ -130,14 +125,16 @@ class OffloadClient:
     """The driver interface a :class:`polycast.Comm` uses, over descriptor rings."""
 
     def __init__(self, job: JobEnv, sock: socket.socket, channel: Channel, arena: RankArena,
-                 world: dict, server_pid: int, server: subprocess.Popen | None) -> None:
+                 world: dict, server_pid: int, server: subprocess.Popen | None,
+                 cfg: Config) -> None:
         self.rank = job.rank
         self.size = job.size
         self.job = job
         self.timeout_seconds = job.timeout_seconds
         self.channel = channel
         self.arena = arena
-        self.buffers = ClientBuffers(arena, staging_allowed())
+        self.config = cfg
+        self.buffers = ClientBuffers(arena, cfg.offload_staging)
         self.server_pid = server_pid
         self._server = server
         self.job_id = world["job_id"]
@@ -339,11 +336,11 @@ class OffloadClient:
 
 
 # -- attaching ------------------------------------------------------------------------------
-def _start_server(job: JobEnv, name: bytes, workers: int) -> subprocess.Popen:
+def _start_server(job: JobEnv, name: bytes, workers: int, hooks) -> subprocess.Popen:
     from ..transport import dgram
     cfg = {"socket": name.hex(), "local_size": job.local_size,
            "timeout": job.timeout_seconds, "workers": workers,
-           "native": dgram.native_wanted()}       # the datagram path's test hook, passed on
+           "dgram": dgram.in_use(hooks)}     # the receive workers' datagram path (test hook)
     proc = subprocess.Popen([sys.executable, "-m", "polycast.runtime.offload.server"],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             start_new_session=True)
@@ -352,33 +349,21 @@ def _start_server(job: JobEnv, name: bytes, workers: int) -> subprocess.Popen:
     return proc
 
 
-def offload_workers(env=None) -> int:
-    env = os.environ if env is None else env
-    text = env.get("POLYCAST_OFFLOAD_WORKERS", "1")
-    try:
-        k = int(text)
-    except ValueError:
-        k = -1
-    if not 0 <= k <= 64:
-        raise InvalidArgument(f"POLYCAST_OFFLOAD_WORKERS={text!r}: must be an integer in "
-                              "0..64 (0: the offload process receives multicast itself)")
-    return k
-
-
-def attach(job: JobEnv, transport: str | None = None, *, mtu_nbytes: int | None = None,
-           pacing_gbps: float | None = None) -> OffloadClient:
-    """Join the job through the host's offload process (started here by local rank 0)."""
+def attach(job: JobEnv, cfg: Config | None = None) -> OffloadClient:
+    """Join the job through the host's offload process (started here by local rank 0),
+    under the rank's settings ``cfg`` (default: read now; the offload process runs its
+    engines with them)."""
+    cfg = cfg if cfg is not None else current(rank=job.rank)
     check_platform()
     why = shm_unavailable_reason()
     if why:
         raise InvalidArgument(f"progress='offload' needs shared memory: {why}")
-    workers = offload_workers()
-    nbytes = arena_nbytes()
-    staging_allowed()
-    _faults.from_env()          # a bad POLYCAST_FAULTS here, not as a worker dying at start
+    workers = cfg.offload_workers
+    nbytes = cfg.offload_arena_nbytes
+    _faults.parse(cfg.faults)   # a bad POLYCAST_FAULTS here, not as a worker dying at start
     name = socket_name(job.master_addr, job.master_port)
     deadline = time.monotonic() + job.timeout_seconds
-    server = _start_server(job, name, workers) if job.local_rank == 0 else None
+    server = _start_server(job, name, workers, cfg.hooks) if job.local_rank == 0 else None
     sock = None
     made: list = []
     try:
@@ -390,12 +375,11 @@ def attach(job: JobEnv, transport: str | None = None, *, mtu_nbytes: int | None 
         made.append(sq)
         cq = Ring.create(shm_path("cq"), RING_NBYTES)
         made.append(cq)
-        # The rank's settings the engine config reads (the job's secret is not among
-        # them: the offload process has the one it was started with, as local rank 0)
-        env = {k: v for k, v in os.environ.items()
-               if k.startswith("POLYCAST_") and k != "POLYCAST_SECRET"}
-        send_line(sock, {"job": dataclasses.asdict(job), "transport": transport,
-                         "mtu_nbytes": mtu_nbytes, "pacing_gbps": pacing_gbps, "env": env,
+        # The rank's settings, as variables (the job's secret is not among them: the
+        # offload process has the one it was started with, as local rank 0)
+        env = cfg.to_env()
+        env.pop("POLYCAST_SECRET", None)
+        send_line(sock, {"job": dataclasses.asdict(job), "env": env,
                          "pid": os.getpid(), "arena": [arena.path, arena.nbytes],
                          "sq": sq.path, "cq": cq.path, "ring_nbytes": RING_NBYTES})
         answer = recv_line(sock, max(0.1, deadline - time.monotonic()))
@@ -405,7 +389,7 @@ def attach(job: JobEnv, transport: str | None = None, *, mtu_nbytes: int | None 
             raise PolycastError(f"rank {job.rank}: the offload process could not connect "
                                 f"this rank: {answer.get('error')}")
         channel = Channel(sock, sq, cq)
-        return OffloadClient(job, sock, channel, arena, answer["world"], pid, server)
+        return OffloadClient(job, sock, channel, arena, answer["world"], pid, server, cfg)
     except (OSError, TimeoutError, ValueError) as exc:
         for m in made:
             m.unlink()

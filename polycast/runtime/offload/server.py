@@ -29,6 +29,7 @@ import traceback
 
 import numpy as np
 
+from ...config import current, load
 from ...errors import PolycastError
 from ..bootstrap.engine_config import engine_config
 from ..driver import Driver
@@ -88,20 +89,20 @@ class RankHost:
         w = self.workers
         if w is not None:               # before the rank unlinks its arena
             w.map_arena(self.rank, self.arena.path, self.arena.nbytes)
-        self.world = world = connect(self.job, h.get("transport"))
+        # The rank's settings (read once by the rank, sent as variables) with the secret
+        # this process was started with
+        cfg = load(h.get("env") or {}, rank=self.rank).replace(
+            "environment", secret=self.server.config.secret)
+        self.world = world = connect(self.job, cfg)
         self.local_ranks = {r for r, p in world.peers.items() if p.same_host} | {self.rank}
-        env = dict(h.get("env") or {})
-        config = engine_config(world, self.job.timeout_seconds,
-                               mtu_nbytes=h.get("mtu_nbytes"),
-                               pacing_gbps=h.get("pacing_gbps"), env=env)
+        config = engine_config(world, cfg)
         if w is None:
-            self.driver = Driver(world, config,
-                                 native_datagrams=self.server.cfg.get("native", True))
+            self.driver = Driver(world, config, cfg)
         else:
             w.setup(world.job_id, world.single_host, world.key)
             w.hosts[self.rank] = self
             self.driver = Driver(world, dataclasses.replace(config, external_streams=True),
-                                 mcast_io=functools.partial(RootSenderIO, native=w.native),
+                                 cfg, mcast_io=functools.partial(RootSenderIO, native=w.dgram),
                                  on_action=lambda cs, a: w.on_action(self, cs, a))
         err = self._add_comm(0, list(range(world.size)), True)
         return {"job_id": self.world.job_id, "single_host": self.world.single_host,
@@ -248,6 +249,7 @@ class _Posted:
 class Server:
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
+        self.config = current()         # this process's settings, read once (its secret)
         self.workers: Workers | None = None
         self.name = bytes.fromhex(cfg["socket"])
         self.timeout = float(cfg["timeout"])
@@ -405,7 +407,7 @@ def main() -> int:
         return 0
     try:
         if int(cfg.get("workers", 0)) > 0:
-            server.workers = Workers(int(cfg["workers"]), cfg.get("native", True))
+            server.workers = Workers(int(cfg["workers"]), cfg.get("dgram", True))
         server.serve()
     finally:
         server.close()

@@ -42,12 +42,13 @@ class RootSenderIO(MulticastIO):
     """Send-only multicast on one group per root (the workers receive); ``native``: send
     streams with the compiled helper (as the workers place with it)."""
 
-    def __init__(self, sel, on_datagram, native: bool = False) -> None:
-        super().__init__(sel, on_datagram, send_chunks=native)
+    def __init__(self, sel, on_datagram, cfg=None, placer=None, on_progress=None,
+                 native: bool = False) -> None:
+        super().__init__(sel, on_datagram, cfg, placer, on_progress, send_chunks=native)
 
     def open(self, comm_id: int, job_id: str, single_host: bool, own_rank: int) -> str | None:
         try:
-            sock, addr = open_sender(job_id, comm_id, own_rank, single_host)
+            sock, addr = open_sender(job_id, comm_id, own_rank, single_host, self._interface)
         except MulticastUnavailable as exc:
             return str(exc)
         # registered like a group socket: MulticastIO flips write interest when blocked
@@ -64,9 +65,9 @@ class _Proc:
 
 
 class Workers:
-    def __init__(self, count: int, native: bool = True) -> None:
+    def __init__(self, count: int, dgram: bool = True) -> None:
         self.k = count
-        self.native = native            # the workers place with the compiled helper
+        self.dgram = dgram              # the workers place with the compiled helper
         self.procs: list[_Proc] = []
         self.hosts: dict[int, object] = {}          # world rank -> RankHost
         self._tokens = itertools.count(1)
@@ -96,7 +97,7 @@ class Workers:
             popen.stdin.write(json.dumps({
                 "index": index, "count": self.k, "fd": theirs.fileno(), "cmd": cmd.path,
                 "report": rep.path, "ring_nbytes": RING_NBYTES,
-                "native": self.native}).encode() + b"\n")
+                "dgram": self.dgram}).encode() + b"\n")
             popen.stdin.close()
         finally:
             theirs.close()

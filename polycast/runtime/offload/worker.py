@@ -5,7 +5,7 @@ It joins the groups of the roots it owns, and for each datagram: verifies it (wi
 MAC with the job's key, call signature), and places its chunk into the arena buffer of
 every local rank whose engine opened that stream, then reports the placed chunk ranges, in
 batches, to the offload process, which hands them to the engines. The compiled helper
-(runtime/transport/_dgram.c, ``cfg["native"]``) does the reading (recvmmsg, GRO), the
+(runtime/transport/_dgram.c, ``cfg["dgram"]``) does the reading (recvmmsg, GRO), the
 checks, the bounds, the bitmap, the duplicates and the copies, and hands this module only
 what it cannot place; without it :class:`polycast.engine.mcast.Stream` does them here, one
 datagram at a time. Datagrams of streams no
@@ -91,7 +91,7 @@ class Worker:
         # MulticastIO does in-process (the rank checked the spec before it started us)
         self.faults = _faults.from_env(rank=1000 + self.index)
         self.placer = None          # the compiled helper's (set up with the job's key)
-        self.native = bool(cfg.get("native")) and dgram.available()
+        self.native = bool(cfg.get("dgram")) and dgram.available()
         self._fed = lambda _comm, data: self._feed(data)
 
     # -- commands -------------------------------------------------------------------------

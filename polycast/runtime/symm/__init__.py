@@ -105,11 +105,10 @@ from .direct import allgather, allreduce, reduce_scatter
 from .segments import segment_path
 from .staged import (BCAST_CHUNK_NBYTES, staged_allgather, staged_allreduce, staged_bcast,
                      staged_reduce_scatter)
-from .shared import (ONE_SHOT_MAX_NBYTES, SLOT_NBYTES, SymmState, alloc, free, is_symmetric,
-                     state)
+from .shared import ONE_SHOT_MAX_NBYTES, SLOT_NBYTES, SymmState
 
 __all__ = ["SymmState", "EpochBarrier", "BAD_SIG", "ONE_SHOT_MAX_NBYTES", "SLOT_NBYTES",
-           "BCAST_CHUNK_NBYTES", "alloc", "free", "is_symmetric", "state", "segment_path",
-           "allgather", "reduce_scatter", "allreduce", "staged_allgather",
-           "staged_reduce_scatter", "staged_allreduce", "staged_bcast"]
-# Which path a call takes (SYMM, STAGED or the engine) is polycast.dispatch.routing's.
+           "BCAST_CHUNK_NBYTES", "segment_path", "allgather", "reduce_scatter", "allreduce",
+           "staged_allgather", "staged_reduce_scatter", "staged_allreduce", "staged_bcast"]
+# Which path a call takes (SYMM, STAGED or the engine), and the communicator's SymmState,
+# are its dispatch's (polycast.dispatch).

@@ -84,13 +84,13 @@ typedef struct {
     int cma;                    /* single copy (see "single-copy calls" below), not slotted */
     Py_ssize_t nbytes, isz;
     unsigned long long sig;
-    PyObject *dtype, *op, *what, *env_key;      /* owned; op NULL for bcast */
+    PyObject *dtype, *op, *what;                /* owned; op NULL for bcast */
 } Entry;
 
 struct Fast {
     double spin_s, yield_s;
     int use_futex, nent, next, pending, pc_locked;    /* (pending: pc.cma, its phase) */
-    PyObject *ndarray, *in_place, *env, *symm_key, *acquire, *release, *jobs;
+    PyObject *ndarray, *in_place, *acquire, *release, *jobs;
     Entry ent[NENT];
     Call pc;                    /* the pending call: its buffers, and the run lock, held */
     unsigned long long last_e;
@@ -133,6 +133,7 @@ PyObject *Bar_allreduce(Bar *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Bar_allgather(Bar *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Bar_reduce_scatter(Bar *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Bar_bcast(Bar *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *Bar_call(Bar *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *Bar_finish_pending(Bar *self, PyObject *noargs);
 PyObject *Bar_drop_pending(Bar *self, PyObject *noargs);
 PyObject *Bar_last(Bar *self, PyObject *noargs);

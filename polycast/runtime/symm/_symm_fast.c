@@ -3,9 +3,9 @@
  * path (which checked everything and chose this path); Comm.Allreduce / Comm.Bcast then hand
  * their arguments here first. A call is "mine" only when the arrays are exactly numpy arrays,
  * C-contiguous (recvbuf writable), of the kept dtype (the same dtype object) and size, with
- * the kept op / root / in-place, neither POLYCAST_SYMM nor POLYCAST_<COLL>_ALGO is set, no
- * symm job is queued and the communicator's run lock is free: checked on every call, from
- * the arrays themselves. Anything else returns False with nothing touched, and the caller
+ * the kept op / root / in-place, no symm job is queued and the communicator's run lock is
+ * free: checked on every call, from the arrays themselves (the communicator's configuration
+ * is fixed when it is made: nothing else can change a kept call's path). Anything else returns False with nothing touched, and the caller
  * takes the Python path (which raises every error). Python disarms it (disarm()) when the
  * symm path stops taking calls (broken barrier, refused staging, freed state, user symm
  * arrays). A wait longer than the spin and the yields returns to barrier.py's bounded loop
@@ -16,7 +16,7 @@ unsigned long long n_fast;     /* calls the fast path ran (tests count them) */
 PyObject *str_dtype;
 
 static void entry_clear(Entry *en) {
-    Py_CLEAR(en->dtype); Py_CLEAR(en->op); Py_CLEAR(en->what); Py_CLEAR(en->env_key);
+    Py_CLEAR(en->dtype); Py_CLEAR(en->op); Py_CLEAR(en->what);
 }
 
 void unlock(struct Fast *f) {
@@ -37,27 +37,25 @@ void fast_free(Bar *b) {
     b->fast = NULL;
     drop_pending(f);
     for (int i = 0; i < f->nent; i++) entry_clear(&f->ent[i]);
-    Py_XDECREF(f->ndarray); Py_XDECREF(f->in_place); Py_XDECREF(f->env);
-    Py_XDECREF(f->symm_key); Py_XDECREF(f->acquire); Py_XDECREF(f->release);
+    Py_XDECREF(f->ndarray); Py_XDECREF(f->in_place);
+    Py_XDECREF(f->acquire); Py_XDECREF(f->release);
     Py_XDECREF(f->jobs); Py_XDECREF(f->last_what);
     PyMem_Free(f);
 }
 
-/* arm(ndarray, IN_PLACE, environ_store, b"POLYCAST_SYMM", lock.acquire, lock.release, jobs,
- *     spin_s, yield_s, use_futex) */
+/* arm(ndarray, IN_PLACE, lock.acquire, lock.release, jobs, spin_s, yield_s, use_futex) */
 PyObject *Bar_arm(Bar *self, PyObject *args) {
-    PyObject *o[7];
+    PyObject *o[5];
     double spin, yld;
     int fx;
-    if (!PyArg_ParseTuple(args, "O!OO!O!OOOddp", &PyType_Type, &o[0], &o[1], &PyDict_Type,
-                          &o[2], &PyBytes_Type, &o[3], &o[4], &o[5], &o[6], &spin, &yld, &fx))
+    if (!PyArg_ParseTuple(args, "O!OOOOddp", &PyType_Type, &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &spin, &yld, &fx))
         return NULL;
     fast_free(self);        /* (without slots, only single-copy calls can be added) */
     struct Fast *f = PyMem_Calloc(1, sizeof(struct Fast));
     if (!f) return PyErr_NoMemory();
-    PyObject **dst[7] = {&f->ndarray, &f->in_place, &f->env, &f->symm_key, &f->acquire,
-                         &f->release, &f->jobs};
-    for (int i = 0; i < 7; i++) *dst[i] = Py_NewRef(o[i]);
+    PyObject **dst[5] = {&f->ndarray, &f->in_place, &f->acquire, &f->release, &f->jobs};
+    for (int i = 0; i < 5; i++) *dst[i] = Py_NewRef(o[i]);
     f->spin_s = spin; f->yield_s = yld; f->use_futex = fx;
     self->fast = f;
     Py_RETURN_NONE;
@@ -68,13 +66,13 @@ PyObject *Bar_disarm(Bar *self, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
-/* add(kind, nbytes, dtype, op or None, flag, sig, dtype code, op code, what, env_key[, cma])
+/* add(kind, nbytes, dtype, op or None, flag, sig, dtype code, op code, what[, cma])
  * cma: a single-copy allgather or broadcast (set_pids first), not a slotted call. */
 PyObject *Bar_add(Bar *self, PyObject *args) {
     Entry en = {0};
-    PyObject *dtype, *op, *what, *key;
-    if (!PyArg_ParseTuple(args, "inOOiKiiUO!|p", &en.kind, &en.nbytes, &dtype, &op, &en.flag,
-                          &en.sig, &en.t, &en.opc, &what, &PyBytes_Type, &key, &en.cma))
+    PyObject *dtype, *op, *what;
+    if (!PyArg_ParseTuple(args, "inOOiKiiU|p", &en.kind, &en.nbytes, &dtype, &op, &en.flag,
+                          &en.sig, &en.t, &en.opc, &what, &en.cma))
         return NULL;
     struct Fast *f = self->fast;
     int isz = 1;
@@ -118,7 +116,6 @@ PyObject *Bar_add(Bar *self, PyObject *args) {
     en.dtype = Py_NewRef(dtype);
     en.op = op == Py_None ? NULL : Py_NewRef(op);
     en.what = Py_NewRef(what);
-    en.env_key = Py_NewRef(key);
     *slot = en;
     Py_RETURN_NONE;
 }
@@ -137,9 +134,7 @@ Entry *lookup(struct Fast *f, int kind, Py_ssize_t nbytes, PyObject *dtype,
 
 /* Whether the call may run here now; 1 with the communicator's run lock taken. */
 static int gate(struct Fast *f, Entry *en) {
-    if (PyDict_GetItemWithError(f->env, f->symm_key) || PyDict_GetItemWithError(f->env, en->env_key)
-        || PyErr_Occurred())
-        goto no;
+    (void)en;
     Py_ssize_t nj = PyObject_Length(f->jobs);
     if (nj != 0) goto no;
     PyObject *got = PyObject_CallOneArg(f->acquire, Py_False);
@@ -360,4 +355,31 @@ PyObject *Bar_last(Bar *self, PyObject *noargs) {
     struct Fast *f = self->fast;
     if (!f || !f->last_what) Py_RETURN_NONE;
     return Py_BuildValue("KO", f->last_e, f->last_what);
+}
+
+/* call(kind, sendbuf, recvbuf, op or root, nonblocking): the one entry the dispatch uses
+ * (polycast/dispatch/call.py), as allreduce(sendbuf, recvbuf, op), bcast(recvbuf, root),
+ * allgather(sendbuf, recvbuf) or reduce_scatter(sendbuf, recvbuf, op) by kind. */
+PyObject *Bar_call(Bar *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "call(kind, sendbuf, recvbuf, op_or_root, nonblocking)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    if (kind == -1 && PyErr_Occurred()) return NULL;
+    PyObject *a[4];
+    switch (kind) {
+    case K_ALLREDUCE:
+    case K_REDUCE_SCATTER:
+        a[0] = args[1]; a[1] = args[2]; a[2] = args[3]; a[3] = args[4];
+        return kind == K_ALLREDUCE ? Bar_allreduce(self, a, 4) : Bar_reduce_scatter(self, a, 4);
+    case K_ALLGATHER:
+        a[0] = args[1]; a[1] = args[2]; a[2] = args[4];
+        return Bar_allgather(self, a, 3);
+    case K_BCAST:
+        a[0] = args[2]; a[1] = args[3]; a[2] = args[4];
+        return Bar_bcast(self, a, 3);
+    }
+    Py_RETURN_FALSE;
 }

@@ -17,10 +17,10 @@ YIELD_SECONDS, then sleeps on the first missing peer's slot with a futex (:mod:`
 A rank that
 publishes a slot wakes the futex when a peer has said it sleeps (its SLEEP slot). A
 wake-up lost to a store/load reordering between those two costs one SLEEP_CHECK_SECONDS
-sleep, never a hang. Without futexes (not Linux, POLYCAST_FUTEX=0) it naps instead.
+sleep, never a hang. Without futexes (not Linux, the futex=0 test hook) it naps instead.
 
 The compiled helper (``_symm*.c``, its parts listed in ``_symm.h``; built by pip where a C
-compiler exists; POLYCAST_NATIVE=0 turns it off) runs the same protocol with release/acquire
+compiler exists; the native=0 test hook turns it off) runs the same protocol with release/acquire
 ordering and fenced sleep flags: the publish, the poll/yield/sleep of a wait (returning to
 this module's loop every SLEEP_CHECK_SECONDS at most, so the deadline and dead peers are
 still checked), and whole small slotted calls (:meth:`EpochBarrier.run_small`). Its layout
@@ -67,7 +67,7 @@ MAX_NAP_SECONDS = 1e-3
 # The compiled helper, or None and why not (chosen once, at import).
 compiled, compiled_why_not = native.load("polycast.runtime.symm._symm",
                                          "the futex and slot layout")
-if compiled is not None and not hasattr(compiled.Barrier, "reduce_scatter"):
+if compiled is not None and not hasattr(compiled.Barrier, "call"):
     # A helper built from an older _symm.c (an in-place build not redone after an update):
     # its layout is the same, its methods are not; the Python protocol runs instead.
     compiled, compiled_why_not = None, ("the built helper is older than its source (rebuild: "
@@ -77,11 +77,13 @@ if compiled is not None and not hasattr(compiled.Barrier, "reduce_scatter"):
 K_ALLREDUCE, K_BCAST, K_ALLGATHER, K_REDUCE_SCATTER = 0, 1, 2, 3
 
 
-def describe() -> str:
-    """One line for POLYCAST_DEBUG=INFO and ``polycast doctor``."""
-    if compiled is not None:
+def describe(hooks=None) -> str:
+    """One line for POLYCAST_DEBUG=INFO and ``polycast doctor`` (``hooks``: the job's test
+    hooks, whose native=0 turns the compiled helper off)."""
+    if compiled is not None and (hooks is None or hooks.native):
         return "symm barrier and small calls: compiled (polycast.runtime.symm._symm)"
-    return f"symm barrier and small calls: pure Python ({compiled_why_not})"
+    return ("symm barrier and small calls: pure Python "
+            f"({compiled_why_not or 'test hook native=0'})")
 
 
 def _cores() -> int:
@@ -120,12 +122,17 @@ class EpochBarrier:
         # :mod:`.queue`).
         self.spin_seconds = SPIN_SECONDS
         self.yield_seconds = YIELD_SECONDS
-        self.use_futex = ctrl is not None and futex.available()
+        hooks = comm.config.hooks
+        self.use_futex = ctrl is not None and hooks.futex and futex.available()
         self._waitsets: dict = {}           # (rank, slot) -> futex.WaitSet on that slot
         # The compiled hot path (None: this module's Python); it holds the control blocks'
         # addresses, so it is dropped when they are unmapped (SymmState.free).
         self.native = None
-        if ctrl is not None and compiled is not None:
+        # The compiled helper while it keeps repeated calls (staged._keep_fast arms it): the
+        # dispatch hands a call to it first.
+        self.fast = None
+        self.queue = None           # the state's job queue (SymmState sets it)
+        if ctrl is not None and compiled is not None and hooks.native:
             self.native = compiled.Barrier(self.rank, [c.__array_interface__["data"][0]
                                                        for c in ctrl])
 
@@ -170,9 +177,9 @@ class EpochBarrier:
             self.fast_off()
 
     def fast_off(self) -> None:
-        """Stop the one-call fast path (comm -> the compiled helper) of this communicator:
-        every call takes the Python path again, which decides afresh."""
-        self.comm.__dict__.pop("_symm_fast", None)
+        """Stop the one-call fast path (dispatch -> the compiled helper) of this
+        communicator: every call takes the Python path again, which decides afresh."""
+        self.fast = None
         if self._native is not None:
             self._native.disarm()
 
@@ -220,7 +227,7 @@ class EpochBarrier:
             except PolycastError as exc:
                 req._finish(exc)
             return req
-        return comm._symm_state.queue.submit(lambda: self.fast_rest(got), req, small=True)
+        return self.queue.submit(lambda: self.fast_rest(got), req, small=True)
 
     def publish(self, slot: int, value: int) -> None:
         """Store ``value`` in our ``slot`` (after the data: TSO) and wake peers sleeping on

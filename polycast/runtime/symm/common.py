@@ -14,7 +14,6 @@ from ...errors import InvalidArgument, PolycastError
 from ...memory import apply_avg
 from ..driver import Request
 from .barrier import BAD_SIG
-from .shared import state
 
 UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
           ReduceOp.MAX: np.maximum, ReduceOp.AVG: np.add}
@@ -42,9 +41,9 @@ def _flat(buf, what: str) -> np.ndarray:
     return buf if buf.ndim == 1 else buf.reshape(-1)
 
 
-def _require(comm, coll: str, src, what: str, loc=None):
-    """The state and (segment, offset) of ``src``; a clear InvalidArgument otherwise."""
-    st = state(comm)
+def _require(comm, st, coll: str, src, what: str, loc=None):
+    """The state and (segment, offset) of ``src``; a clear InvalidArgument otherwise
+    (``st``: the communicator's symmetric state, or None)."""
     if st is None:
         raise InvalidArgument(f"algorithm='symm' for {coll} needs {what} allocated with "
                               "comm.symm_empty(shape, dtype) on every rank; this "
@@ -61,12 +60,13 @@ def _require(comm, coll: str, src, what: str, loc=None):
     return st, loc
 
 
-def _tell_peers(comm, coll: str) -> None:
+def _tell_peers(st, coll: str) -> None:
     """A local argument error still takes part in the opening barrier (with BAD_SIG), so
     peers that called correctly raise MismatchError at once instead of waiting for the
-    timeout (and every rank's epoch stays in step). Call it, then raise the error."""
-    st = state(comm)
-    if st is not None and st.bar.ctrl is not None and not st.bar.broken and not comm._freed:
+    timeout (and every rank's epoch stays in step). Call it (``st``: the communicator's
+    symmetric state, or None), then raise the error."""
+    if st is not None and st.bar.ctrl is not None and not st.bar.broken \
+            and not st.comm._freed:
         try:
             st.queue.run_now(lambda: st.bar.barrier(BAD_SIG, f"symm {coll}"))
         except PolycastError:
@@ -74,13 +74,13 @@ def _tell_peers(comm, coll: str) -> None:
 
 
 @contextlib.contextmanager
-def _telling_peers(comm, coll: str):
+def _telling_peers(st, coll: str):
     """:func:`_tell_peers` around a block that checks arguments (a plain ``try`` is
     cheaper on the per-call path: the staged collectives use that)."""
     try:
         yield
     except InvalidArgument:
-        _tell_peers(comm, coll)
+        _tell_peers(st, coll)
         raise
 
 
@@ -90,15 +90,15 @@ def _post(comm, st, coll: str, job, blocking: bool, small: bool = False) -> Requ
     wake it: see the queue); returns the request."""
     if blocking:
         st.queue.run_now(job)
-        return st.done.get(coll) or _done_request(comm, coll)
+        return st.done.get(coll) or _done_request(st, coll)
     req = Request(0, comm.id, lambda: f"rank {comm.rank}: symm {coll}", comm.timeout_seconds)
     return st.queue.submit(job, req, small=small)
 
 
-def _done_request(comm, coll: str):
+def _done_request(st, coll: str):
     """The request a blocking call returns: already complete (one per communicator and
     collective, made once: a fresh one cost 4 of a small call's ~30 us)."""
-    st = state(comm)
+    comm = st.comm
     req = st.done.get(coll)
     if req is None:
         req = st.done[coll] = Request(0, comm.id, f"rank {comm.rank}: symm {coll} "

@@ -18,22 +18,22 @@ from ...memory import apply_avg
 from .barrier import call_sig
 from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _flat, _post,
                      _reduce_scatter_args, _require, _telling_peers, fold_in_rank_order)
-from .shared import ONE_SHOT_MAX_NBYTES, state
+from .shared import ONE_SHOT_MAX_NBYTES
 
 
-def allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = True, before=None):
+def allgather(comm, st, sendbuf, recvbuf, in_place: bool, blocking: bool = True,
+              before=None):
     """Rank r's block p of ``recvbuf`` = peer p's ``sendbuf`` (or, in place, peer p's block
     p of its symmetric ``recvbuf``). ``before``: run first in the job (the staged path's
     copy in)."""
     P, r = comm.size, comm.rank
-    with _telling_peers(comm, "allgather"):
+    with _telling_peers(st, "allgather"):
         recv = _flat(recvbuf, "recvbuf")
         if recv.size % P:
             raise InvalidArgument(f"Allgather recvbuf of {recv.size} elements is not a "
                                   f"multiple of the {P} ranks")
         n = recv.size // P
         src = recv[r * n:(r + 1) * n] if in_place else _flat(sendbuf, "sendbuf")
-        st = state(comm)
         plain = None
         if (not in_place and st is not None and st.find(src) is None
                 and st.find(recv) is not None and src.size == n and src.dtype == recv.dtype):
@@ -47,7 +47,7 @@ def allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = True, bef
             raise InvalidArgument(f"Allgather: sendbuf is {src.dtype}, recvbuf {recv.dtype}: "
                                   "they must match")
         # In place, the whole recvbuf is symmetric and peer p's block p is read from it.
-        st, (seg, off) = _require(comm, "allgather", recv if in_place else src,
+        st, (seg, off) = _require(comm, st, "allgather", recv if in_place else src,
                                   "recvbuf (IN_PLACE)" if in_place else "sendbuf")
     what = _describe("allgather", n, recv.dtype)
     step = n * recv.dtype.itemsize if in_place else 0
@@ -68,15 +68,15 @@ def allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = True, bef
     return _post(comm, st, "allgather", job, blocking)
 
 
-def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
+def reduce_scatter(comm, st, sendbuf, recvbuf, op, in_place: bool,
                    blocking: bool = True, before=None):
     """Rank r's ``recvbuf`` = op over every peer's block r of its symmetric ``sendbuf``
     (in place: of its symmetric ``recvbuf``, the result landing in its first block).
     ``before``: run first in the job (the staged path's copy in)."""
     P, r = comm.size, comm.rank
-    with _telling_peers(comm, "reduce_scatter"):
+    with _telling_peers(st, "reduce_scatter"):
         recv, src, n, ropt = _reduce_scatter_args(sendbuf, recvbuf, op, in_place, P)
-        st, (seg, off) = _require(comm, "reduce_scatter", src,
+        st, (seg, off) = _require(comm, st, "reduce_scatter", src,
                                   "recvbuf (IN_PLACE)" if in_place else "sendbuf")
     dt = recv.dtype
     ufunc = UFUNCS[ropt]
@@ -104,14 +104,13 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
     return _post(comm, st, "reduce_scatter", job, blocking)
 
 
-def allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool = True):
+def allreduce(comm, st, sendbuf, recvbuf, op, in_place: bool, blocking: bool = True):
     """Reduce-scatter into the owner's block of the symmetric ``recvbuf``, then allgather
     the blocks from their owners (one-shot up to ONE_SHOT_MAX_NBYTES). A non-symmetric
     ``sendbuf`` is first copied into ``recvbuf`` (then it runs in place)."""
     P, r = comm.size, comm.rank
-    with _telling_peers(comm, "allreduce"):
+    with _telling_peers(st, "allreduce"):
         recv, src, ropt = _allreduce_args(sendbuf, recvbuf, op, in_place)
-        st = state(comm)
         rloc = st.find(recv) if st is not None else None
         sloc = rloc if in_place else (st.find(src) if st is not None else None)
         plain = None
@@ -119,7 +118,7 @@ def allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool = True)
             # A plain sendbuf: one local copy into the symmetric recvbuf (in the job, when
             # the calls before it ended with their barrier), then in place.
             plain, src, in_place, sloc = src, recv, True, rloc
-        st, (sseg, soff) = _require(comm, "allreduce", src,
+        st, (sseg, soff) = _require(comm, st, "allreduce", src,
                                     "recvbuf (IN_PLACE)" if in_place else "sendbuf", sloc)
         if rloc is None:
             raise InvalidArgument("algorithm='symm' for allreduce needs recvbuf to be (part "

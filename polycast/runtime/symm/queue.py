@@ -118,7 +118,8 @@ class JobQueue:
         if on_worker:
             bar.spin_seconds = bar.yield_seconds = 0.0
         try:
-            with gil.short_switch() if on_worker else contextlib.nullcontext():
+            with gil.short_switch(self._st.comm.config.gil_switch_us * 1e-6) if on_worker \
+                    else contextlib.nullcontext():
                 fn()
         except BaseException as exc:        # handed to the request's waiter
             req._finish(exc)

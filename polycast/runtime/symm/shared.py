@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import mmap
 import os
-import sys
 
 import numpy as np
 
@@ -30,7 +29,8 @@ SLOT_NBYTES = 1 << 20
 
 
 class SymmState:
-    """The symmetric memory of one communicator: allocations and the barrier block."""
+    """The symmetric memory of one communicator: allocations and the barrier block. Its
+    communicator's dispatch makes and holds it (polycast.dispatch.call.Dispatch.symm)."""
 
     def __init__(self, comm) -> None:
         self.comm = comm
@@ -55,7 +55,8 @@ class SymmState:
         self.auto_refused: str | None = None
         # Whether every rank may read every other rank's memory (process_vm_readv: the
         # probes the rings made at connect time), the same answer everywhere.
-        got = comm.allgather((host_id(), _reads_every_peer(comm), cma.can_write()))
+        got = comm.allgather((host_id(comm.config.host_id), _reads_every_peer(comm),
+                              cma.can_write()))
         hosts = [h for h, _, _ in got]
         self.single_copy = all(ok for _, ok, _ in got)
         # and every rank may write every other (a broadcast root's share: .single.bcast)
@@ -73,14 +74,15 @@ class SymmState:
         if why:
             self.usable_reason = why
             self.bar = EpochBarrier(comm, None)
+            self.bar.queue = self.queue
             return
         maps = _map_collectively(comm, CTRL_NBYTES, "ctrl")
         self._ctrl_maps = maps
         self.bar = EpochBarrier(comm, [np.ndarray((CTRL_NBYTES // 8,), np.uint64, m, 0)
                                        for m in maps])
-        if debug.level() >= 1:
-            print(f"[rank {comm.rank}] polycast INFO {describe()}", file=sys.stderr,
-                  flush=True)
+        self.bar.queue = self.queue
+        if comm.config.debug_level >= debug.INFO:
+            debug.info(comm.rank, describe(comm.config.hooks))
 
     # -- allocation -----------------------------------------------------------------------
     def alloc(self, shape, dtype) -> np.ndarray:
@@ -174,10 +176,10 @@ class SymmState:
 
 def _reads_every_peer(comm) -> bool:
     """Whether this rank may read every member's memory single-copy (runtime/transport/cma.py: the
-    probe each shm ring's reader made of its writer at connect time; POLYCAST_CMA=0 says
-    no)."""
+    probe each shm ring's reader made of its writer at connect time; the cma=0 test hook
+    says no)."""
     world = getattr(comm._driver, "world", None)
-    if world is None or cma.disabled_reason() is not None:
+    if world is None or cma.disabled_reason(None, comm.config.hooks.cma) is not None:
         return False
     for w in comm.members:
         if w == world.rank:
@@ -193,34 +195,3 @@ def _pids(comm) -> list[int]:
     """The process id of every member, by communicator rank (ours: our own)."""
     world = comm._driver.world
     return [os.getpid() if w == world.rank else world.peers[w].pid for w in comm.members]
-
-
-def state(comm, create: bool = False) -> SymmState | None:
-    st = comm.__dict__.get("_symm_state")
-    if st is None and create:
-        # Making the state runs object allgathers on this communicator: they must take the
-        # engine, not the auto symm path that would make the state again.
-        comm._symm_creating = True
-        try:
-            st = comm._symm_state = SymmState(comm)
-        finally:
-            comm._symm_creating = False
-    return st
-
-
-def alloc(comm, shape, dtype=np.float32) -> np.ndarray:
-    """See :meth:`polycast.comm.Comm.symm_empty`."""
-    if comm._freed:
-        raise InvalidArgument(f"{comm!r} was freed")
-    return state(comm, create=True).alloc(shape, dtype)
-
-
-def free(comm) -> None:
-    st = comm.__dict__.pop("_symm_state", None)
-    if st is not None:
-        st.free()
-
-
-def is_symmetric(comm, arr) -> bool:
-    st = state(comm)
-    return st is not None and st.find(arr) is not None

@@ -10,7 +10,7 @@ control block (ADDR, ADDR2), and after the opening barrier every rank copies wha
 straight from the peers' arrays (the kernel's one copy, without the GIL). The closing
 barrier keeps every source untouched until its readers are done. The staged form copies
 each byte twice (in, then out) and holds as many barriers. A dead owner makes the read fail
-with ESRCH, raised as PeerLost: never a read of freed memory, never a hang. POLYCAST_CMA=0
+with ESRCH, raised as PeerLost: never a read of freed memory, never a hang. the cma=0 test hook
 turns it off (then everything stages). A repeated blocking allgather or broadcast of one
 shape runs whole in the compiled helper (_symm_single.c; kept by
 staged._keep_fast with this module's descriptors, so ranks on either side agree): at 2

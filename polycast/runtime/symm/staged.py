@@ -25,12 +25,8 @@ descriptor per call was a fifth of a small call's Python."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 
-from ... import environ
 from ... import debug
 from ...collectives import Collective, ReduceOp
 from ...errors import CollectiveTimeout, InvalidArgument, PeerLost, PolycastError
@@ -40,7 +36,7 @@ from .barrier import (K_ALLGATHER, K_ALLREDUCE, K_BCAST, K_REDUCE_SCATTER, PROGR
                       call_sig, compiled)
 from .common import (UFUNCS, _allreduce_args, _blocks, _describe, _done_request, _flat,
                      _post, _reduce_scatter_args, _tell_peers, fold_in_rank_order)
-from .shared import ONE_SHOT_MAX_NBYTES, Segment, SymmState, state
+from .shared import ONE_SHOT_MAX_NBYTES, Segment, SymmState
 
 BCAST_CHUNK_NBYTES = 256 << 10   # 4 ranks, 16 MiB: 128K 4.1, 256K 4.7, 512K 3.5, 1M 4.5 GB/s
 STAGE_MIN_NBYTES = 4096
@@ -159,7 +155,7 @@ _FAST_KINDS = {K_ALLREDUCE: Collective.ALLREDUCE, K_BCAST: Collective.BROADCAST,
 
 def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> None:
     """Hand a kept call shape to the compiled helper's one-call fast path
-    (``Comm.Allreduce`` -> ``Barrier.allreduce``, and Bcast, Allgather and
+    (``Comm.Allreduce`` -> the dispatch -> ``Barrier.call``, and Bcast, Allgather and
     Reduce_scatter_block alike (not in place: those two keep the Python path), with their
     I-variants; no Python between; see _symm_fast.c): the next such call is checked there, from
     the arrays, and run whole. ``cma``: a single-copy Allgather or Bcast (:mod:`.single`,
@@ -170,9 +166,7 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> No
     (:meth:`.barrier.EpochBarrier.fast_off` is called when either happens)."""
     bar, comm = st.bar, st.comm
     native = bar.native
-    store = getattr(os.environ, "_data", None)
     if (native is None or bar.broken or st.nuser or st.auto_refused or st.growing
-            or os.name != "posix" or type(store) is not dict
             or st.slots is None and not cma):
         return
     kind, _, what, sig, codes, root, _ = entry
@@ -181,29 +175,26 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> No
         if not native.armed:
             from ...buffers import IN_PLACE
             q = st.queue
-            native.arm(np.ndarray, IN_PLACE, store, b"POLYCAST_SYMM", q._run_lock.acquire,
-                       q._run_lock.release, q._jobs, bar.spin_seconds, bar.yield_seconds,
-                       bar.use_futex)
-            if debug.level() >= 1:
-                print(f"[rank {comm.rank}] polycast INFO symm: repeated calls of a kept "
-                      "shape (small ones; large Allgather and Bcast single-copy) take the "
-                      "compiled one-call path", file=sys.stderr,
-                      flush=True)
-        env_key = os.fsencode(environ.algorithm_var(_FAST_KINDS[kind]))
+            native.arm(np.ndarray, IN_PLACE, q._run_lock.acquire, q._run_lock.release,
+                       q._jobs, bar.spin_seconds, bar.yield_seconds, bar.use_futex)
+            if comm.config.debug_level >= debug.INFO:
+                debug.info(comm.rank, "symm: repeated calls of a kept shape (small ones; "
+                           "large Allgather and Bcast single-copy) take the compiled "
+                           "one-call path")
         if cma:
             native.set_pids(st.pids)
-            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, env_key, True)
+            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, True)
         elif kind == K_BCAST:
-            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what, env_key)
+            native.add(kind, nbytes, key[2], None, int(root), sig, 0, 0, what)
         elif key[-1]:               # in place: allreduce only
             if kind == K_ALLREDUCE:
-                native.add(kind, nbytes, key[2], key[3], 1, sig, *codes, what, env_key)
+                native.add(kind, nbytes, key[2], key[3], 1, sig, *codes, what)
         else:
             native.add(kind, nbytes, key[2], None if kind == K_ALLGATHER else key[3], 0,
-                       sig, *codes, what, env_key)
+                       sig, *codes, what)
     except (TypeError, ValueError):     # e.g. an op given as an object: the Python path
         return
-    comm._symm_fast = native
+    bar.fast = native
 
 
 def _run_small(comm, st: SymmState, entry: tuple, src, dst, blocking: bool):
@@ -218,7 +209,7 @@ def _run_small(comm, st: SymmState, entry: tuple, src, dst, blocking: bool):
             apply_avg(dst, avg_over)
     if blocking:
         st.queue.run_now(job)
-        return st.done.get(coll) or _done_request(comm, coll)
+        return st.done.get(coll) or _done_request(st, coll)
     return _post(comm, st, coll, job, False, True)
 
 
@@ -228,11 +219,12 @@ def _offset(st: SymmState, slotted: bool, ahead: int = 1) -> int:
     return ((st.bar.epoch + ahead) & 1) * st.slot_nbytes if slotted else 0
 
 
-def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = True):
+def staged_allgather(st: SymmState, sendbuf, recvbuf, in_place: bool,
+                     blocking: bool = True):
     """``auto`` allgather of ordinary arrays: this rank's block is copied into shared
     memory, whence every peer reads it straight into its own recvbuf (no copy out).
     Returns the request, or None when the call must take the engine."""
-    st = state(comm)
+    comm = st.comm
     key = (K_ALLGATHER, recvbuf.size, recvbuf.dtype, in_place)
     entry = st.small.get(key) if type(recvbuf) is np.ndarray else None
     if entry is not None:           # (in place, the comm layer's sendbuf is our block)
@@ -252,7 +244,7 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
             raise InvalidArgument(f"Allgather: sendbuf dtype {src.dtype} and recvbuf dtype "
                                   f"{recv.dtype} must match")
     except InvalidArgument:
-        _tell_peers(comm, "allgather")
+        _tell_peers(st, "allgather")
         raise
     dt = recv.dtype
     out = recv.reshape(P, n)
@@ -290,11 +282,11 @@ def staged_allgather(comm, sendbuf, recvbuf, in_place: bool, blocking: bool = Tr
     return _post(comm, st, "allgather", job, blocking, slotted)
 
 
-def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
+def staged_reduce_scatter(st: SymmState, sendbuf, recvbuf, op, in_place: bool,
                           blocking: bool = True):
     """``auto`` reduce-scatter of ordinary arrays: the input is copied into shared memory;
     each rank reduces its block from every rank's copy into its recvbuf."""
-    st = state(comm)
+    comm = st.comm
     key = (K_REDUCE_SCATTER, recvbuf.size, recvbuf.dtype, op, in_place)
     entry = st.small.get(key) if type(recvbuf) is np.ndarray else None
     if entry is not None:
@@ -307,7 +299,7 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
         recv, src, n, ropt = _reduce_scatter_args(sendbuf, recvbuf, op, in_place, P)
         out = recv[:n] if in_place else recv
     except InvalidArgument:
-        _tell_peers(comm, "reduce_scatter")
+        _tell_peers(st, "reduce_scatter")
         raise
     dt = recv.dtype
     isz = dt.itemsize
@@ -344,7 +336,8 @@ def staged_reduce_scatter(comm, sendbuf, recvbuf, op, in_place: bool,
     return _post(comm, st, "reduce_scatter", job, blocking, slotted)
 
 
-def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool = True):
+def staged_allreduce(st: SymmState, sendbuf, recvbuf, op, in_place: bool,
+                     blocking: bool = True):
     """``auto`` allreduce of ordinary arrays: the input is copied into shared memory.
     Up to ONE_SHOT_MAX_NBYTES every rank reduces the whole of every rank's copy, in rank
     order, straight into its recvbuf (one barrier). Above, each rank reduces its block
@@ -352,7 +345,7 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
     where nobody else reads that block then), and after a barrier every rank copies every
     block from its owner into its recvbuf. Either way each element is reduced in one
     order, so every rank holds the same bits."""
-    st = state(comm)
+    comm = st.comm
     key = (K_ALLREDUCE, recvbuf.size, recvbuf.dtype, op, in_place)
     entry = st.small.get(key) if type(recvbuf) is np.ndarray else None
     if entry is not None:
@@ -362,7 +355,7 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
     try:
         recv, src, ropt = _allreduce_args(sendbuf, recvbuf, op, in_place)
     except InvalidArgument:
-        _tell_peers(comm, "allreduce")
+        _tell_peers(st, "allreduce")
         raise
     dt, isz, count = recv.dtype, recv.dtype.itemsize, recv.size
     if single.wanted(st, count * isz):
@@ -423,14 +416,14 @@ def staged_allreduce(comm, sendbuf, recvbuf, op, in_place: bool, blocking: bool 
     return _post(comm, st, "allreduce", job, blocking, slotted)
 
 
-def staged_bcast(comm, buf, root: int, blocking: bool = True):
+def staged_bcast(st: SymmState, buf, root: int, blocking: bool = True):
     """``auto`` broadcast of an ordinary array: the root copies it into shared memory;
     after a barrier every other rank copies it out. Above the slots it is pipelined: the
     root publishes its progress chunk by chunk in its control block and the others copy
     each chunk as soon as it is there, while it is still in cache. Where single copy is
     allowed (:func:`.single.wanted`) it is not staged at all: :func:`.single.bcast`."""
+    comm = st.comm
     r = comm.rank
-    st = state(comm)
     key = (K_BCAST, buf.size, buf.dtype, root) if type(buf) is np.ndarray else None
     entry = st.small.get(key)
     if entry is not None:
@@ -440,7 +433,7 @@ def staged_bcast(comm, buf, root: int, blocking: bool = True):
     try:
         b = _flat(buf, "buf")
     except InvalidArgument:
-        _tell_peers(comm, "bcast")
+        _tell_peers(st, "bcast")
         raise
     dt, n = b.dtype, b.size
     nbytes = n * dt.itemsize

@@ -383,5 +383,20 @@ PyMODINIT_FUNC PyInit__ring(void) {
         Py_DECREF(m);
         return NULL;
     }
+    /* The layout this build was compiled with (native.py checks it against the header the
+     * Python rings read: a helper built from an older header is not used). */
+    PyObject *layout = Py_BuildValue(
+        "{sKsKsKsKsKsKsKsKsKsK}", "PREFIX_NBYTES", (unsigned long long)PREFIX_NBYTES,
+        "ALIGN", (unsigned long long)ALIGN, "KIND_BASE", (unsigned long long)KIND_BASE,
+        "KIND_WRAP", (unsigned long long)KIND_WRAP, "CTRL_NBYTES", (unsigned long long)CTRL_NBYTES,
+        "SLOT_HEAD", (unsigned long long)SLOT_HEAD, "SLOT_TAIL", (unsigned long long)SLOT_TAIL,
+        "SLOT_READER_SLEEPING", (unsigned long long)SLOT_READER_SLEEPING,
+        "SLOT_DATA_BELL", (unsigned long long)SLOT_DATA_BELL,
+        "SLOT_SPACE_BELL", (unsigned long long)SLOT_SPACE_BELL);
+    if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
+        Py_XDECREF(layout);
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

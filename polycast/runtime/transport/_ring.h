@@ -1,6 +1,6 @@
 /* What the shared-memory rings' compiled helpers share (polycast/runtime/transport/_ring.c, the rings'
  * hot operations; polycast/runtime/driver/_replay.c, the compiled replay of a memoized small call):
- * the ring layout of runtime/transport/shm.py and the mapped ring object. */
+ * the ring layout (ring_layout.h, which the Python rings read too) and the mapped ring object. */
 #ifndef POLYCAST_RING_H
 #define POLYCAST_RING_H
 #define PY_SSIZE_T_CLEAN
@@ -8,19 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define CTRL_NBYTES 256
-#define PREFIX_NBYTES 12
-#define ALIGN 16
-#define KIND_BASE 0xFFFFFF00u
-#define KIND_FRAG_FIRST (KIND_BASE + 3)
-#define KIND_FRAG_MORE (KIND_BASE + 4)
-#define KIND_WRAP (KIND_BASE + 10)
-#define SLOT_HEAD 0
-#define SLOT_TAIL 8
-#define SLOT_READER_SLEEPING 16
-#define SLOT_WRITER_BLOCKED 24
-#define SLOT_DATA_BELL 32
-#define SLOT_SPACE_BELL 40
+#include "ring_layout.h"        /* the layout and framing, shared with the Python rings */
 /* Copies at least this big run with the GIL released (below it the release costs more). */
 #define NOGIL_NBYTES (64 * 1024)
 #define MAX_PARTS 64

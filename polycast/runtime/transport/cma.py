@@ -18,7 +18,7 @@ Reading another process's memory needs the kernel's ptrace permission (same user
 restriction, no seccomp filter refusing the call). Nothing is assumed: at connect time the
 reader of each ring reads a random word from its writer (:func:`probe`) and writes the
 verdict into the ring; the writer sends descriptors only when it says yes. Off by
-``POLYCAST_CMA=0``, off Linux, without ``process_vm_readv`` in libc, and with a job secret
+the ``cma=0`` test hook (polycast.config.Hooks), off Linux, without ``process_vm_readv`` in libc, and with a job secret
 (every frame's MAC covers its bytes, which then never cross the ring).
 
 A writer that dies while its message is read makes ``process_vm_readv`` fail with ESRCH
@@ -47,8 +47,8 @@ ACK = struct.Struct("<Q")
 # at every size (in one process, load ~12: 64 KiB 7 vs 18 us, 512 KiB 22 vs 37 us, 4 MiB 1.0 vs
 # 2.0 ms), but a descriptor also costs an acknowledgement frame each way and makes the
 # sender's completion wait for the reader to run: 64 KiB broadcasts on 4 ranks measured
-# slower single-copy (best of 200 calls 0.08-0.17 vs 0.42-0.45 GB/s).
-MIN_NBYTES_DEFAULT = 512 << 10
+# slower single-copy (best of 200 calls 0.08-0.17 vs 0.42-0.45 GB/s). The threshold is
+# POLYCAST_CMA_MIN_NBYTES (polycast.config: 512 KiB by default).
 _IOV_MAX = 1024
 
 
@@ -79,23 +79,16 @@ _writev, _ = _load("process_vm_writev")
 _PROBE = ctypes.create_string_buffer(os.urandom(8), 8)
 
 
-def disabled_reason(secret: bytes | None = None) -> str | None:
-    """Why single-copy cannot be offered by this process, or None."""
-    if os.environ.get("POLYCAST_CMA", "1").strip() == "0":
-        return "POLYCAST_CMA=0"
+def disabled_reason(secret: bytes | None = None, enabled: bool = True) -> str | None:
+    """Why single-copy cannot be offered by this process, or None (``enabled``: the
+    configuration's ``cma`` test hook)."""
+    if not enabled:
+        return "the cma=0 test hook"
     if _load_error is not None:
         return _load_error
     if secret:
         return "a job secret is set (every frame's MAC covers its bytes)"
     return None
-
-
-def min_nbytes() -> int:
-    """Payloads of at least this many bytes go single-copy (POLYCAST_CMA_MIN_NBYTES)."""
-    try:
-        return max(1, int(os.environ.get("POLYCAST_CMA_MIN_NBYTES", MIN_NBYTES_DEFAULT)))
-    except ValueError:
-        return MIN_NBYTES_DEFAULT
 
 
 def probe_info() -> list:

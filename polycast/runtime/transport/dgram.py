@@ -7,8 +7,8 @@ a job secret, its MAC, and places the chunks of the streams the engine opened
 placed per stream once per batch, and hands every datagram it does not understand to the
 engine untouched (early, stale, foreign, forged, malformed: the engine decides and counts).
 It sends in batches too (sendmmsg, UDP GSO where the kernel takes it), when the engine's
-pacing says. Without it (no compiler, POLYCAST_NATIVE=0, or the configuration's test hook
-forcing the Python path) runtime/driver/datagrams.py runs the same protocol in Python, one
+pacing says. Without it (no compiler, or the configuration's ``dgram=0`` test hook,
+polycast.config.Hooks) runtime/driver/datagrams.py runs the same protocol in Python, one
 datagram at a time through ``Engine.on_datagram``. Chosen once per driver; POLYCAST_DEBUG=INFO
 says which.
 """
@@ -36,15 +36,11 @@ GAP_US = 200.0
 #: 60000 B 15.8 vs 26 us).
 LANDING_MIN_NBYTES = 4096
 
-#: Test hook: True makes the drivers (and offload processes) this process starts run the
-#: Python path, for same-run comparisons (bench/mcast_path.py, bench/nic.py). Not a user
-#: setting: the compiled path, where built, is the datagram path.
-force_python = False
-
-
-def native_wanted() -> bool:
-    """The compiled path is built and not switched off by the test hook."""
-    return _dgram is not None and not force_python
+def in_use(hooks) -> bool:
+    """Whether a job with these test hooks (polycast.config.Hooks) runs the compiled path:
+    it is built, and the ``dgram=0`` hook (same-run comparisons: bench/mcast_path.py,
+    bench/offload.py) does not ask for the Python path."""
+    return _dgram is not None and hooks.dgram
 
 
 def available() -> bool:
@@ -56,7 +52,7 @@ def describe(native: bool) -> str:
     if native:
         return ("multicast datagrams: compiled path (recvmmsg/GRO, sendmmsg/GSO, placement "
                 "in C: polycast.runtime.transport._dgram)")
-    return f"multicast datagrams: Python path ({why_not or 'the configuration asked for it'})"
+    return f"multicast datagrams: Python path ({why_not or 'test hook dgram=0'})"
 
 
 def send(sock, addr: tuple[str, int], items: list) -> int:

@@ -23,9 +23,9 @@ driver's :class:`~polycast.runtime.driver.datagrams.MulticastIO` applies it in `
 from __future__ import annotations
 
 import collections
-import os
 import random
 
+from ...config import read_var
 from ...errors import InvalidArgument
 
 ENV = "POLYCAST_FAULTS"
@@ -108,5 +108,7 @@ def parse(spec: str, rank: int = 0) -> Faults | None:
 
 
 def from_env(rank: int = 0, env=None) -> Faults | None:
-    """The faults ``POLYCAST_FAULTS`` asks for, or None."""
-    return parse((os.environ if env is None else env).get(ENV, ""), rank)
+    """The faults ``POLYCAST_FAULTS`` in ``env`` (default ``os.environ``) asks for, or None:
+    for a process that takes it at start (an offload worker); a rank takes it from its
+    configuration (``parse(config.faults, rank)``)."""
+    return parse(read_var(ENV, env), rank)

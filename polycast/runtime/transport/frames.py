@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import struct
 
+from . import layout as L
+
 PREFIX = struct.Struct("<IQ")
 PREFIX_NBYTES = PREFIX.size
+assert PREFIX_NBYTES == L.PREFIX_NBYTES
 
-# Driver-level frames (never seen by the engine) use header lengths from this range.
-KIND_BASE = 0xFFFFFF00
-KIND_DOORBELL = KIND_BASE + 1      # "look at your shared-memory rings"
-KIND_BYE = KIND_BASE + 2           # orderly close: not a lost peer
-KIND_FRAG_FIRST = KIND_BASE + 3    # shm: first piece of a message too big for one ring slot
-KIND_FRAG_MORE = KIND_BASE + 4     # shm: a further piece
-KIND_CMA = KIND_BASE + 5           # shm: a payload to read single-copy (runtime/transport/cma.py)
-KIND_CMA_DONE = KIND_BASE + 6      # shm: "done reading your single-copy payloads" (their seqs)
+# Driver-level frames (never seen by the engine) use header lengths from KIND_BASE up; what
+# each is: ring_layout.h.
+KIND_BASE = L.KIND_BASE
+KIND_DOORBELL = L.KIND_DOORBELL
+KIND_BYE = L.KIND_BYE
+KIND_FRAG_FIRST = L.KIND_FRAG_FIRST
+KIND_FRAG_MORE = L.KIND_FRAG_MORE
+KIND_CMA = L.KIND_CMA
+KIND_CMA_DONE = L.KIND_CMA_DONE
 
 
 def is_driver_kind(hdr_len: int) -> bool:

@@ -16,14 +16,14 @@ With the compiled helper (:mod:`polycast.runtime.transport.native`) the wake and
 system calls from C (the wait with the GIL released) instead of ctypes calls.
 
 ``available()`` says whether this works here (Linux, a C library with ``syscall``,
-``futex_waitv`` answering); POLYCAST_FUTEX=0 turns it off (the TCP doorbells remain).
+``futex_waitv`` answering); the ``futex=0`` test hook (polycast.config.Hooks) turns its use
+off (the TCP doorbells remain).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import os
 import platform
 import sys
 import time
@@ -56,8 +56,6 @@ _why_not: str | None = None
 
 def _probe() -> str | None:
     global _syscall, _futex_nr
-    if os.environ.get("POLYCAST_FUTEX", "1").strip().lower() in ("0", "false", "no", "off"):
-        return "POLYCAST_FUTEX=0"
     if not sys.platform.startswith("linux"):
         return f"futexes are Linux's; this is {sys.platform}"
     if sys.byteorder != "little":

@@ -12,7 +12,6 @@ non-loopback IPv4 interface that is up.
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
 import struct
 
@@ -85,7 +84,8 @@ def default_interface(group: str, port: int) -> str:
            if candidates else ""))
 
 
-def datagram_payload_nbytes(job_id: str, single_host: bool, secret: bytes | None) -> int:
+def datagram_payload_nbytes(job_id: str, single_host: bool, secret: bytes | None,
+                            interface: str | None = None) -> int:
     """The engine's ``mtu_nbytes`` for this job's multicast: large on one host (loopback
     has a 64 KiB MTU), else what fits one frame of the interface facing the other hosts
     (its MTU less the IP and UDP headers and ours), so that one lost IP fragment never
@@ -95,7 +95,7 @@ def datagram_payload_nbytes(job_id: str, single_host: bool, secret: bytes | None
     ours = header_nbytes(secret) + 28                      # + IPv4 (20) and UDP (8)
     try:
         group, port = group_for(job_id, 0)
-        addr = os.environ.get("POLYCAST_MCAST_IF") or default_interface(group, port)
+        addr = interface or default_interface(group, port)
         name = next(n for n, a in _interfaces() if a == addr)
         with open(f"/sys/class/net/{name}/mtu") as fh:
             mtu = int(fh.read())
@@ -105,8 +105,9 @@ def datagram_payload_nbytes(job_id: str, single_host: bool, secret: bytes | None
 
 
 def _interface_for(group: str, port: int, single_host: bool, interface: str | None) -> str:
-    return interface or os.environ.get("POLYCAST_MCAST_IF") or \
-        ("127.0.0.1" if single_host else default_interface(group, port))
+    """``interface`` (the configuration's POLYCAST_MCAST_IF), else loopback on one host,
+    else :func:`default_interface`."""
+    return interface or ("127.0.0.1" if single_host else default_interface(group, port))
 
 
 def open_sender(job_id: str, comm_id: int, root: int, single_host: bool,

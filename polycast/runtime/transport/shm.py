@@ -26,7 +26,7 @@ every wait so a wake-up lost to a memory-ordering race costs milliseconds, never
 Two implementations of the per-frame work share this layout: the compiled helper
 (:mod:`polycast.runtime.transport.native`, ``_ring.c``: release/acquire atomics on HEAD/TAIL, a full fence
 in the two flag-then-check handshakes, small frames parsed in C) and this module's Python, the
-fallback (``POLYCAST_NATIVE=0``, or no compiler at install). A writer of one kind and a reader of
+fallback (the ``native=0`` test hook, or no compiler at install). A writer of one kind and a reader of
 the other interoperate; pieces of large messages and pinned payload views stay in Python.
 """
 
@@ -40,23 +40,26 @@ import weakref
 
 import numpy as np
 
+from . import layout as L
 from . import native as _native
 from .frames import (KIND_BASE, KIND_FRAG_FIRST, KIND_FRAG_MORE, PREFIX, PREFIX_NBYTES)
 
-KIND_WRAP = KIND_BASE + 10
-CTRL_NBYTES = 256
-HEAD, TAIL, READER_SLEEPING, WRITER_BLOCKED = 0, 8, 16, 24   # uint64 slots (x8 bytes)
+# The layout (ring_layout.h, the one definition the compiled rings read too): the control
+# block's u64 slots, by byte offset.
+KIND_WRAP = L.KIND_WRAP
+CTRL_NBYTES = L.CTRL_NBYTES
+HEAD, TAIL = L.SLOT_HEAD, L.SLOT_TAIL
+READER_SLEEPING, WRITER_BLOCKED = L.SLOT_READER_SLEEPING, L.SLOT_WRITER_BLOCKED
 # Futex counters (their low 32 bits; :mod:`polycast.runtime.transport.futex`): the writer bumps
 # DATA_BELL after each flush that wrote, the reader SPACE_BELL whenever it frees space.
-DATA_BELL, SPACE_BELL = 32, 40
-# The reader's verdict on single-copy reads from the writer (runtime/transport/cma.py), written once at
-# connect time before any frame: CMA_UNKNOWN, CMA_YES or CMA_NO.
-CMA_VERDICT = 48
-CMA_UNKNOWN, CMA_YES, CMA_NO = 0, 1, 2
+DATA_BELL, SPACE_BELL = L.SLOT_DATA_BELL, L.SLOT_SPACE_BELL
+# The reader's verdict on single-copy reads from the writer (runtime/transport/cma.py), written
+# once at connect time before any frame: CMA_UNKNOWN, CMA_YES or CMA_NO.
+CMA_VERDICT = L.SLOT_CMA_VERDICT
+CMA_UNKNOWN, CMA_YES, CMA_NO = L.CMA_UNKNOWN, L.CMA_YES, L.CMA_NO
 _U32 = 0xFFFFFFFF
-SLEEP_SELECT, SLEEP_FUTEX = 1, 2       # READER_SLEEPING: how the sleeping reader waits
-ALIGN = 16
-DEFAULT_RING_NBYTES = 8 << 20
+SLEEP_SELECT, SLEEP_FUTEX = L.SLEEP_SELECT, L.SLEEP_FUTEX   # how a sleeping reader waits
+ALIGN = L.ALIGN
 # Payloads up to this size are copied out of the ring at once (a 8-byte allreduce's
 # messages): cheaper than pinning the frame behind a view with a weakref finalizer.
 COPY_OUT_NBYTES = 4096
@@ -95,10 +98,13 @@ def shm_available() -> bool:
     return shm_unavailable_reason() is None
 
 
-def rings_unavailable_reason() -> str | None:
+def rings_unavailable_reason(native: bool | None = None) -> str | None:
     """Why this process cannot run the shm rings between ranks, or None when it can: the
-    compiled rings need only a writable /dev/shm; the Python ones x86-64's store order too."""
-    if _native.ring is None:
+    compiled rings need only a writable /dev/shm; the Python ones x86-64's store order too.
+    ``native``: whether the compiled rings are to be used (default: when loaded)."""
+    if native is None:
+        native = _native.ring is not None
+    if not native:
         return shm_unavailable_reason()
     if not (os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)):
         return f"{SHM_DIR} is not a writable directory"
