@@ -262,6 +262,10 @@ def test_send_chunks_builds_the_engines_datagrams(secret, runs, itemsize, ce, gs
             dgram._dgram.send_chunks(tx.fileno(), rx.getsockname(), secret, 9, 1, 2, 3, 3,
                                      buf[:-1], dgram.runs_bytes(runs), itemsize, ce, nelems,
                                      0, 1)
+        with pytest.raises(ValueError, match="at most one datagram"):
+            dgram._dgram.send_chunks(tx.fileno(), rx.getsockname(), secret, 9, 1, 2, 3, 3,
+                                     buf, dgram.runs_bytes(runs), itemsize, 1 << 62,
+                                     nelems, 0, 1)
         with pytest.raises(ValueError, match="not the stream's"):
             dgram._dgram.send_chunks(tx.fileno(), rx.getsockname(), secret, 9, 1, 2, 3, 3,
                                      buf, dgram.runs_bytes(runs), itemsize, ce, nelems,

@@ -187,6 +187,8 @@ PyObject *dgram_send_chunks(PyObject *mod, PyObject *args) {
         why = "a BLAKE2b key is at most 64 bytes";
     else if (runs.len % 16 || nruns == 0 || isz == 0 || ce == 0)
         why = "runs must be int64 pairs; itemsize and chunk_elems > 0";
+    else if (isz > 64 || ce > 65536 / isz)
+        why = "a chunk is at most one datagram (64 KiB) of items of at most 64 bytes";
     for (size_t i = 0; i < nruns && !why; i++) {
         if (r[2 * i] < 0 || r[2 * i + 1] < r[2 * i]
             || (uint64_t)r[2 * i + 1] * isz > (uint64_t)buf.len)
