@@ -210,6 +210,34 @@ def _nic_sweep(doc: dict) -> str:
     return "\n".join(out)
 
 
+def _sim_scale(doc: dict) -> str:
+    """bench/sim_scale.py: one row per goal case, its own process; a row refused or killed
+    shows why instead of figures."""
+    r = doc["result"]
+    rows = []
+    for x in r["rows"]:
+        goal = " ".join(g for g in ((f"< {x['goal_s']} s" if x.get("goal_s") else ""),
+                                    (f"< {x['goal_gib']} GiB" if x.get("goal_gib") else ""))
+                        if g) or "-"
+        load = "/".join(fmt(v, 2) for v in x.get("load", []))
+        if "error" in x:
+            why = x["error"].replace("polycast.algorithms.estimate.TooLarge: ", "refused: ")
+            rows.append([x["row"], "-", "-", "-", "-", "-", "-", load, goal, "no", "-", why])
+            continue
+        path = x.get("path", "?") + (f" ({x['fast_mode']})" if x.get("fast_mode") else "")
+        cpu_ok = "-" if not x.get("goal_s") else fmt(x["cpu_s"] < x["goal_s"])
+        met = {True: "yes", False: "no", None: "-"}[x.get("met")]
+        rows.append([x["row"], path, x["wall_s"], x["cpu_s"], x["peak_rss_bytes"] / 2**30,
+                     x["events"], x["sim_time_s"] * 1e3, load, goal, met, cpu_ok, ""])
+    return "\n".join([
+        f"{size(r['size_nbytes'])} per rank, {r['link']} links, path {r['path']}; wall and CPU "
+        "seconds (user + sys) and peak RSS of each row's own process, load average before/"
+        "after the row. *met* judges wall seconds and memory, as the goals are written; on "
+        "this shared 2-core machine the CPU seconds are the figure to compare.\n",
+        table(["row", "path (mode)", "wall s", "CPU s", "peak GiB", "events", "simulated ms",
+               "load", "goal", "met", "CPU s < time goal", "why no figures"], rows)])
+
+
 def _mcast_path(doc: dict) -> str:
     r = doc["result"]
     load = ", ".join(f"{k} {v['before']:.1f}" for k, v in r.get("load", {}).items())
@@ -254,6 +282,16 @@ SECTIONS: list[Section] = [
             "fat tree of radix-32 switches at 400 Gbit/s, a 64 MiB allgather by ring and by "
             "reliable multicast, link bytes counted per layer. Simulated: exact for the model, "
             "independent of the load (framing as the default topology has it).", _sim, simulated=True),
+    Section("The simulator at scale", ("sim_scale",),
+            "python bench/keep.py sim_scale -- python bench/sim_scale.py --timeout 300",
+            "Issue 26's goal rows (fat tree of radix-32 switches unless the row says GPUs: "
+            "hosts of 8 GPUs on NVLink with 8 NICs), each in a fresh process with a time "
+            "limit: which path and mode timed it, and what it cost. Rows where flows share a "
+            "link beyond its capacity (multicast allgather beside a ring reduce-scatter, "
+            "pairwise alltoall's ECMP collisions) run the fast path's events mode, whose "
+            "max-min settling is Python; rows whose schedules exceed the memory limit are "
+            "refused before work with the largest P that fits "
+            "([simulator](simulator.md#scale-what-runs-how-fast)).", _sim_scale),
     Section("The engine", ("engine",), "python bench/keep.py engine -- python bench/engine.py",
             "What the sans-I/O engine costs per event (a message, a datagram), copies "
             "excluded: is it ever what limits a run?", _engine),

@@ -224,6 +224,114 @@ def test_send_batches_and_recv_over_loopback_gso_gro():
 
 
 @pytest.mark.parametrize("secret", [None, SECRET])
+@pytest.mark.parametrize("runs,itemsize,ce,gso", [
+    (((0, 10000),), 4, 350, True),                     # one run, a short last chunk
+    (((3, 900), (1000, 1001), (2000, 4111)), 8, 97, True),   # chunks across runs
+    (((0, 4096),), 2, 1024, False),                    # plain sendmmsg, chunks exact
+])
+def test_send_chunks_builds_the_engines_datagrams(secret, runs, itemsize, ce, gso):
+    """send_chunks sends a stream's chunks [c0, c1) as exactly the datagrams the engine's
+    Python path builds for them (chunk_datagrams + Header.pack), MAC included."""
+    from polycast.engine.actions import MulticastChunks, Region
+    from polycast.engine.mcast import chunk_datagrams
+    nelems = sum(b - a for a, b in runs)
+    nchunks = -(-nelems // ce)
+    buf = np.random.default_rng(7).integers(0, 256, runs[-1][1] * itemsize, dtype=np.uint8)
+    head = wire.make_header(wire.MsgKind.MCAST_DATA, 9, 0xFFFFFFF0, 2, 0, 0, 0, 0xABCDEF, 3)
+    a = MulticastChunks(head, Region(1, "send", runs, nelems * itemsize), itemsize, ce,
+                        nchunks, 0.0, 0.0)
+    want = []
+    for d in chunk_datagrams(a):
+        payload = b"".join(bytes(buf[x * itemsize:y * itemsize]) for x, y in d.payload.runs)
+        want.append(d.header.pack(secret, payload) + payload)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    got = []
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(5)
+        c0, c1 = 1, nchunks                    # from a chunk past the first, as when paced
+        sent = dgram._dgram.send_chunks(tx.fileno(), rx.getsockname(), secret, 9, 0xFFFFFFF0,
+                                        2, 0xABCDEF, 3, buf, dgram.runs_bytes(runs), itemsize,
+                                        ce, nelems, c0, c1, gso)
+        assert sent == c1 - c0
+        for _ in range(sent):
+            got.append(rx.recv(65536))
+        with pytest.raises(ValueError, match="outside the buffer"):
+            dgram._dgram.send_chunks(tx.fileno(), rx.getsockname(), secret, 9, 1, 2, 3, 3,
+                                     buf[:-1], dgram.runs_bytes(runs), itemsize, ce, nelems,
+                                     0, 1)
+        with pytest.raises(ValueError, match="at most one datagram"):
+            dgram._dgram.send_chunks(tx.fileno(), rx.getsockname(), secret, 9, 1, 2, 3, 3,
+                                     buf, dgram.runs_bytes(runs), itemsize, 1 << 62,
+                                     nelems, 0, 1)
+        with pytest.raises(ValueError, match="not the stream's"):
+            dgram._dgram.send_chunks(tx.fileno(), rx.getsockname(), secret, 9, 1, 2, 3, 3,
+                                     buf, dgram.runs_bytes(runs), itemsize, ce, nelems,
+                                     0, nchunks + 1)
+    finally:
+        rx.close()
+        tx.close()
+    assert got == want[c0:c1]
+
+
+def test_a_blocked_stream_sends_from_its_own_copy_and_its_eos_after_it(monkeypatch):
+    """When the socket's buffer fills mid-stream (the helper sends fewer chunks than asked),
+    the rest of the stream leaves from a copy: the request may end and its buffer be reused
+    before the socket drains. A datagram queued meanwhile (the EOS) leaves after them."""
+    import selectors
+
+    from polycast.engine.actions import MulticastChunks, Region
+    from polycast.memory import Buffers
+    from polycast.runtime.driver import datagrams as D
+    sel = selectors.DefaultSelector()
+    io = D.MulticastIO(sel, lambda *a: None, send_chunks=True)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    real = dgram.send_chunks
+    full = {"on": True}
+
+    def first_three_then_full(sock, addr, args, c0, c1):
+        if full["on"]:
+            return real(sock, addr, args, c0, min(c1, 3)) if c0 < 3 else 0
+        return real(sock, addr, args, c0, c1)
+    monkeypatch.setattr(dgram, "send_chunks", first_three_then_full)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(5)
+        tx.setblocking(False)
+        io._groups[1] = D._Group(tx, rx.getsockname())
+        sel.register(tx, selectors.EVENT_READ, ("mcast", 1))
+        bufs = Buffers()
+        arr = np.arange(1000, dtype=np.float32)
+        want = arr.copy()
+        bufs.register_arrays(7, send=arr)
+        head = wire.make_header(wire.MsgKind.MCAST_DATA, 1, 4, 0, 0, 0, 0, 5, 0)
+        io.send_chunks(1, MulticastChunks(head, Region(7, "send", ((0, 1000),), 4000), 4, 100,
+                                          10, 0.0, 0.0), bufs, None)
+        eos = wire.Header(wire.MsgKind.MCAST_EOS, 1, 4, 0, 10, 4000, 0, 5, 0).pack()
+        io.send(1, eos, [], 0.0)
+        assert io.pending_output() and sel.get_key(tx).events & selectors.EVENT_WRITE
+        arr[:] = -1                         # the request ended: its buffer reused
+        bufs.unregister(7)
+        full["on"] = False
+        io.flush(1)                         # the socket became writable
+        assert not io.pending_output()
+        got = [rx.recv(65536) for _ in range(11)]
+    finally:
+        rx.close()
+        tx.close()
+        sel.close()
+    hs = [wire.parse_datagram(d, None) for d in got]
+    assert [h.tag for h, _ in hs] == list(range(10)) + [10]
+    assert hs[-1][0].kind == wire.MsgKind.MCAST_EOS
+    payload = b"".join(bytes(p) for _, p in hs[:10])
+    assert payload == want.tobytes()
+
+
+@pytest.mark.parametrize("secret", [None, SECRET])
 @pytest.mark.parametrize("order,gso,streams", [
     ("inorder", False, 1), ("inorder", True, 1), ("inorder", False, 2), ("shuffle", False, 1),
     ("shuffle", True, 2), ("dups", False, 1), ("dups", True, 2)])

@@ -248,7 +248,11 @@ def test_without_the_replay_nothing_is_replayed(engine_results):
 
 @needs_replay
 def test_replayed_calls_reach_the_engines_results(engine_results):
-    got = _ranks(4, "calls")
+    # The counts below are of calls the helper ran whole. A replay whose peer is later than
+    # the wait bound (2 ms by default) hands over to the engine, which is right, but on a
+    # loaded machine (4 ranks on 2 cores, load 10+) that took 11-14 of the 20 pulled-ring
+    # calls. A 50 ms bound keeps this test about the helper; adoption has tests of its own.
+    got = _ranks(4, "calls", env={"POLYCAST_TEST_HOOKS": "replay_wait_us=50000"})
     for rank, (res, want) in enumerate(zip(got, engine_results)):
         assert _hashes(res) == _hashes(want), f"rank {rank}"
         c = res["counts"]

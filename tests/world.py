@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polycast.engine.actions import (CancelTimer, CloseStream, Complete, Copy, Deliver, Fail,
-                                     Matched, Multicast, OpenStream, Region, Send, SetTimer,
-                                     StreamData)
+                                     Matched, Multicast, MulticastChunks, OpenStream, Region,
+                                     Send, SetTimer, StreamData)
 from polycast.engine.engine import Engine, EngineConfig
+from polycast.engine.mcast import chunk_datagrams
 from polycast.engine.wire import F_PULL, MsgKind, parse_header, verify_mac
 from polycast.memory import Buffers
 from polycast.reference import reference
@@ -209,6 +210,9 @@ class World:
                 mem.deliver(a.region, a.payload, a.reduce)
             elif isinstance(a, Multicast):
                 self._multicast(rank, a)
+            elif isinstance(a, MulticastChunks):
+                for d in chunk_datagrams(a):
+                    self._multicast(rank, d)
             elif isinstance(a, Send):
                 self._send(rank, a)
             elif isinstance(a, Copy):

@@ -29,6 +29,8 @@ it; ``tests/world.py`` is a complete small driver):
   may write the stream's chunks from now on); feed what the placer wrote with
   ``on_stream_progress``; recovered bytes come out as ``StreamData`` for the placer to
   write; ``CloseStream`` means write nothing more (it precedes the request's ``Fail``).
+  An MCAST step emits one ``MulticastChunks`` (the whole stream, paced per chunk) instead
+  of a ``Multicast`` per chunk: the driver builds the datagrams.
 * Large point-to-point payloads (over ``EngineConfig.eager_max_nbytes``, 256 KiB) go by an
   RTS/CTS rendezvous inside the engine: a driver sees only more small Sends (kinds RTS and
   CTS, no payload) and needs no change. ``Engine.set_eager_limits`` raises the limit per
@@ -47,12 +49,13 @@ it; ``tests/world.py`` is a complete small driver):
 """
 
 from .actions import (Action, CancelTimer, CloseStream, Complete, Copy, Deliver, Fail,
-                      Multicast, OpenStream, Region, Send, SetTimer, StreamData)
+                      Multicast, MulticastChunks, OpenStream, Region, Send, SetTimer, StreamData)
 from .engine import Engine, EngineConfig, EngineStats
 from .wire import (HEADER_NBYTES, MAC_NBYTES, Header, MsgKind, header_nbytes, parse_datagram,
                    parse_header, verify_mac)
 
 __all__ = ["Action", "CancelTimer", "Complete", "Copy", "Deliver", "Fail", "Multicast",
+           "MulticastChunks",
            "Region", "Send", "SetTimer", "OpenStream", "StreamData", "CloseStream", "Engine",
            "EngineConfig", "EngineStats",
            "HEADER_NBYTES", "MAC_NBYTES", "Header", "MsgKind", "header_nbytes",

@@ -57,6 +57,25 @@ class Multicast:
 
 
 @dataclass(frozen=True, slots=True)
+class MulticastChunks:
+    """(``EngineConfig.external_streams``) Send this rank's stream ``region`` as its MCAST_DATA
+    datagrams, the driver building them: chunk ``i`` is elements ``[i*chunk_elems, ...)`` of
+    the region (the concatenation of its runs), its header ``header`` with ``tag`` = i,
+    ``offset`` = its byte offset and ``length`` = its bytes. Chunk ``i`` leaves not before
+    ``not_before + i * chunk_seconds`` (the engine's pacing; 0: all at once). Fire and forget,
+    as :class:`Multicast`; the engine counts the step done at the last chunk's time, so a
+    chunk the driver cannot send by then must be sent from a copy."""
+
+    header: object                          # polycast.engine.wire.Header (MCAST_DATA, tag 0)
+    payload: Region
+    itemsize: int
+    chunk_elems: int
+    nchunks: int
+    not_before: float
+    chunk_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Deliver:
     """Place a received payload (the opaque object the driver handed in) into ``region``:
     overwrite, or combine with the request's reduction op when ``reduce``."""
@@ -159,8 +178,8 @@ class Matched:
     nbytes: int
 
 
-Action = (Send | Multicast | Deliver | Copy | SetTimer | CancelTimer | Complete | Fail
-          | OpenStream | StreamData | CloseStream | Matched)
+Action = (Send | Multicast | MulticastChunks | Deliver | Copy | SetTimer | CancelTimer | Complete
+          | Fail | OpenStream | StreamData | CloseStream | Matched)
 
 
 _new = object.__new__

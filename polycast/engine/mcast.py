@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .actions import (CloseStream, Deliver, Multicast, OpenStream, Region, StreamData,
-                      new_deliver, new_multicast, new_region)
+from .actions import (CloseStream, Deliver, Multicast, MulticastChunks, OpenStream, Region,
+                      StreamData, new_deliver, new_multicast, new_region)
 from .early import ENTRY_OVERHEAD_NBYTES
 from .plan import slice_runs
 from .request import Request
@@ -98,6 +98,20 @@ def chunk_runs(runs, chunk_elems: int) -> list[tuple]:
                 cur, need = [], chunk_elems
     if cur:
         out.append(tuple(cur))
+    return out
+
+
+def chunk_datagrams(a: MulticastChunks) -> list[Multicast]:
+    """A stream's MCAST_DATA datagrams, one :class:`Multicast` per chunk: what a driver
+    without a compiled sender makes of a :class:`MulticastChunks`."""
+    h, reg, isz, ce = a.header, a.payload, a.itemsize, a.chunk_elems
+    comm, seq, me, sig, ordinal = h.comm, h.seq, h.src, h.sig, h.stream
+    req, buf, t, dt = reg.req, reg.buf, a.not_before, a.chunk_seconds
+    out = []
+    for i, runs in enumerate(chunk_runs(reg.runs, ce)):
+        nb = sum(b - a for a, b in runs) * isz
+        out.append(_multicast(make_header(_MCAST_DATA, comm, seq, me, i, i * ce * isz, nb, sig,
+                                          ordinal), _region(req, buf, runs, nb), t + i * dt))
     return out
 
 
@@ -392,16 +406,19 @@ class ReliableMulticast:
         if self.nranks == 1:
             self._step_done(r, idx)
             return
-        pieces = chunk_runs(s.runs, ce)
-        for i, runs in enumerate(pieces):
-            nb = sum(b - a for a, b in runs) * isz
-            h = make_header(_MCAST_DATA, comm, seq, me, i, i * ce * isz, nb, sig, ordinal)
-            out.append(_multicast(h, _region(req, buf, runs, nb), t))
-            st.datagrams_out += 1
-            st.datagram_bytes_out += nb
-            r.mcast_bytes_out += nb
-            if rate:
-                t += (nb + HEADER_NBYTES) * 8 * per_bit
+        chunks = MulticastChunks(make_header(_MCAST_DATA, comm, seq, me, 0, 0, 0, sig, ordinal),
+                                 _region(req, buf, tuple(s.runs), s.nbytes), isz, ce, s.nchunks,
+                                 t, (ce * isz + HEADER_NBYTES) * 8 * per_bit if rate else 0.0)
+        if self.config.external_streams:
+            if s.nchunks:
+                out.append(chunks)      # the driver builds the datagrams (the helper: in C)
+        else:
+            out.extend(chunk_datagrams(chunks))
+        st.datagrams_out += s.nchunks
+        st.datagram_bytes_out += s.nbytes
+        r.mcast_bytes_out += s.nbytes
+        if rate:
+            t += (s.nbytes + s.nchunks * HEADER_NBYTES) * 8 * per_bit
         eos = Header(MsgKind.MCAST_EOS, comm, seq, me, s.nchunks, s.nbytes, 0, sig, ordinal)
         out.append(Multicast(eos, None, t))
         st.datagrams_out += 1
@@ -614,5 +631,6 @@ class ReliableMulticast:
         return [Multicast(eos, None, now)]
 
 
-__all__ = ["Stream", "Pacer", "ReliableMulticast", "gaps", "chunk_runs", "eos_delays",
+__all__ = ["Stream", "Pacer", "ReliableMulticast", "gaps", "chunk_runs", "chunk_datagrams",
+           "eos_delays",
            "SILENT_RTO_FACTOR"]

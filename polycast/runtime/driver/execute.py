@@ -1,9 +1,10 @@
 """Carrying out the engine's actions: memory, peer frames, datagrams, timers, requests.
 
-``Send`` becomes a frame queued to a peer (:class:`PeerIO`), ``Multicast`` a datagram
-(:class:`MulticastIO`), ``Deliver`` / ``Copy`` memory operations on the request's arrays
-(:class:`polycast.memory.Buffers`), ``SetTimer`` / ``CancelTimer`` entries of
-:class:`Timers`, ``Complete`` / ``Fail`` the end of a user's :class:`Request`.
+``Send`` becomes a frame queued to a peer (:class:`PeerIO`), ``Multicast`` a datagram and
+``MulticastChunks`` a stream's datagrams (:class:`MulticastIO`), ``Deliver`` / ``Copy``
+memory operations on the request's arrays (:class:`polycast.memory.Buffers`), ``SetTimer``
+/ ``CancelTimer`` entries of :class:`Timers`, ``Complete`` / ``Fail`` the end of a user's
+:class:`Request`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import time
 import numpy as np
 
 from ...engine.actions import (CancelTimer, Complete, Copy, Deliver, Fail, Matched, Multicast,
-                               Send, SetTimer)
+                               MulticastChunks, Send, SetTimer)
 from ...engine.early import let_go
+from ...engine.mcast import chunk_datagrams
 from ...engine.wire import MsgKind
 from ...memory import Buffers
 from .datagrams import MulticastIO
@@ -96,6 +98,8 @@ class ActionRunner:
                         self._memory_failed(cs, a.src.req, exc)
             elif t is Multicast:
                 self._multicast(cs, a)
+            elif t is MulticastChunks:
+                self._multicast_chunks(cs, a)
             elif t is SetTimer:
                 self.timers.set(cs.id, a.timer, a.deadline)
             elif t is CancelTimer:
@@ -165,6 +169,15 @@ class ActionRunner:
                                a.header.kind in _LAZY_OK):
             # The engine learns of the loss separately; the bytes have nowhere to go.
             self.run(cs, cs.engine.on_send_done(a.token, time.monotonic()))
+
+    def _multicast_chunks(self, cs: CommState, a: MulticastChunks) -> None:
+        if not self.mcast.joined(cs.id) or a.payload.req not in self.buffers:
+            return
+        if self.mcast.sends_chunks:         # the helper builds and sends them
+            self.mcast.send_chunks(cs.id, a, self.buffers, self.secret)
+            return
+        for d in chunk_datagrams(a):
+            self._multicast(cs, d)
 
     def _multicast(self, cs: CommState, a: Multicast) -> None:
         if not self.mcast.joined(cs.id):

@@ -239,8 +239,8 @@ class Progress:
         self._drain_commands()
         busy = peers.poll_rings()
         now = time.monotonic()
+        d.mcast.send_paced(now)         # before timers: a paced MCAST ends at its last datagram
         d.fire_timers(now)
-        d.mcast.send_paced(now)
         peers.retry_blocked_writers()
         peers.flush_all()
         for key, mask in self.sel.select(0):
@@ -353,12 +353,12 @@ class Progress:
         if self._cmds:
             self._drain_commands()
         busy = peers.poll_rings()
+        due = d.mcast.next_paced()
+        if due is not None and due <= now:
+            d.mcast.send_paced(now)     # before timers, as in round()
         due = d.timers.next_deadline()
         if due is not None and due <= now:
             d.fire_timers(now)
-        due = d.mcast.next_paced()
-        if due is not None and due <= now:
-            d.mcast.send_paced(now)
         peers.retry_blocked_writers()
         if peers.want_flush:
             peers.flush_all()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import pickle
@@ -101,7 +102,7 @@ class RankHost:
             w.setup(world.job_id, world.single_host, world.key)
             w.hosts[self.rank] = self
             self.driver = Driver(world, dataclasses.replace(config, external_streams=True),
-                                 cfg, mcast_io=RootSenderIO,
+                                 cfg, mcast_io=functools.partial(RootSenderIO, native=w.dgram),
                                  on_action=lambda cs, a: w.on_action(self, cs, a))
         err = self._add_comm(0, list(range(world.size)), True)
         return {"job_id": self.world.job_id, "single_host": self.world.single_host,

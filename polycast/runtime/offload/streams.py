@@ -39,7 +39,12 @@ STOP_SECONDS = 2.0
 
 
 class RootSenderIO(MulticastIO):
-    """Send-only multicast on one group per root (the workers receive)."""
+    """Send-only multicast on one group per root (the workers receive); ``native``: send
+    streams with the compiled helper (as the workers place with it)."""
+
+    def __init__(self, sel, on_datagram, cfg=None, placer=None, on_progress=None,
+                 native: bool = False) -> None:
+        super().__init__(sel, on_datagram, cfg, placer, on_progress, send_chunks=native)
 
     def open(self, comm_id: int, job_id: str, single_host: bool, own_rank: int) -> str | None:
         try:

@@ -536,6 +536,9 @@ static PyObject *dgram_mac(PyObject *mod, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"send", dgram_send, METH_VARARGS, "send(fd, (addr, port), [(header, payload)], gso=True)"},
+    {"send_chunks", dgram_send_chunks, METH_VARARGS,
+     "send_chunks(fd, (addr, port), key, comm, seq, src, sig, stream, buffer, runs, itemsize, "
+     "chunk_elems, nelems, c0, c1, gso=True): a stream's chunks [c0, c1) as datagrams"},
     {"mac", dgram_mac, METH_VARARGS, "mac(key, header, payload): BLAKE2b-128"},
     {"gso_available", dgram_gso_available, METH_NOARGS, "False once the kernel refused GSO"},
     {NULL, NULL, 0, NULL}};

@@ -157,6 +157,7 @@ int read_batch(Placer *p, int fd, int vlen);
 
 /* -- sending (Python functions of the module) --------------------------------------------------- */
 PyObject *dgram_send(PyObject *mod, PyObject *args);
+PyObject *dgram_send_chunks(PyObject *mod, PyObject *args);
 PyObject *dgram_gso_available(PyObject *mod, PyObject *ignored);
 
 #endif

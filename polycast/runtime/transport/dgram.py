@@ -61,6 +61,18 @@ def send(sock, addr: tuple[str, int], items: list) -> int:
     return _dgram.send(sock.fileno(), addr, items)
 
 
+#: Chunks one send_chunks call takes (the helper's bound).
+SEND_CHUNKS_MAX = 1024
+
+
+def send_chunks(sock, addr: tuple[str, int], args: list, c0: int, c1: int) -> int:
+    """Send chunks ``[c0, c1)`` of a stream (at most SEND_CHUNKS_MAX), the helper building
+    each MCAST_DATA datagram (header, MAC with a secret) from the buffer in place. ``args``:
+    [secret, comm, seq, src, sig, ordinal, buffer, runs_bytes(runs), itemsize, chunk_elems,
+    nelems, ...]. Returns how many left (the rest would block)."""
+    return _dgram.send_chunks(sock.fileno(), addr, *args[:11], c0, c1)
+
+
 def runs_bytes(runs) -> bytes:
     """Element runs [(a, b), ...] as the helper takes them (packed int64 pairs)."""
     return array.array("q", [x for run in runs for x in run]).tobytes()
