@@ -357,7 +357,7 @@ SECTIONS: list[Section] = [
             "`allgather_matmul` and `matmul_reduce_scatter` against the unfused pair.", _rows),
     Section("Training steps, layer by layer", ("fsdp_pipeline",),
             "python bench/keep.py fsdp_pipeline -- python bench/fsdp_pipeline.py --models "
-            "llama2-7b --nodes 188 --hsdp '' --rows ring/ring,ring/innet "
+            "llama2-7b --nodes 188 --hsdp '' --rows ring/ring "
             "--budget-events 7e6",
             "FSDP and HSDP steps simulated layer by layer on the engine-driven simulator "
             "(the workload runner's callbacks keep it off the fast path): step, bubble, "
