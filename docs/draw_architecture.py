@@ -31,7 +31,7 @@ WHAT = {
     "memory": "memory ops", "graph": "trees", "models": "topology, NIC and host models",
     "workload": "workload graphs", "schedule": "IR, builder, verifier", "ops": "reduction ops",
     "debug": "POLYCAST_DEBUG", "buffers": "buffer specs", "collectives": "names",
-    "units": "units", "environ": "environment", "version": "version", "errors": "exceptions",
+    "units": "units", "version": "version", "errors": "exceptions",
     "config": "configuration",
 }
 

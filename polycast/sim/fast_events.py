@@ -138,7 +138,6 @@ class _EventRun:
         self.now = 0.0
         hb = sim.net.host_bw
         self.net = Network(sim.topo, host_bw=hb)
-        self.net.capacity = sim.net.capacity
         # receivers behind a NIC (SimConfig.nic): the driver's queues, run here until one
         # drops a datagram (recovery: the engines)
         self.nic, self.rx_cap = None, math.inf

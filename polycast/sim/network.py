@@ -15,8 +15,9 @@ What is modelled
   **path latency** later (sum of link latencies plus per-switch hop latency). Without
   contention a message of S bytes on a path of bottleneck B costs exactly
   ``latency + S/B``.
-* Rates are recomputed once per batch of events at one timestamp (``settle``), and only for
-  the connected component of flows (flows linked by shared links) that the batch touched.
+* Rates are recomputed once per batch of events at one timestamp (``settle``), and only
+  where the batch can change them (see *Settling* below): the answer is the max-min fair
+  allocation of all active flows, as if water-filled from scratch.
 * Bytes are counted per directed link (``link_bytes``), at the flow's start. A flow's
   bytes are **wire bytes**: the driver adds the topology's per-packet headers
   (:mod:`polycast.sim.framing`) to the payload, so a link moves payload at its goodput.
@@ -27,6 +28,27 @@ What is modelled
   of the rank crosses (a multicast flow crosses its root's send port and every receiver's
   receive port, so it goes at the slowest receiver's pace); they are not network links and
   carry no ``link_bytes``. Off by default (``None``: hosts keep up with any link).
+
+Settling
+--------
+Max-min fair rates are unique, and an allocation is max-min fair exactly when every flow
+has a *bottleneck*: its own limit (its slowest link alone, its pacing cap), or a saturated
+link on which no flow goes faster. Every flow keeps the bottleneck it was given, and
+``settle`` recomputes only a region ``S`` of flows whose bottleneck may no longer hold:
+
+* ``S`` starts with the flows added and the flows whose bottleneck link a flow left.
+* ``S`` is water-filled on what the others leave of each link (they keep their rates).
+* Checks: (1) a flow of ``S`` stopped by a link must go at least as fast as every other
+  flow there; (2) a flow outside ``S`` whose bottleneck link carries a flow of ``S`` that
+  changed rate must still find that link saturated and go at least as fast as the flows
+  of ``S`` there. The flows that fail join ``S``, which is filled again; after
+  ``refills_before_component`` such rounds ``S`` becomes its whole connected component
+  (flows joined by shared links), filled once with nothing outside to check.
+
+A flow whose bottleneck link saw no change keeps a valid bottleneck; after the checks
+every other flow has one, so the result is the max-min allocation of all flows (to
+``SAT_RTOL``). ``Network.check_rates`` (a test hook) compares every settle with a
+water-filling of everything from scratch.
 
 What is not modelled
 --------------------
@@ -58,6 +80,14 @@ def same_time_bound(t: float) -> float:
     return t + abs(t) * TIME_RTOL + 1e-18
 
 
+#: Relative slack under which a link counts as saturated, and rates as equal, in the
+#: checks of ``settle`` (float round-off of sums of rates; a looser bound only makes the
+#: recomputed region larger).
+SAT_RTOL = 1e-9
+_SMALL = 12                      # regions up to this many flows are water-filled in Python
+_FEW = 16                        # flows with fewer links are updated link by link in Python
+
+
 @dataclass(eq=False, slots=True)
 class Flow:
     fid: int
@@ -72,6 +102,9 @@ class Flow:
     version: int = 0           # heap entries with another version are stale
     cap: float = _INF          # the sender's own limit (pacing), bytes/s
     goodput: float = 1.0       # payload bytes per byte on the wire (framing.py)
+    solo: float = _INF         # its own limit: min(cap, its slowest link)
+    lst: list = None           # links as a list (loops)
+    by: int = -1               # its bottleneck link (-1: its own limit)
 
 
 @dataclass
@@ -86,6 +119,12 @@ class FlowRecord:
 class Network:
     """Active flows on a topology's links, their max-min fair rates and drain times."""
 
+    #: a test hook: after every settle, compare every rate with a water-filling from scratch
+    check_rates = False
+    #: refills of one settle after which its region becomes its connected component
+    #: (measured: 5 keeps pairwise alltoall incremental and multicast + ring RS cheap)
+    refills_before_component = 5
+
     def __init__(self, topology, record: bool = False, host_bw: float | None = None) -> None:
         self.topology = topology
         self.nlinks = topology.nlinks                    # network links (host ports follow)
@@ -97,13 +136,23 @@ class Network:
             # Link ids nlinks + r (send port of r) and nlinks + P + r (receive port).
             self.capacity = np.concatenate([self.capacity,
                                             np.full(2 * topology.nranks, float(host_bw))])
+        n = len(self.capacity)
+        self._cap_list = self.capacity.tolist()
+        self._sat = self.capacity * (1 - SAT_RTOL)     # a link at or above is saturated
+        self.load = np.zeros(n)                        # sum of its flows' rates
+        self._maxrate = np.zeros(n)                    # >= its fastest flow's rate
+        self._nby = np.zeros(n, np.int64)              # flows it is the bottleneck of
         self.link_bytes = np.zeros(self.nlinks, dtype=np.float64)
         self.flows: dict[int, Flow] = {}
-        self._link_flows: list[set[int]] = [set() for _ in range(len(self.capacity))]
+        self._link_flows: list[set[int]] = [set() for _ in range(n)]
+        self._link_by: list[set[int]] = [set() for _ in range(n)]   # flows it stops
         self._heap: list[tuple[float, int, int]] = []    # (finish, fid, version)
-        self._dirty_links: set[int] = set()
+        self._added: list[Flow] = []
+        self._freed: set[int] = set()                    # links a flow left
         self._next_fid = 0
-        self.recomputes = 0          # water-filling calls (components settled)
+        self.recomputes = 0          # regions water-filled
+        self.refills = 0             # ... again after a check widened them
+        self.components = 0          # ... as whole connected components (too many refills)
         self.flows_started = 0
         self.record = record
         self.records: list[FlowRecord] = []
@@ -125,13 +174,19 @@ class Network:
             raise ValueError("flows carry at least one byte; the driver handles empty messages")
         fid = self._next_fid
         self._next_fid += 1
+        lst = links.tolist()
+        if len(lst) < _FEW:
+            capl = self._cap_list
+            solo = min(capl[l] for l in lst)
+        else:
+            solo = float(self.capacity[links].min())
         f = Flow(fid, links, nbytes, now, data, remaining=float(nbytes), t_last=now, cap=cap,
-                 goodput=goodput)
+                 goodput=goodput, solo=min(solo, cap), lst=lst)
         self.flows[fid] = f
         link_flows = self._link_flows
-        for l in links.tolist():
+        for l in lst:
             link_flows[l].add(fid)
-        self._dirty_links.update(links.tolist())
+        self._added.append(f)
         if self.host_bw is None:
             self.link_bytes[links] += nbytes
         else:
@@ -154,6 +209,7 @@ class Network:
         """Remove and return the flows drained at or before ``bound``."""
         out = []
         heap, flows = self._heap, self.flows
+        link_flows, freed = self._link_flows, self._freed
         while heap and heap[0][0] <= bound:
             t, fid, ver = heapq.heappop(heap)
             f = flows.get(fid)
@@ -161,15 +217,32 @@ class Network:
                 continue
             del flows[fid]
             f.remaining = 0.0
-            lst = f.links.tolist()
-            link_flows = self._link_flows
-            for l in lst:
-                link_flows[l].discard(fid)
-            self._dirty_links.update(lst)
+            self._set_by(f, -1)
+            rate, load, maxrate = f.rate, self.load, self._maxrate
+            for l in f.lst:
+                lf = link_flows[l]
+                lf.discard(fid)
+                if not lf:                      # empty: no round-off left behind
+                    load[l] = 0.0
+                    maxrate[l] = 0.0
+                else:
+                    load[l] -= rate
+            freed.update(f.lst)
             if self.record:
                 self._record(f)
             out.append(f)
         return out
+
+    def _set_by(self, f: Flow, l: int) -> None:
+        if f.by == l:
+            return
+        if f.by >= 0:
+            self._link_by[f.by].discard(f.fid)
+            self._nby[f.by] -= 1
+        f.by = l
+        if l >= 0:
+            self._link_by[l].add(f.fid)
+            self._nby[l] += 1
 
     def _record(self, f: Flow) -> None:
         net = f.links[f.links < self.nlinks]
@@ -178,70 +251,268 @@ class Network:
 
     # -- rates -----------------------------------------------------------------------
     def settle(self, now: float) -> None:
-        """Recompute the rates of every flow connected (through shared links) to a link
-        whose set of flows changed since the last call, and their drain times."""
-        if not self._dirty_links:
+        """Bring every rate to the max-min fair allocation of the active flows, after the
+        flows added and drained since the last call (module docstring: *Settling*)."""
+        if not self._added and not self._freed:
             return
-        flows, link_flows = self.flows, self._link_flows
-        dirty = self._dirty_links
-        self._dirty_links = set()
-        seen: set[int] = set()
-        done: set[int] = set()
-        # One breadth-first search per connected component (flows joined by shared
-        # links) that a changed link belongs to; each component water-fills alone, so the
-        # many disjoint flows of a ring step stay cheap.
-        for seed in dirty:
-            if seed in seen or not link_flows[seed]:
-                continue
-            seen.add(seed)
-            stack = [seed]
-            group: list[Flow] = []
-            while stack:
-                l = stack.pop()
-                for fid in link_flows[l]:
-                    if fid in done:
-                        continue
-                    done.add(fid)
-                    f = flows[fid]
-                    group.append(f)
-                    for l2 in f.links.tolist():
-                        if l2 not in seen:
-                            seen.add(l2)
-                            stack.append(l2)
-            self._fill(group, now)
+        flows, link_by = self.flows, self._link_by
+        region: dict[int, Flow] = {}
+        for f in self._added:
+            if f.fid in flows:
+                region[f.fid] = f
+        for l in self._freed:
+            for gid in link_by[l]:
+                if gid not in region:
+                    region[gid] = flows[gid]
+        self._added = []
+        self._freed = set()
+        if not region:
+            return
+        widened = 0
+        while True:
+            self.recomputes += 1
+            group = list(region.values())
+            rates, by = self._fill(group)
+            if not self._check(group, rates, by, region):
+                break
+            self.refills += 1
+            widened += 1
+            if widened > self.refills_before_component:
+                # a region that keeps widening (a multicast tree joins many flows): fill
+                # its whole component once, as a from-scratch water-filling would
+                self.components += 1
+                group = self._component(region)
+                rates, by = self._fill(group)
+                break
+        self._apply(group, rates, by, now)
+        if self.check_rates:
+            self._check_all()
 
-    def _fill(self, group: list[Flow], now: float) -> None:
-        self.recomputes += 1
-        cap = self.capacity
+    def _component(self, region: dict) -> list[Flow]:
+        """Every flow joined to ``region`` through shared links: water-filled together
+        they need no check (no flow outside shares a link with them)."""
+        flows, link_flows = self.flows, self._link_flows
+        seen: set[int] = set()
+        done = set(region)
+        group = list(region.values())
+        stack = [l for f in group for l in f.lst]
+        while stack:
+            l = stack.pop()
+            if l in seen:
+                continue
+            seen.add(l)
+            for gid in link_flows[l]:
+                if gid not in done:
+                    done.add(gid)
+                    g = flows[gid]
+                    group.append(g)
+                    stack.extend(g.lst)
+        return group
+
+    def _fill(self, group: list[Flow]):
+        """Max-min rates of ``group`` on what the other flows leave of each link; per flow
+        the link that stopped it (-1: its own limit)."""
         if len(group) == 1:
             f = group[0]
-            rates = [min(float(cap[f.links].min()), f.cap)]
-        else:
-            rates = _water_fill(group, cap).tolist()
-        heap = self._heap
-        for f, rate in zip(group, rates):
-            if f.rate > 0:
-                f.remaining -= f.rate * (now - f.t_last)
+            best, by = f.cap, -1
+            load, capl = self.load, self._cap_list
+            if len(f.lst) < _FEW:
+                for l in f.lst:
+                    r = capl[l] - (load[l] - f.rate)
+                    if r < best:
+                        best, by = r, l
+            else:
+                lk = f.links
+                res = self.capacity[lk] - (load[lk] - f.rate)
+                i = int(res.argmin())
+                if res[i] < best:
+                    best, by = float(res[i]), int(lk[i])
+            return [max(best, 0.0)], [by]
+        if len(group) <= _SMALL:
+            return _fill_small(group, self._cap_list, self.load)
+        return _fill_numpy(group, self.capacity, self.load)
+
+    def _check(self, group, rates, by, region) -> bool:
+        """The checks of *Settling*: flows that fail join ``region``; True if any did."""
+        grew = False
+        tight = []
+        maxrate, flows, link_flows = self._maxrate, self.flows, self._link_flows
+        # (1) a flow of the region stopped by a link goes at least as fast as the others
+        for f, x, l in zip(group, rates, by):
+            if l < 0 or x >= f.solo * (1 - 1e-12) or x >= maxrate[l] * (1 - SAT_RTOL):
+                continue                    # its own limit, or nothing faster on l
+            top = 0.0
+            hi = x * (1 + SAT_RTOL)
+            extra = []
+            for gid in link_flows[l]:
+                if gid in region:
+                    continue
+                g = flows[gid]
+                r = g.rate
+                if r > hi:
+                    extra.append(g)
+                if r > top:
+                    top = r
+            if extra:
+                for g in extra:
+                    region[g.fid] = g
+                grew = True
+            else:
+                tight.append((l, max(top, x) * (1 + 1e-12)))
+        # (2) outside flows stopped by a link where a flow of the region changed rate
+        nby, link_by = self._nby, self._link_by
+        touched: dict[int, list] = {}       # link -> [new load delta, fastest new rate]
+        for f, x in zip(group, rates):
+            if x == f.rate:
+                continue
+            d = x - f.rate
+            lst = f.lst
+            if len(lst) >= _FEW:
+                lk = f.links
+                lst = lk[nby[lk] > 0].tolist()
+            for l in lst:
+                if not nby[l]:
+                    continue
+                t = touched.get(l)
+                if t is None:
+                    touched[l] = [d, x]
+                else:
+                    t[0] += d
+                    if x > t[1]:
+                        t[1] = x
+        if touched:
+            load, sat = self.load, self._sat
+            for l, (d, top) in touched.items():
+                for gid in link_by[l]:
+                    if gid in region:
+                        continue
+                    # (the region's unchanged rates there were no faster than g before)
+                    g = flows[gid]
+                    if load[l] + d >= sat[l] and g.rate >= top * (1 - SAT_RTOL):
+                        continue
+                    region[gid] = g
+                    grew = True
+        if not grew:
+            for l, top in tight:            # tighter bounds, now that these rates stand
+                maxrate[l] = top
+        return grew
+
+    def _apply(self, group, rates, by, now: float) -> None:
+        heap, load, maxrate = self._heap, self.load, self._maxrate
+        for f, rate, l in zip(group, rates, by):
+            rate = float(rate)              # (numpy scalars stay out of drain times)
+            if not rate > 0:
+                raise AssertionError(f"flow {f.fid} settled at rate {rate!r}")
+            old = f.rate
+            if old > 0:
+                f.remaining -= old * (now - f.t_last)
                 if f.remaining < 0:
                     f.remaining = 0.0
             f.t_last = now
-            if rate == f.rate and f.finish != _INF:
-                continue        # unchanged: keep the drain time (no round-off drift)
+            self._set_by(f, l if rate < f.solo * (1 - 1e-12) else -1)
+            lst = f.lst
+            if f.finish != _INF and abs(rate - old) <= old * 1e-13:
+                continue                    # unchanged: keep the drain time (no drift)
             f.rate = rate
             f.finish = now + f.remaining / rate
             f.version += 1
             heapq.heappush(heap, (f.finish, f.fid, f.version))
+            if len(lst) < _FEW:
+                d = rate - old
+                for l2 in lst:
+                    load[l2] += d
+                    if maxrate[l2] < rate:
+                        maxrate[l2] = rate
+            else:
+                lk = f.links
+                load[lk] += rate - old
+                np.maximum.at(maxrate, lk, rate)
+
+    def _check_all(self) -> None:
+        """Every rate against a water-filling of every active flow from scratch."""
+        group = list(self.flows.values())
+        if not group:
+            return
+        ref = _water_fill(group, self.capacity)
+        for f, r in zip(group, ref.tolist()):
+            if abs(f.rate - r) > 1e-9 * r:
+                raise AssertionError(f"flow {f.fid}: rate {f.rate!r}, max-min {r!r}")
 
 
-def _water_fill(group: list[Flow], cap: np.ndarray) -> np.ndarray:
-    """Max-min fair rates of ``group`` (progressive filling), vectorised over incidences."""
+def _fill_small(group: list[Flow], capl: list, load) -> tuple[list, list]:
+    """Progressive filling of a few flows on what the others leave (Python: below numpy's
+    call overhead); per flow the link that stopped it (-1: its own limit). A link only one
+    flow of the group crosses is part of that flow's own bound; the shared links fill."""
     n = len(group)
-    lens = [len(f.links) for f in group]
+    members: dict[int, list[int]] = {}
+    for i, f in enumerate(group):
+        for l in f.lst:
+            m = members.get(l)
+            if m is None:
+                members[l] = [i]
+            else:
+                m.append(i)
+    bound = [f.cap for f in group]
+    by = [-1] * n
+    shared = []                              # [left, open members, members, link]
+    mine: list[list] = [[] for _ in range(n)]
+    for l, m in members.items():
+        r = capl[l] - load[l]
+        for i in m:
+            r += group[i].rate
+        if r < 0.0:
+            r = 0.0                          # the others' round-off past the capacity
+        if len(m) == 1:
+            i = m[0]
+            if r < bound[i]:
+                bound[i], by[i] = r, l
+        else:
+            s = [r, len(m), m, l]
+            shared.append(s)
+            for i in m:
+                mine[i].append(s)
+    rate = bound[:]
+    open_ = [bool(x) for x in mine]
+    left = sum(open_)
+    while left:
+        lam, which = _INF, None
+        for s in shared:
+            if s[1]:
+                v = s[0] / s[1]
+                if v < lam:
+                    lam, which = v, s
+        bmin = min(bound[i] for i in range(n) if open_[i])
+        if bmin <= lam * (1 + 1e-12):
+            frz = [i for i in range(n) if open_[i] and bound[i] <= bmin * (1 + 1e-12)]
+            for i in frz:
+                rate[i] = min(bound[i], lam)
+        else:
+            frz = [i for i in which[2] if open_[i]]
+            for i in frz:
+                rate[i] = lam
+                by[i] = which[3]
+        for i in frz:
+            open_[i] = False
+            left -= 1
+            x = rate[i]
+            for s in mine[i]:
+                s[0] -= x
+                s[1] -= 1
+    return [x if x > 0 else 0.0 for x in rate], by
+
+
+def _fill_numpy(group: list[Flow], cap: np.ndarray, load: np.ndarray):
+    """Progressive filling of ``group`` on what the others leave, over incidences; per flow
+    the link that stopped it (-1: its own limit)."""
+    n = len(group)
+    lens = [len(f.lst) for f in group]
     inc_links = np.concatenate([f.links for f in group])
     inc_flow = np.repeat(np.arange(n), lens)
     ulinks, local = np.unique(inc_links, return_inverse=True)
-    nl = len(ulinks)
-    rem = cap[ulinks].astype(np.float64)
+    nl = nl0 = len(ulinks)
+    old = np.array([f.rate for f in group])
+    own = np.bincount(local, weights=old[inc_flow], minlength=nl)
+    rem = np.maximum(cap[ulinks] - (load[ulinks] - own), 0.0)
     caps = np.array([f.cap for f in group])
     capped = np.flatnonzero(caps < _INF)
     if len(capped):
@@ -251,6 +522,7 @@ def _water_fill(group: list[Flow], cap: np.ndarray) -> np.ndarray:
         rem = np.concatenate([rem, caps[capped]])
         nl += len(capped)
     rate = np.zeros(n)
+    by = np.full(n, -1, np.int64)
     frozen = np.zeros(n, dtype=bool)
     active = np.ones(len(local), dtype=bool)
     for _ in range(n + 1):          # each round freezes at least one flow
@@ -262,12 +534,31 @@ def _water_fill(group: list[Flow], cap: np.ndarray) -> np.ndarray:
         share[used] = rem[used] / cnt[used]
         m = share.min()
         bottleneck = share <= m * (1 + 1e-12)
+        hit = active & bottleneck[local]
         newly = np.zeros(n, dtype=bool)
-        newly[inc_flow[active & bottleneck[local]]] = True
+        newly[inc_flow[hit]] = True
         rate[newly] = m
+        # the link that stopped each (its own limit, a private link, wins a tie)
+        o = np.argsort(local[hit], kind="stable")
+        by[inc_flow[hit][o]] = local[hit][o]
         frozen |= newly
         sel = active & frozen[inc_flow]
         rem -= m * np.bincount(local[sel], minlength=nl)
         np.maximum(rem, 0.0, out=rem)
         active &= ~sel
-    return rate
+    by = np.where((by < 0) | (by >= nl0), -1, ulinks[np.clip(by, 0, nl0 - 1)])
+    return rate.tolist(), by.tolist()
+
+
+def _water_fill(group: list[Flow], cap: np.ndarray) -> np.ndarray:
+    """Max-min fair rates of ``group`` alone on the links (progressive filling from
+    scratch): the reference ``Network.check_rates`` compares with."""
+    saved = [f.rate for f in group]
+    for f in group:
+        f.rate = 0.0
+    try:
+        rate, _ = _fill_numpy(group, cap, np.zeros(len(cap)))
+    finally:
+        for f, r in zip(group, saved):
+            f.rate = r
+    return np.asarray(rate)

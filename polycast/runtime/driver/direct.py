@@ -1,10 +1,10 @@
 """A repeated collective, straight from the comm layer into the compiled replay.
 
-Why: with the replay (replay.py) a 4-rank 8-byte allreduce on the engine path still cost a
-rank ~27 us of CPU a call, and only ~9.5 us of it was the helper. The rest was Python around
-it, redone on every call for a call whose shape had not changed: the comm layer's argument
-checks and memo (~10 us), then a Request, ``Buffers.register``, ``Driver.post`` and the
-replay's glue (~7.7 us; bench/floor.py). On 2 cores four ranks' CPU is the wall time.
+Why: with the replay (replay.py) a small call on the engine path still spent most of a
+rank's CPU outside the helper, in Python redone on every call for a call whose shape had not
+changed: the comm layer's argument checks and memo, then a Request, ``Buffers.register``,
+``Driver.post`` and the replay's glue (bench/floor.py measures the split). On 2 cores four
+ranks' CPU is the wall time.
 
 What: once a call on the engine path was replayed whole (``Request.replay`` says so), the
 comm layer keeps a :class:`DirectCall` for its shape: collective, algorithm, op or root, the

@@ -5,11 +5,11 @@ worker, :mod:`.symm.queue`). It spends its time in calls that release the GIL (c
 reductions, futex sleeps) and needs the GIL back after each one, for a few microseconds
 of Python. When the user's thread holds the GIL (pure-Python compute; or numpy compute
 whose GIL-free stretches are shorter than a wake-up on a busy core), CPython makes the
-returning thread wait the switch interval (``sys.getswitchinterval()``, 5 ms by default)
-before it asks the holder to let go. A 64 MiB allreduce takes the GIL back some ten to
-a few hundred times, so it crawled while the user computed and ran in ``Wait`` instead:
-no overlap (bench/overlap.py: the collective's threads used 1-5 ms of their ~18 ms of CPU
-inside a 50-70 ms compute window).
+returning thread wait the switch interval (``sys.getswitchinterval()``, five milliseconds
+by default) before it asks the holder to let go. A 64 MiB allreduce takes the GIL back some
+ten to a few hundred times, so it crawled while the user computed and ran in ``Wait``
+instead: no overlap (bench/overlap.py shows how much of the collective's CPU falls inside
+the compute window).
 
 :func:`short_switch` (or :func:`begin_short` / :func:`end_short`) lowers the interval to POLYCAST_SWITCH_US while at least one such job
 runs, and puts back what was there when the last one ends. The user's thread is only

@@ -184,8 +184,8 @@ class Progress:
         """Hold a short GIL switch interval (runtime/driver/gil.py) while this thread carries
         requests nobody drives (an overlapped Iallreduce while the user computes): each
         return from a sleep, a copy or a reduction takes the GIL back from the computing
-        thread within POLYCAST_SWITCH_US instead of CPython's 5 ms (measured: 6.7 vs
-        0.56 ms per take beside pure-Python compute, /tmp/overlap/gilwait.py). Off while a
+        thread within POLYCAST_SWITCH_US instead of waiting out CPython's default interval
+        beside pure-Python compute (bench/overlap.py shows the overlap it buys). Off while a
         user thread drives progress (blocking calls, Wait) or nothing is outstanding."""
         if want != self._short:
             if want:

@@ -1,8 +1,8 @@
 """Replaying a memoized call in the compiled helper (runtime/driver/_replay.c).
 
 On the engine path a small collective costs one engine event per message, in Python, on
-every rank (bench/floor.py: ~16.5 us per rank per 4-rank 8-byte allreduce, the whole CPU
-budget 3x MPICH leaves on 2 cores). When the engine has exported this rank's program of the
+every rank (bench/floor.py measures it against MPICH's small-call latency on 2 cores).
+When the engine has exported this rank's program of the
 call (engine/replay.py) and every peer of it is on a compiled shm ring, :meth:`Replayer.run`
 hands the helper the call's sequence number and arrays: it writes the SENDs' frames, waits
 for and delivers (or reduces) the RECVs' frames, makes the COPYs, with the GIL released and
@@ -14,8 +14,8 @@ on: errors, mismatches, timeouts and lost peers are the engine's, on every rank.
 Large calls too, when every message over the eager limit is a pulled DATA (between ranks
 that read each other single-copy, engine/rendezvous.py): the helper writes the descriptors,
 reads the peers' with process_vm_readv and acknowledges them, so a repeated 16 MiB allgather
-runs its reads and copies with no Python between them (4 ranks on 2 cores, ``direct``:
-3.0-3.3 ms a call against 3.8-4.3 ms with the replay=0 test hook, runs alternated). Python keeps
+runs its reads and copies with no Python between them (the replay=0 test hook runs the
+same calls without it, for comparison). Python keeps
 the single-copy seqs (``PeerIO._cma_seq``, passed in and advanced), takes over the
 acknowledgements a full ring could not take, and maps a stopped run's written SENDs to their
 engine tokens (``PeerIO.await_ack``). Such a run waits longer without input before it stops:

@@ -46,9 +46,7 @@ after either, the ranks' epochs disagree, so the communicator's symm path refuse
 calls. Stores to the control segment are ordered after the data stores by x86-64's total
 store order (the same assumption the shm rings make).
 
-Measured (bench/symm.py, 4 ranks on 2 cores, 16 MiB): busbw allgather 3.6-4.0 GB/s,
-reduce-scatter 4.2-4.9, allreduce 4.2-4.7, against the ring's 0.8-1.4; a 16-byte call
-takes ~100 us against the ring's 0.8-1.5 ms (18 us for allreduce on 2 ranks).
+bench/symm.py measures it against the engine's ring, large and small calls.
 
 ``auto`` with ordinary arrays (:func:`route`, :func:`auto_staged`): when every rank of the
 communicator is on one host, POLYCAST_SYMM is not 0 and symm has not been refused there
@@ -66,9 +64,8 @@ more; a rank that needs to grow it first joins a barrier saying so, so ranks pas
 different sizes all raise MismatchError rather than some allocating while others wait. It
 is freed with the communicator. The choice uses only what every rank shares, never whether
 a rank's own buffers are symmetric (those take the zero-copy path above, on every rank
-alike or MismatchError). Measured, 4 ranks on 2 cores (loaded machine, noisy): 16 MiB busbw
-allgather 1.2-2.8 GB/s, allreduce 1.1-2.4, broadcast 1.6-4.7; 8-byte allreduce 60-180 us,
-against the engine's 0.5-1.2, 0.8-1.3, ~1.0-1.25 GB/s and 300-1300 us.
+alike or MismatchError). bench/peers.py shows it (``auto(symm)``) beside the engine's
+best algorithm and MPICH, per size.
 
 Why this does not break "one engine": this path is a transport-level fast path for one
 host, like PyTorch's, not a second copy of an algorithm. The engine's schedules (direct,

@@ -13,12 +13,12 @@ time, in the order they were posted, on whichever thread gets to them first:
   the one the worker is running. The worker leaves a job alone for HANDOFF_SECONDS after
   it was posted: a caller that waits at once (``Iallgather(...).Wait()``, as ``polycast
   bench`` calls) runs it itself, at the blocking call's speed, instead of sleeping while
-  the worker runs it with sleeping waits (measured: 2 ranks, 64 KiB allgather, ~160 us
-  blocking vs ~900 us through the worker); a longer job loses at most that much overlap.
+  the worker runs it with sleeping waits (several times slower for a mid-size call); a
+  longer job loses at most that much overlap.
 
 Waking the worker is not free: on a machine with more ranks than cores the woken thread
 takes a scheduling round and the GIL from the poster, only to find the job already run
-(measured: 4 ranks, 8 B ``Iallreduce().Wait()`` 85 -> 76 us without it). So a *small* job
+(``bench/peers.py --nonblocking`` times ``Iallreduce().Wait()``). So a *small* job
 (one that fits a slot: at most SLOT_NBYTES a rank, well under a millisecond of work) does
 not wake a worker that is already looking in short naps: while posts keep coming (within
 BURST_SECONDS of the last), the worker looks every LAZY_SECONDS instead of sleeping for
@@ -29,7 +29,7 @@ The worker's barrier waits sleep rather than spin (``EpochBarrier.spin_seconds``
 ``yield_seconds`` = 0): a spinning worker would take a core, and the GIL, from the
 computation it overlaps with. While it runs a job the GIL switch interval is short
 (:mod:`..gil`): each return from a copy or a sleep takes the GIL back from the computing
-thread within SWITCH_SECONDS instead of the default 5 ms.
+thread within SWITCH_SECONDS instead of CPython's default interval.
 """
 
 from __future__ import annotations

@@ -13,20 +13,17 @@ each byte twice (in, then out) and holds as many barriers. A dead owner makes th
 with ESRCH, raised as PeerLost: never a read of freed memory, never a hang. the cma=0 test hook
 turns it off (then everything stages). A repeated blocking allgather or broadcast of one
 shape runs whole in the compiled helper (_symm_single.c; kept by
-staged._keep_fast with this module's descriptors, so ranks on either side agree): at 2
-ranks a 1 MiB allgather went 83-90 -> 42-46 us a call, the Python around the copies and
-the barriers gone.
+staged._keep_fast with this module's descriptors, so ranks on either side agree): the
+Python around the copies and the barriers is gone.
 
 Broadcast shares the copying out: the root, which would only wait, writes the last 1/P of
 every other rank's buffer (process_vm_writev: the kernel grants it on the same terms as
 the read; where some rank's C library lacks it, every rank stages) while each of them
 reads the rest from the root's array, so every rank copies
-(P-1)/P of the message once, all at the same time. Same minutes, ranks at RT priority,
-this against the staged forms it replaces: 2 ranks 16 MiB 0.65-0.71 vs 1.38-1.43 ms
-(pipelined), 1 MiB 37-46 vs 74-79 us and 512 KiB 26-27 vs 35-51 us (slots); 4 ranks on 2
-cores 16 MiB 2.14-2.29 vs 3.07-4.31 ms, 4 MiB 0.81-0.85 vs 0.89-0.92 ms. (Readers alone,
-the root idle, measured slower than the pipeline at 4 ranks: 4.4 vs 2.9 ms; within the
-slots at 4 ranks, 1 MiB, the slotted form stays faster: 234-243 vs 296-381 us.)
+(P-1)/P of the message once, all at the same time; it was faster than the staged forms
+it replaces (pipelined above the slots) at 2 and 4 ranks when it landed. Readers alone,
+the root idle, were slower than the pipeline at 4 ranks, and within the slots at 4 ranks
+the slotted form stays faster, so those stay.
 """
 
 from __future__ import annotations
@@ -96,11 +93,10 @@ def _reduce_from_peers(st: SymmState, ufunc, ropt, mine, acc, addrs: list, what:
     The first peer's range is read straight into ``acc`` (one process_vm_readv) and ``mine``
     added to it in one ufunc call, when ``acc`` is not ``mine`` itself; further peers (and
     the in-place case) are read a chunk at a time into a buffer of our own and reduced
-    while in cache. Measured (one process, 32 MiB float32 sum, /tmp/overlap/chunk.py):
-    straight 5.8 ms vs 9.1 ms in 256 KiB chunks (readv 2.5 + add 3.3: fewer passes, no
-    per-chunk calls). It also takes the GIL twice instead of twice per chunk: a worker
-    running an overlapped job beside pure-Python compute waits up to the switch interval
-    (5 ms) for every take, so 256 takes per 32 MiB starved the collective."""
+    while in cache: reading the first peer straight is faster than in chunks (fewer
+    passes, no per-chunk calls). It also takes the GIL twice instead of twice per chunk: a
+    worker running an overlapped job beside pure-Python compute waits up to the switch
+    interval for every take, so 256 takes per 32 MiB starved the collective."""
     P, r, n = st.size, st.rank, acc.size
     first = 1
     if P > 1 and n and not np.may_share_memory(mine, acc):
