@@ -276,6 +276,26 @@ def _peers(*docs: dict) -> str:
     return "\n".join(out)
 
 
+def _fsdp_pipeline(doc: dict) -> str:
+    """bench/fsdp_pipeline.py: one simulated step per case, and the cases left pending."""
+    r = doc["result"]
+    rows = [[x["model"], x["nodes"], x["shard"], f"{x['ag']} / {x['rs']}", x["step_s"] * 1e3,
+             x["bubble_pct"], x["exposed_s"].get("backward", 0) * 1e3,
+             x["window_over_n_b"] or "", x["step_link_bytes"] / 1e9, x["events"] / 1e6,
+             x["cpu_s"], x["wall_s"], x["load"]] for x in r["results"]]
+    out = [f"{r['topology']}, {r['link']}:\n",
+           table(["model", "ranks", "shard", "allgather / reduce-scatter", "step ms",
+                  "bubble %", "exposed bwd ms", "bwd/block (N/B)", "traffic GB", "events M",
+                  "CPU s", "wall s", "load"], rows)]
+    if r.get("pending"):
+        out.append("\nLeft pending by this run (over its event budget; estimated engine "
+                   "inputs):\n")
+        out.append(table(["model", "ranks", "shard", "allgather / reduce-scatter",
+                          "estimated M inputs"],
+                         [[k["model"], k["nodes"], k["shard"], f"{k['ag']} / {k['rs']}",
+                           k["estimated_events"] / 1e6] for k in r["pending"]]))
+    return "\n".join(out)
+
 SECTIONS: list[Section] = [
     Section("The simulator", ("sim",), "python bench/keep.py sim -- python bench/sim.py --quick",
             "The paper's traffic claim on its own testbed's shape: 188 nodes on a three-level "
@@ -335,6 +355,14 @@ SECTIONS: list[Section] = [
             "python bench/keep.py torch_fsdp -- python bench/torch_fsdp.py --ranks 4,2",
             "FSDP2 steps of the examples' transformer on polycast and on gloo in the same job; "
             "`allgather_matmul` and `matmul_reduce_scatter` against the unfused pair.", _rows),
+    Section("Training steps, layer by layer", ("fsdp_pipeline",),
+            "python bench/keep.py fsdp_pipeline -- python bench/fsdp_pipeline.py --models "
+            "llama2-7b --nodes 188 --hsdp '' --rows ring/ring "
+            "--budget-events 7e6",
+            "FSDP and HSDP steps simulated layer by layer on the engine-driven simulator "
+            "(the workload runner's callbacks keep it off the fast path): step, bubble, "
+            "exposed backward, traffic, and what the simulation cost "
+            "([pipeline](pipeline.md)).", _fsdp_pipeline, simulated=True),
     Section("A NIC behind every receiver", ("nic_sweep",),
             "python bench/keep.py nic_sweep --plot bench/results/nic_sweep.png -- "
             "python bench/nic_sweep.py",
