@@ -182,6 +182,22 @@ def test_memo_of_repeated_layers_equals_the_full_run(ag, rs, shard):
     assert [c["count"] for c in memo.rank_classes] == [c["count"] for c in full.rank_classes]
 
 
+def test_memo_that_never_fits_simulates_no_more_blocks_than_the_full_run(monkeypatch):
+    # a pipeline that is never affine: the memo falls back to the full run, having tried
+    # fewer blocks than the full run simulates, and gives the full run's answer
+    import polycast.sim.fsdp as fsdp
+    monkeypatch.setattr(fsdp, "_second_difference", lambda a, b, c: 2.0)
+    P, L = 8, 16
+    kw = dict(topology=_switch(P), layers=L, layer_bytes=4 * MIB, compute_per_layer_s=3e-4)
+    memo = simulate_fsdp(None, P, memo=True, **kw)
+    full = simulate_fsdp(None, P, memo=False, **kw)
+    assert memo.memo["fell_back"] and memo.memo["blocks_simulated"][-1] == L
+    assert sum(memo.memo["blocks_simulated"][:-1]) <= L, memo.memo
+    assert len(memo.memo["tries"]) >= 1
+    assert memo.step_s == pytest.approx(full.step_s, rel=1e-12)
+    assert memo.step_link_bytes == full.step_link_bytes
+
+
 @pytest.mark.slow
 def test_memo_on_a_fat_tree_is_within_its_tolerance_of_the_full_run():
     # 32 ranks over two pods of a radix-8 fat tree: ECMP routes and unequal latencies, so

@@ -21,10 +21,9 @@ import numpy as np
 from .. import ops as _ops
 from ..buffers import IN_PLACE, check_disjoint, message, same_memory
 from ..collectives import Collective
-from ..dispatch import Form
+from ..dispatch import Form, methods
 from ..errors import InvalidArgument
 from ..runtime import symm as _symm
-from ..runtime.driver import Request
 from ..runtime.symm.barrier import K_ALLGATHER, K_ALLREDUCE, K_BCAST, K_REDUCE_SCATTER
 
 
@@ -321,68 +320,20 @@ BARRIER = Form(Collective.BARRIER, "Barrier", _unrouted,
 
 
 class BufferCollectives:
-    """Mixed into :class:`polycast.Comm`: every method is one call handed to
-    ``self._dispatch``."""
+    """Mixed into :class:`polycast.Comm`: each method is made from its collective's Form
+    (:func:`polycast.dispatch.call.methods`): one call handed to ``self._dispatch``."""
 
-    def Ibcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> Request:
-        return self._dispatch.call(BCAST, buf, buf, root, algorithm, False)
-
-    def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
-        self._dispatch.call(BCAST, buf, buf, root, algorithm, True)
-
-    def Ireduce(self, sendbuf, recvbuf, op="sum", root: int = 0, *,
-                algorithm: str | None = None) -> Request:
-        return self._dispatch.call(REDUCE, sendbuf, recvbuf, (op, root), algorithm, False)
-
-    def Reduce(self, sendbuf, recvbuf, op="sum", root: int = 0, *,
-               algorithm: str | None = None) -> None:
-        self._dispatch.call(REDUCE, sendbuf, recvbuf, (op, root), algorithm, True)
-
-    def Iallreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None
-                   ) -> Request:
-        return self._dispatch.call(ALLREDUCE, sendbuf, recvbuf, op, algorithm, False)
-
-    def Allreduce(self, sendbuf, recvbuf, op="sum", *, algorithm: str | None = None) -> None:
-        self._dispatch.call(ALLREDUCE, sendbuf, recvbuf, op, algorithm, True)
-
-    def Iallgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
-        return self._dispatch.call(ALLGATHER, sendbuf, recvbuf, None, algorithm, False)
-
-    def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
-        self._dispatch.call(ALLGATHER, sendbuf, recvbuf, None, algorithm, True)
-
-    def Ireduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
-                              algorithm: str | None = None) -> Request:
-        return self._dispatch.call(REDUCE_SCATTER, sendbuf, recvbuf, op, algorithm, False)
-
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op="sum", *,
-                             algorithm: str | None = None) -> None:
-        self._dispatch.call(REDUCE_SCATTER, sendbuf, recvbuf, op, algorithm, True)
-
-    def Iscatter(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
-                 ) -> Request:
-        return self._dispatch.call(SCATTER, sendbuf, recvbuf, root, algorithm, False)
-
-    def Scatter(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
-                ) -> None:
-        self._dispatch.call(SCATTER, sendbuf, recvbuf, root, algorithm, True)
-
-    def Igather(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
-                ) -> Request:
-        return self._dispatch.call(GATHER, sendbuf, recvbuf, root, algorithm, False)
-
-    def Gather(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None
-               ) -> None:
-        self._dispatch.call(GATHER, sendbuf, recvbuf, root, algorithm, True)
-
-    def Ialltoall(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> Request:
-        return self._dispatch.call(ALLTOALL, sendbuf, recvbuf, None, algorithm, False)
-
-    def Alltoall(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
-        self._dispatch.call(ALLTOALL, sendbuf, recvbuf, None, algorithm, True)
-
-    def Ibarrier(self, *, algorithm: str | None = None) -> Request:
-        return self._dispatch.call(BARRIER, None, None, None, algorithm, False)
-
-    def Barrier(self, *, algorithm: str | None = None) -> None:
-        self._dispatch.call(BARRIER, None, None, None, algorithm, True)
+    Bcast, Ibcast = methods(BCAST, "buf, root: int = 0", "buf, buf, root")
+    Reduce, Ireduce = methods(REDUCE, "sendbuf, recvbuf, op='sum', root: int = 0",
+                              "sendbuf, recvbuf, (op, root)")
+    Allreduce, Iallreduce = methods(ALLREDUCE, "sendbuf, recvbuf, op='sum'",
+                                    "sendbuf, recvbuf, op")
+    Allgather, Iallgather = methods(ALLGATHER, "sendbuf, recvbuf", "sendbuf, recvbuf, None")
+    Reduce_scatter_block, Ireduce_scatter_block = methods(
+        REDUCE_SCATTER, "sendbuf, recvbuf, op='sum'", "sendbuf, recvbuf, op")
+    Scatter, Iscatter = methods(SCATTER, "sendbuf, recvbuf, root: int = 0",
+                                "sendbuf, recvbuf, root")
+    Gather, Igather = methods(GATHER, "sendbuf, recvbuf, root: int = 0",
+                              "sendbuf, recvbuf, root")
+    Alltoall, Ialltoall = methods(ALLTOALL, "sendbuf, recvbuf", "sendbuf, recvbuf, None")
+    Barrier, Ibarrier = methods(BARRIER, "", "None, None, None")

@@ -3,6 +3,6 @@ kept compiled calls, the route to symmetric memory, the engine; and what is kept
 the planner's answers for a communicator (``choice``) and the symmetric-memory route on one
 host (``routing``)."""
 
-from .call import Dispatch, Form
+from .call import Dispatch, Form, methods
 
-__all__ = ["Dispatch", "Form"]
+__all__ = ["Dispatch", "Form", "methods"]

@@ -1,13 +1,15 @@
 """One dispatch: which path runs a communicator's call, and what the communicator keeps so
 that a repeated call takes that path again at once.
 
-A :class:`polycast.Comm` method hands over one call description -- the collective's
-:class:`Form`, its buffers, the op or the root, the algorithm asked for, blocking or not --
-to its :class:`Dispatch`, which tries, in this order, once for every collective:
+A :class:`polycast.Comm` method (made from the collective's :class:`Form` by
+:func:`methods`) hands over one call description -- the Form, its buffers, the op or the
+root, the algorithm asked for, blocking or not -- to its :class:`Dispatch`, which tries, in
+this order, once for every collective:
 
 1. a kept compiled symmetric-memory call (one host, ``auto``): the compiled helper checks
    the arrays itself and runs a call of a kept shape whole, with no Python between
-   (runtime/symm/_symm_fast.c);
+   (runtime/symm/_symm_fast.c); this step runs in the method's own frame, through
+   ``Dispatch.fast``, so that it costs no more Python than a method written by hand;
 2. a kept direct call into the compiled replay (the engine path: a call whose shape the
    replay ran whole before; runtime/driver/direct.py);
 3. the route (:mod:`.routing`): the user's symmetric buffers, ordinary arrays staged
@@ -104,20 +106,23 @@ class Dispatch:
         self.plans = choice.Plans()     # the planner's answers for this communicator
         self.one_host: bool | None = None       # every member on this host (asked once)
         self.symm_answers: dict = {}    # (collective, S, multicast) -> symm wins (planner)
+        # Step 1's entry: the compiled helper's ``call``, bound once, while it keeps calls
+        # (EpochBarrier.fast sets and clears it); None: step 1 declines at once.
+        self.fast: Callable | None = None
 
     # -- the one ladder ----------------------------------------------------------------------
+    # Step 1 (the kept compiled call) runs in the method's own frame: see :func:`methods`.
+    def fast_done(self, form: Form, got, blocking: bool):
+        """The end of a step-1 call the compiled helper took (``got``: True, or what
+        EpochBarrier.fast_rest finishes): None (``blocking``), else its Request."""
+        bar = self.symm.bar
+        if blocking:
+            return None if got is True else bar.fast_rest(got)
+        return bar.fast_request(got, form.coll.value)
+
     def call(self, form: Form, send, recv, opr, algorithm: str | None, blocking: bool):
-        """Run one call: None once done (``blocking``), else its Request."""
-        st = self.symm
-        if st is not None and form.fast >= 0 and algorithm is None:
-            bar = st.bar
-            fast = bar.fast         # the compiled helper, while it keeps calls
-            if fast is not None:
-                got = fast.call(form.fast, send, recv, opr, not blocking)
-                if got is not False:
-                    if blocking:
-                        return None if got is True else bar.fast_rest(got)
-                    return bar.fast_request(got, form.coll.value)
+        """Steps 2-4 of one call (step 1 declined it): None once done (``blocking``), else
+        its Request."""
         key = None
         if form.keeps and (form.key_type is None or type(opr) is form.key_type):
             key = (form.coll, algorithm, opr)
@@ -311,6 +316,56 @@ class Dispatch:
     def free(self) -> None:
         """Forget what is kept and free the symmetric memory (the communicator is freed)."""
         self.direct = {}
+        self.fast = None
         st, self.symm = self.symm, None
         if st is not None:
             st.free()
+
+
+# -- the methods -------------------------------------------------------------------------
+# Each buffer collective's two methods (blocking and I-form) are made here from its Form, so
+# the ladder is written once and step 1 (a kept compiled call: a small call's whole cost in
+# Python is this frame) runs in the method's own frame, one attribute away from the helper,
+# as cheap as a method with the step written into it by hand; a call step 1 declines goes
+# on to Dispatch.call. Generated from source (as dataclasses makes __init__) so that each
+# method keeps mpi4py's signature: its parameter names, keywords and defaults.
+_METHOD = '''\
+def {name}(self, {params}*, algorithm: str | None = None) -> {returns}:
+    d = self._dispatch
+{step1}    return d.call(form, {args}, algorithm, {blocking})
+'''
+_STEP1 = '''\
+    fast = d.fast
+    if fast is not None and algorithm is None:
+        got = fast({kind}, {args}, {nonblocking})
+        if got is not False:
+            return {done}
+'''
+
+
+def methods(form: Form, params: str, args: str):
+    """(the blocking method, the I-form) of ``form`` for :class:`polycast.Comm`:
+    ``params`` their parameters in mpi4py's names and defaults (``"sendbuf, recvbuf,
+    op='sum'"``), ``args`` the call's send buffer, recv buffer and op or root in those
+    names (``"sendbuf, recvbuf, op"``)."""
+    made = []
+    for blocking in (True, False):
+        name = form.name if blocking else "I" + form.name[0].lower() + form.name[1:]
+        step1 = ""
+        if form.fast >= 0:
+            step1 = _STEP1.format(
+                kind=form.fast, args=args, nonblocking=not blocking,
+                done="None if got is True else d.fast_done(form, got, True)" if blocking
+                else "d.fast_done(form, got, False)")
+        src = _METHOD.format(name=name, params=f"{params}, " if params else "",
+                             returns="None" if blocking else "Request", step1=step1,
+                             args=args, blocking=blocking)
+        space = {"form": form, "Request": Request}
+        exec(compile(src, f"<polycast.Comm.{name}>", "exec"), space)
+        fn = space[name]
+        fn.__qualname__ = f"Comm.{name}"
+        fn.__module__ = "polycast"
+        fn.__doc__ = (f"mpi4py's ``{name}``{'' if blocking else ': returns its Request'} "
+                      f"(the path: :mod:`polycast.dispatch.call`).")
+        made.append(fn)
+    return tuple(made)

@@ -235,6 +235,12 @@ def _memoised(spec: FsdpSpec, L: int, topo, cfg: SimConfig):
     wall = events = 0
     tries = []
     while b + 4 < L:
+        # a pipeline that is not affine at b (seen: ring/innet at 188 ranks) would have the
+        # doubling simulate b = 2, 4, 8, 16 (128 blocks for L = 32) before falling back to
+        # the L blocks of the full run: after the first try, the memo tries again only
+        # while the blocks it simulated stay within the full run's
+        if tries and sum(runs) + sum(n for n in (b, b + 2, b + 4) if n not in runs) > L:
+            break
         for n in (b, b + 2, b + 4):
             if n not in runs:
                 w, _ = build_fsdp(replace(spec, layers=n))

@@ -129,8 +129,8 @@ class EpochBarrier:
         # addresses, so it is dropped when they are unmapped (SymmState.free).
         self.native = None
         # The compiled helper while it keeps repeated calls (staged._keep_fast arms it): the
-        # dispatch hands a call to it first.
-        self.fast = None
+        # dispatch hands a call to it first (see the ``fast`` property).
+        self._fast = None
         self.queue = None           # the state's job queue (SymmState sets it)
         if ctrl is not None and compiled is not None and hooks.native:
             self.native = compiled.Barrier(self.rank, [c.__array_interface__["data"][0]
@@ -165,6 +165,18 @@ class EpochBarrier:
         self._native = value
         if value is not None:
             value.epoch = self._epoch
+
+    @property
+    def fast(self):
+        """The compiled helper while it keeps repeated calls, else None."""
+        return self._fast
+
+    @fast.setter
+    def fast(self, native) -> None:
+        self._fast = native
+        # The dispatch's step-1 entry follows it, bound once: a call reaches the helper in
+        # one attribute lookup from its method (polycast.dispatch.call.methods).
+        self.comm._dispatch.fast = None if native is None else native.call
 
     @property
     def broken(self) -> str | None:
