@@ -46,7 +46,7 @@ import numpy as np
 from ..engine import actions as A
 from ..engine.wire import MsgKind
 from .errors import SimulationError
-from .network import Network, same_time_bound
+from .network import Network, run_batch, same_time_bound
 
 # event kinds
 _MSG, _DGRAM, _SENDDONE, _TIMER, _KICK, _POST, _CALL = range(7)
@@ -355,15 +355,7 @@ class Simulation:
                 raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
                                       f"with {self._pending} (rank, request) pairs incomplete")
             self.now = t
-            if self.nic is not None:
-                self.nic.advance(t)
-            bound = same_time_bound(t)
-            for f in net.pop_drained(bound):
-                self._drained(f)
-            while heap and heap[0][0] <= bound:
-                ev = heapq.heappop(heap)
-                self._event(ev)
-            net.settle(t)
+            run_batch(t, net, heap, self.nic, self._drained, self._event)
             if self.events > cfg.max_events:
                 raise SimulationError(f"more than {cfg.max_events} events; raise "
                                       "SimConfig.max_events for a bigger run")

@@ -25,7 +25,7 @@ import numpy as np
 
 from .errors import SimulationError
 from .fast_kinds import COPY, FIN, MCAST, MRECV, RECV, SEND, Refused
-from .network import Network, same_time_bound
+from .network import Network, run_batch, same_time_bound
 
 _POST, _SENDDONE, _ARR, _MARR, _PACE, _KICK, _EOS = range(7)
 
@@ -169,15 +169,7 @@ class _EventRun:
                 raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
                                       f"with {self.pending} (rank, request) pairs incomplete")
             self.now = t
-            if self.nic is not None:
-                self.nic.advance(t)
-            bound = same_time_bound(t)
-            for f in net.pop_drained(bound):
-                self._drained(f)
-            while heap and heap[0][0] <= bound:
-                e = heapq.heappop(heap)
-                self._event(e)
-            net.settle(t)
+            run_batch(t, net, heap, self.nic, self._drained, self._event)
             if self.events > cfg.max_events:
                 raise SimulationError(f"more than {cfg.max_events} events; raise "
                                       "SimConfig.max_events for a bigger run")

@@ -80,6 +80,21 @@ def same_time_bound(t: float) -> float:
     return t + abs(t) * TIME_RTOL + 1e-18
 
 
+def run_batch(t: float, net: "Network", heap: list, nic, on_drained, on_event) -> None:
+    """Everything that happens at simulated time ``t``, in the one order the engine path and
+    the fast path's events mode must share for their answers to be equal: the NIC model's
+    clock, the flows drained by the batch's bound, the events queued by it (``heap`` holds
+    tuples whose first item is their time), then one settle of the rates."""
+    if nic is not None:
+        nic.advance(t)
+    bound = same_time_bound(t)
+    for f in net.pop_drained(bound):
+        on_drained(f)
+    while heap and heap[0][0] <= bound:
+        on_event(heapq.heappop(heap))
+    net.settle(t)
+
+
 #: Relative slack under which a link counts as saturated, and rates as equal, in the
 #: checks of ``settle`` (float round-off of sums of rates; a looser bound only makes the
 #: recomputed region larger).
