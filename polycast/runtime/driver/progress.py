@@ -408,10 +408,7 @@ class Progress:
                 if timeout <= 0:
                     spun = False
                     continue
-                # No spin while a multicast is outstanding: its datagrams trickle in at
-                # the stream's pace, and the helper's read waits for them (profiled at a
-                # 2 Gbit/s pace: the spin's looks were a sixth of the receiver's CPU).
-                if not spun and not self.d.mcast_requests:
+                if not spun:
                     got = self._spin(self.drive_spin_seconds)
                     if got:
                         full = got == 2
