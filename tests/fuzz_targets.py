@@ -466,10 +466,11 @@ def _data_datagram(key, i: int, offset: int, payload: bytes, sig: int, secret) -
 
 
 def landing_run(secret, order: str, gso: bool, streams: int, n: int = 300, csz: int = 1400,
-                 seed: int = 0):
+                 seed: int = 0, groups: tuple = (64,)):
     """``streams`` streams of ``n`` chunks sent to a landing placer (in order, shuffled, or
     with half of them again), with a corrupted copy after 5 % of the datagrams when not in
-    order. Returns (every buffer exact, counters)."""
+    order, in sends of ``groups`` datagrams in turn (with ``gso``: GRO buffers of those
+    counts). Returns (every buffer exact, counters)."""
     rng = random.Random(seed)
     from polycast.runtime.transport import dgram
     p = dgram.Placer(secret, landing=True)
@@ -500,9 +501,9 @@ def landing_run(secret, order: str, gso: bool, streams: int, n: int = 300, csz: 
         tx.setblocking(False)
         p.watch(rx)
         sent = 0
-        for _ in range(5000):
+        for i in range(5000):
             if sent < len(wires):
-                batch = wires[sent:sent + 64]
+                batch = wires[sent:sent + groups[i % len(groups)]]
                 if gso:
                     sent += dgram.send(tx, rx.getsockname(), [(w, None) for w in batch])
                 else:

@@ -34,6 +34,7 @@ from ..transport import faults as _faults
 from ..transport.mcast import MulticastUnavailable, drop_own_datagrams, open_group
 
 READ_BATCH = dgram.READ_BATCH   # datagrams read per readable event before other work
+LINGER_US = dgram.LINGER_US      # the most a read waits for more of a stream
 DATAGRAM_MAX_NBYTES = 65536
 PACE_SLACK_SECONDS = 20e-6  # a datagram due this soon leaves now
 # With the helper, datagrams due within this leave together, in one sendmmsg of UDP GSO
@@ -272,10 +273,11 @@ class MulticastIO:
             bool(self._chunks)
 
     # -- input -------------------------------------------------------------------------------
-    def read(self, comm_id: int, interrupts: tuple = ()) -> None:
+    def read(self, comm_id: int, interrupts: tuple = (), wait_s: float = 0.0) -> None:
         """Take up to READ_BATCH waiting datagrams of a communicator: placed by the helper
         and reported, or handed to ``on_datagram``. ``interrupts``: descriptors of other
-        input, which end the helper's wait for more of a stream."""
+        input, which end the helper's wait for more of a stream; ``wait_s``: how long the
+        caller has until its next due work (the wait is at most dgram.LINGER_US)."""
         g = self._groups.get(comm_id)
         if g is None:
             return
@@ -284,7 +286,9 @@ class MulticastIO:
         placer = self.placer
         if placer is not None:
             if faults is None:
-                self._placed(comm_id, placer.recv(g.sock, READ_BATCH, watch=interrupts))
+                linger_us = min(LINGER_US, max(0.0, wait_s) * 1e6)
+                self._placed(comm_id, placer.recv(g.sock, READ_BATCH, linger_us,
+                                                  watch=interrupts))
                 return
             # Faults act on what is read, before the helper sees it: read in Python.
             on_datagram = self._feed

@@ -253,7 +253,7 @@ class Progress:
                     peers.mark_writable(arg)
             elif kind == "mcast":
                 if mask & selectors.EVENT_READ:
-                    d.mcast.read(arg, self._interrupts())
+                    d.mcast.read(arg, self._interrupts(), self._idle_timeout(time.monotonic()))
                 if mask & selectors.EVENT_WRITE:
                     d.mcast.flush(arg)
             elif kind == "wake":

@@ -276,7 +276,11 @@ int read_batch(Placer *p, int fd, int vlen) {
     if (p->landing) {
         if (p->c_land_missed - missed0 > p->c_landed - landed0)
             p->land_pause = 8;
-        p->land_segs = most_segs < LAND_SEGS ? most_segs : LAND_SEGS;
+        /* once the kernel coalesces (GRO), plan every message for a full buffer: the
+         * count per buffer follows the sender's timing, and a buffer fuller than planned
+         * spills into the slot, misses, and pauses landing */
+        if (most_segs > 1)
+            p->land_segs = LAND_SEGS;
         if (p->last_d) {
             Cursor *c = cursor_of(p, fd, 1);
             c->d = p->last_d;

@@ -24,12 +24,14 @@ _dgram, why_not = load("polycast.runtime.transport._dgram", "the datagram helper
 #: Datagrams one read takes before the progress thread does other work.
 READ_BATCH = 256
 #: While a stream is mid-way, a read naps GAP_US (without the GIL) and takes what came
-#: meanwhile in one batch, up to LINGER_US in all, ending at a nap that brought nothing. A
-#: paced stream trickles in (8.9 KB every 36 us at 2 Gbit/s) and a wake-up per datagram
-#: (of the progress thread, or of a poll) costs more than the datagram; a stream that
-#: completes or sends its EOS ends the wait at once, so a small call never waits.
-LINGER_US = 1000.0
-GAP_US = 200.0
+#: meanwhile in one batch, up to LINGER_US in all (less when the caller has a timer or a
+#: paced datagram due sooner), ending at a nap that brought nothing. A paced stream trickles
+#: in (8.9 KB every 36 us at 2 Gbit/s) and a wake-up costs more than the datagrams it
+#: brings: profiled at a 2 Gbit/s pace, the receiver's CPU went to waking (a nap, a
+#: recvmmsg, and the progress loop's look-around), not to bytes. A stream that completes
+#: or sends its EOS ends the wait at once; its last datagram may wait out one nap.
+LINGER_US = 5000.0
+GAP_US = 1000.0
 #: Datagrams of at least this payload are read straight into their predicted place
 #: (Placer(landing=True)): one copy, the kernel's, instead of two. Smaller ones gain
 #: nothing from it (bench/nic.py: 1428 B chunks 1.5-1.6 us either way; 8928 B 3.3 vs 3.9;
