@@ -132,6 +132,25 @@ def lan(nhosts: int, rate_mbit: float | None = None, mcast_route: bool = True,
         net.close()
 
 
+@contextlib.contextmanager
+def lab_plan(**plan_args):
+    """The lab ``LabPlan.parse(**plan_args)`` up for a test module, as ``polycast lab``
+    makes it, and down afterwards with nothing of it left (checked); the test is skipped
+    with the reason where namespaces cannot be made here (or POLYCAST_NO_NETNS=1)."""
+    import pytest
+    reason = labnet.unavailable_reason()
+    if reason is not None or os.environ.get("POLYCAST_NO_NETNS") == "1":
+        pytest.skip(f"lab unavailable: {reason or 'POLYCAST_NO_NETNS=1'}")
+    name = plan_args["name"]
+    labnet.up(LabPlan.parse(**plan_args))
+    try:
+        yield labnet.current(name)
+    finally:
+        labnet.down(name)
+        left = [ns for ns in labnet.existing_namespaces() if ns.startswith(name + "-")]
+        assert not left and labnet.read_state(name) is None, left
+
+
 def rank_env(rank: int, size: int, master_port: int, local_rank: int | None = None,
              local_size: int | None = None, **extra: str) -> dict[str, str]:
     """torchrun-style environment for one rank, rendezvous on host 0 (10.77.0.1).

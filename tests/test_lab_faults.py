@@ -19,29 +19,21 @@ import time
 import pytest
 
 from polycast.lab import LabPlan, netns
+from netns import lab_plan
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK = os.path.join(HERE, "lab_fault_rank.py")
-_REASON = netns.unavailable_reason()
 RUN_S = 90                       # lab run --timeout: a hang ends here (status 124)
 OP_TIMEOUT_S = 20                # POLYCAST_TIMEOUT: each collective's bound
 
 
 @pytest.fixture(scope="module")
 def lab():
-    if _REASON is not None or os.environ.get("POLYCAST_NO_NETNS") == "1":
-        pytest.skip(f"lab unavailable: {_REASON or 'POLYCAST_NO_NETNS=1'}")
-    name = f"pct{os.getpid()}q"
-    netns.up(LabPlan.parse(name=name, hosts=4, leaves=2, link="200Mbps", uplink="2:1"))
-    plan = netns.current(name)
-    try:
+    with lab_plan(name=f"pct{os.getpid()}q", hosts=4, leaves=2, link="200Mbps",
+                  uplink="2:1") as plan:
         yield plan
-    finally:
-        netns.down(name)
-        left = [ns for ns in netns.existing_namespaces() if ns.startswith(name + "-")]
-        assert not left and netns.read_state(name) is None, left
 
 
 def _run_with_fault(plan: LabPlan, fault, restore, outage_s: float = 1.0) -> list[dict]:

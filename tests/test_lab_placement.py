@@ -14,27 +14,19 @@ import sys
 import pytest
 
 from polycast.lab import LabPlan, netns
+from netns import lab_plan
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK = os.path.join(HERE, "lab_placement_rank.py")
-_REASON = netns.unavailable_reason()
 
 
 @pytest.fixture(scope="module")
 def lab():
-    if _REASON is not None or os.environ.get("POLYCAST_NO_NETNS") == "1":
-        pytest.skip(f"lab unavailable: {_REASON or 'POLYCAST_NO_NETNS=1'}")
-    name = f"pct{os.getpid()}p"
-    plan = LabPlan.parse(name=name, hosts=2, leaves=2, link="none", uplink="500Mbps")
-    netns.up(plan)
-    try:
+    with lab_plan(name=f"pct{os.getpid()}p", hosts=2, leaves=2, link="none",
+                  uplink="500Mbps") as plan:
         yield plan
-    finally:
-        netns.down(name)
-        left = [ns for ns in netns.existing_namespaces() if ns.startswith(name + "-")]
-        assert not left and netns.read_state(name) is None, left
 
 
 def _run(plan: LabPlan, *args: str, rank_args: tuple[str, ...] = ()) -> list[dict]:

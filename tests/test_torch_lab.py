@@ -13,27 +13,18 @@ import sys
 import pytest
 
 from polycast.errors import InvalidArgument
-from polycast.lab import LabPlan, netns
+from netns import lab_plan
 from torch_helpers import ROOT, env, needs_torch, polycast_run, results
 
 pytestmark = [needs_torch, pytest.mark.root, pytest.mark.slow]
-_REASON = netns.unavailable_reason()
 REL = 1e-6
 
 
 @pytest.fixture(scope="module")
 def lab():
-    if _REASON is not None or os.environ.get("POLYCAST_NO_NETNS") == "1":
-        pytest.skip(f"lab unavailable: {_REASON or 'POLYCAST_NO_NETNS=1'}")
-    name = f"pctt{os.getpid() % 10000}"
-    plan = LabPlan.parse(name=name, hosts=4, leaves=2, link="1Gbps")
-    netns.up(plan)
-    try:
+    with lab_plan(name=f"pctt{os.getpid() % 10000}", hosts=4, leaves=2,
+                  link="1Gbps") as plan:
         yield plan
-    finally:
-        netns.down(name)
-        left = [ns for ns in netns.existing_namespaces() if ns.startswith(name + "-")]
-        assert not left and netns.read_state(name) is None, left
 
 
 def test_ddp_fsdp_across_hosts_equal_one_host(lab, tmp_path):
