@@ -122,16 +122,23 @@ def open_sender(job_id: str, comm_id: int, root: int, single_host: bool,
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_NBYTES)
         except OSError:
             pass
-        if iface != "0.0.0.0":
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(iface))
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0 if single_host else 1)
-        sock.setblocking(False)
+        _sending_options(sock, iface, single_host)
     except OSError as exc:
         sock.close()
         raise MulticastUnavailable(f"cannot send to multicast group {group}:{port} on "
                                    f"interface {iface}: {exc}") from None
     return sock, (group, port)
+
+
+def _sending_options(sock: socket.socket, iface: str, single_host: bool) -> None:
+    """What a socket that sends to a group needs, joined or not: the interface, loopback
+    delivery (ranks of this host are receivers too), TTL 0 on one host (never leaves it),
+    1 across hosts, and non-blocking sends."""
+    if iface != "0.0.0.0":
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(iface))
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0 if single_host else 1)
+    sock.setblocking(False)
 
 
 def open_group(job_id: str, comm_id: int, single_host: bool,
@@ -162,11 +169,7 @@ def open_group(job_id: str, comm_id: int, single_host: bool,
         sock.bind((group, port))
         mreq = socket.inet_aton(group) + socket.inet_aton(iface)
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
-        if iface != "0.0.0.0":
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(iface))
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0 if single_host else 1)
-        sock.setblocking(False)
+        _sending_options(sock, iface, single_host)
     except OSError as exc:
         sock.close()
         raise MulticastUnavailable(
