@@ -24,7 +24,9 @@ could use. A user whose ranks share cores with other work sets
 :class:`WaitPolicy` is built once per configuration (:func:`policy`) and handed to every
 waiter; the compiled waiters take it as :attr:`WaitPolicy.c_args` and run the same phases
 in ``wait.h`` (:class:`Waiter` is their Python twin, for machines without a compiler).
-Every wait is bounded: a sleep by its slice, the whole wait by the caller's deadline.
+Every wait is bounded: a sleep by the policy's slice, the whole wait by the caller's
+deadline (the communicator's POLYCAST_TIMEOUT, a request's, a replay's hand-over), which
+the waiter checks between slices.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ class WaitPolicy:
     yield_wall_seconds: float = 1e-3    # the yield phase's bound in wall time
     sleep_slice_seconds: float = 1e-3   # the longest sleep before the waiter looks again
     futex: bool = True                  # sleep on futexes (the futex=0 test hook: naps)
-    timeout_seconds: float = 60.0       # the bound of a whole wait (POLYCAST_TIMEOUT)
 
     @classmethod
     def from_config(cls, cfg) -> "WaitPolicy":
@@ -60,10 +61,9 @@ class WaitPolicy:
         hooks = cfg.hooks
         own = cfg.wait_spin_us * 1e-6
         if own <= 0:
-            return cls(0.0, 0.0, 0.0, futex=hooks.futex, timeout_seconds=cfg.timeout_seconds)
+            return cls(0.0, 0.0, 0.0, futex=hooks.futex)
         return cls(max(0.0, hooks.wait_busy_us) * 1e-6, own,
-                   max(0.0, hooks.wait_yield_wall_us) * 1e-6, futex=hooks.futex,
-                   timeout_seconds=cfg.timeout_seconds)
+                   max(0.0, hooks.wait_yield_wall_us) * 1e-6, futex=hooks.futex)
 
     def passive(self) -> "WaitPolicy":
         """This policy without spinning or yielding: sleep at once (a worker thread whose
