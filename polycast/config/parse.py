@@ -53,34 +53,22 @@ def byte_size(lo: int, least: str | None = None) -> Callable[[str], int]:
     return parse
 
 
-def seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not v > 0:
-        raise ValueError("give a positive number of seconds")
-    return v
+def number(at_least_zero: bool, message: str) -> Callable[[str], float]:
+    """A float above 0 (or, ``at_least_zero``, not below it); NaN is refused either way."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = -1.0
+        if not (v >= 0 if at_least_zero else v > 0):
+            raise ValueError(message)
+        return v
+    return parse
 
 
-def positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not v > 0:
-        raise ValueError("must be a positive number")
-    return v
-
-
-def nonnegative(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not v >= 0:
-        raise ValueError("must be a number >= 0")
-    return v
+seconds = number(False, "give a positive number of seconds")
+positive = number(False, "must be a positive number")
+nonnegative = number(True, "must be a number >= 0")
 
 
 def choice(*choices: str) -> Callable[[str], str]:
