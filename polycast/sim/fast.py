@@ -210,6 +210,7 @@ def run(sim) -> str:
     except Refused as e:
         sim.fast_walk_refused = str(e)
         plan._bufs = times = None           # the walk's rows (times are views of them)
+        plan.drop_walk_edges()
         run_events(sim, plan)
         return "events"
     plan.commit(times)
@@ -453,6 +454,11 @@ class _Plan:
         self.succ_ptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(src, minlength=N), out=self.succ_ptr[1:])
         self._bufs = None
+
+    def drop_walk_edges(self) -> None:
+        """Free what only the walk reads (before the events mode)."""
+        for name in ("dep_src", "dep_ptr", "arr_src", "indeg0", "succ", "succ_ptr"):
+            setattr(self, name, None)
 
     def _chain(self, order) -> tuple[np.ndarray, np.ndarray]:
         """Per node, the message before it on its channel (an MCAST: on its engine's
