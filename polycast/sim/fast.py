@@ -209,12 +209,14 @@ def run(sim) -> str:
         plan.check_recovery(times)
     except Refused as e:
         sim.fast_walk_refused = str(e)
-        plan._bufs = times = None           # the walk's rows (times are views of them)
-        plan.drop_walk_edges()
-        run_events(sim, plan)
-        return "events"
-    plan.commit(times)
-    return "walk"
+    else:
+        plan.commit(times)
+        return "walk"
+    # (out of the except block: its traceback would keep the last walk's rows alive)
+    plan._bufs = times = None               # the walk's rows (times are views of them)
+    plan.drop_walk_edges()
+    run_events(sim, plan)
+    return "events"
 
 
 class _Plan:
