@@ -36,6 +36,7 @@ import numpy as np
 
 from ..engine.wire import HEADER_NBYTES
 from .errors import SimulationError
+from . import fast_stream
 from .fast_events import run_events
 from .fast_kinds import (ARRIVE, CHAN, COPY, DEP, FIN, MARR, MCAST, MRECV, PACE, RECV, SEND,
                          SILENT_RTO, Refused)
@@ -187,7 +188,8 @@ def _position_order(shapes: list[tuple[int, int]]) -> np.ndarray:
 
 def run(sim) -> str:
     """Time ``sim``'s posted requests without engines; fill its timelines, link bytes and
-    counters as :meth:`Simulation.run` would. Returns the mode that ran: ``walk`` (the
+    counters as :meth:`Simulation.run` would. Returns the mode that ran: ``stream`` (one
+    template request timed position by position, :mod:`.fast_stream`), ``walk`` (the
     graph walk, its checks passed) or ``events`` (the flows' events, for runs whose flows
     contend). Raises :class:`Refused` before changing anything when neither covers the
     run."""
@@ -195,6 +197,13 @@ def run(sim) -> str:
     if why:
         raise Refused(why)
     _check_post_order(sim)
+    t = fast_stream.template_of(sim)
+    if t is not None:
+        try:
+            return fast_stream.run(sim, t)
+        except Refused as e:
+            sim.fast_stream_refused = str(e)
+            fast_stream.walk_fits(sim, str(e))
     g = _Graph(sim)
     if g.nsteps > sim.cfg.max_events:
         raise SimulationError(f"more than {sim.cfg.max_events} events; raise "
@@ -640,24 +649,7 @@ class _Plan:
         f2, per = flows[sel], per[sel]
         links = np.concatenate([rl_sh[r] for r in self.route[f2].tolist()])
         fr = np.repeat(f2, per)
-        st, dr = times["start"][fr], times["drain"][fr]
-        rate = self.rate[fr]
-        tol = np.abs(dr) * 1e-12 + 1e-18
-        t = np.concatenate([st, dr - tol])
-        d = np.concatenate([rate, -rate])
-        isstart = np.concatenate([np.ones(len(st), np.int8), np.zeros(len(dr), np.int8)])
-        lk2 = np.concatenate([links, links])
-        o = np.lexsort((isstart, t, lk2))
-        lk2, d = lk2[o], d[o]
-        cs = np.cumsum(d)
-        first = np.flatnonzero(np.r_[True, lk2[1:] != lk2[:-1]])
-        offs = np.repeat(np.r_[0.0, cs[first[1:] - 1]], np.diff(np.r_[first, len(lk2)]))
-        load = cs - offs
-        over = load > cap[lk2] * (1 + 1e-9)
-        if over.any():
-            j = int(np.flatnonzero(over)[0])
-            raise Refused(f"flows share link {int(lk2[j])} beyond its capacity "
-                          f"({load[j] / cap[lk2[j]]:.3g}x): max-min sharing runs the engines")
+        links_fit(links, times["start"][fr], times["drain"][fr], self.rate[fr], cap)
 
     def check_recovery(self, times) -> None:
         """No stream arrives so late after its MRECV started that the engine's coarse
@@ -725,6 +717,27 @@ class _Plan:
                            "messages_out": int(len(self.msg)),
                            "message_bytes_out": int(self.nbytes[self.msg].sum()),
                            "datagrams_out": self.ndatagrams}
+
+
+def links_fit(links, st, dr, rate, cap) -> None:
+    """Refuse unless, on every link, the solo rates of the flows in flight at once (flow i
+    on ``links[i]`` from ``st[i]`` to ``dr[i]`` at ``rate[i]``) fit its capacity."""
+    tol = np.abs(dr) * 1e-12 + 1e-18
+    t = np.concatenate([st, dr - tol])
+    d = np.concatenate([rate, -rate])
+    isstart = np.concatenate([np.ones(len(st), np.int8), np.zeros(len(dr), np.int8)])
+    lk2 = np.concatenate([links, links])
+    o = np.lexsort((isstart, t, lk2))
+    lk2, d = lk2[o], d[o]
+    cs = np.cumsum(d)
+    first = np.flatnonzero(np.r_[True, lk2[1:] != lk2[:-1]])
+    offs = np.repeat(np.r_[0.0, cs[first[1:] - 1]], np.diff(np.r_[first, len(lk2)]))
+    load = cs - offs
+    over = load > cap[lk2] * (1 + 1e-9)
+    if over.any():
+        j = int(np.flatnonzero(over)[0])
+        raise Refused(f"flows share link {int(lk2[j])} beyond its capacity "
+                      f"({load[j] / cap[lk2[j]]:.3g}x): max-min sharing runs the engines")
 
 
 def _quantize(t: np.ndarray) -> np.ndarray:
