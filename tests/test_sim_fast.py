@@ -176,7 +176,7 @@ def _stream_and_walk(coll, algo, P, count, topology, nchunks=1, at=0.0, comm_of=
         topo = parse_topology(topology, P)
         n = P if comm_of is None else len(comm_of)
         s = build(coll, algo, n, count, nchunks=nchunks, compact=True)
-        assert s.template is not None
+        assert s.form is not None
         if mode == "walk":
             s.columns
         eng = {"line_rate_gbps": 400.0,

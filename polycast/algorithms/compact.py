@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedule.compact import Columns, Template, block_lengths
+from ..schedule.compact import Columns, Template, TokenMulticast, block_lengths
 from ..schedule.ir import Kind, Layout
 from .registry import Spec, register_compact
 
@@ -83,17 +83,26 @@ def ring_allgather(spec: Spec) -> Template:
     return _template(P, kind, delta, tag, tables, table_of, shift, deps)
 
 
-@register_compact("allgather", "mcast")
-def mcast_allgather(spec: Spec) -> Columns:
+@register_compact("allgather", "mcast", template=True)
+def mcast_allgather(spec: Spec) -> TokenMulticast:
     """copy; the token from r-1 (unless r starts a sequence); the multicast of r's shard
     (after the token); the token to r+1 (unless it starts one); an MRECV from every other
-    rank. Programs differ in length by the tokens: built per kind of rank."""
-    P, k = spec.nranks, spec.nchunks
+    rank: a :class:`TokenMulticast`, its columns built by :func:`_mcast_columns`."""
+    P = spec.nranks
     roots = min(max(1, int(spec.opt("roots", 2))), P)
     firsts = np.zeros(P + 1, bool)
     firsts[[g * P // roots for g in range(roots)]] = True
     firsts[P] = True                                     # no rank P to pass a token to
     part = block_lengths(Layout(P * spec.count, P, 1))
+    return TokenMulticast(P, spec.count, part, firsts,
+                          lambda: _mcast_columns(spec, roots, firsts, part),
+                          {"roots": roots})
+
+
+def _mcast_columns(spec: Spec, roots: int, firsts, part) -> Columns:
+    """The columns of :func:`mcast_allgather`. Programs differ in length by the tokens:
+    built per kind of rank."""
+    P = spec.nranks
     rows = []
     for r in range(P):
         kinds, peers, tags, nels, deps = [_COPY], [-1], [-1], [spec.count], [()]

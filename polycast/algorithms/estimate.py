@@ -131,7 +131,8 @@ def estimate(collective, algorithm: str, nranks: int, nchunks: int = 1, channels
     """The estimated size of ``build(collective, algorithm, nranks, ...)``, or None when no
     small instance of the algorithm could be built to extrapolate from. ``compact``: of
     the compact form (``build(..., compact=True)``) where the algorithm has one, on the
-    simulator's fast path; ``stream``: of an algorithm whose compact form is a template, as
+    simulator's fast path; ``stream``: of an algorithm whose compact form is a template
+    or token multicast (:mod:`polycast.schedule.compact`), as
     the fast path's stream mode holds it (False: as columns, for the walk)."""
     coll = Collective.parse(collective)
     got = _sample(coll, algorithm, nranks, nchunks, channels,
@@ -165,11 +166,11 @@ def estimate(collective, algorithm: str, nranks: int, nchunks: int = 1, channels
 
 @lru_cache(maxsize=64)
 def _live(coll: Collective, algorithm: str, nranks: int, nchunks: int, options: tuple) -> int:
-    """Template.live_positions of a small instance (for how a stream grows)."""
+    """held_per_rank() of a small instance's stream form (for how a stream grows)."""
     from .registry import _COMPACT, Spec
     t = _COMPACT[(coll, algorithm)](Spec(coll, nranks, nranks * nchunks, 0, nchunks,
                                          dict(options)))
-    return t.live_positions()
+    return t.held_per_rank()
 
 
 def _gib(nbytes: float) -> str:

@@ -154,6 +154,15 @@ class Template:
         np.add.at(d, last[j] + 1, -1)
         return int(np.cumsum(d).max())
 
+    @property
+    def uses_multicast(self) -> bool:
+        return bool(np.isin(self.kind, (Kind.MCAST, Kind.MRECV)).any())
+
+    def held_per_rank(self) -> int:
+        """8-byte values per rank the fast path's stream mode holds at once, beyond its
+        fixed state: the times of the live positions."""
+        return self.live_positions()
+
     def nelems_at(self, j: int) -> np.ndarray:
         """Elements of position ``j`` on every rank."""
         P = self.nranks
@@ -174,24 +183,55 @@ class Template:
                        (base + self.dep_flat[None, :]).ravel(), dict(self.options))
 
 
+@dataclass(eq=False)
+class TokenMulticast:
+    """A token-ring multicast allgather (``mcast``): rank r copies its part, takes the
+    token from r-1 unless it starts a sequence (``firsts[r]``), multicasts ``mcast_nelems``
+    elements, passes the token to r+1 unless r+1 starts one (``firsts[P]`` is set), then
+    receives every other rank's stream (``parts[root]`` elements each). P^2 steps held as
+    O(P) numbers; ``columns()`` builds them (the algorithm's vectorised generator)."""
+    nranks: int
+    mcast_nelems: int
+    parts: np.ndarray         # (P,) elements of each root's stream as its receivers count
+    firsts: np.ndarray        # (P + 1,) bool
+    build: object             # () -> Columns
+    options: dict = field(default_factory=dict)
+    uses_multicast = True
+
+    @property
+    def nsteps(self) -> int:
+        P = self.nranks
+        return 2 * P + int((~self.firsts[:P]).sum()) + int((~self.firsts[1:]).sum()) \
+            + P * (P - 1)
+
+    def held_per_rank(self) -> int:
+        """8-byte values per rank held at once: the topology keeps every root's tree
+        (about P links and P latencies each)."""
+        return 2 * self.nranks
+
+    def columns(self) -> Columns:
+        return self.build()
+
+
 class CompactSchedule(Schedule):
-    """A :class:`Schedule` given by its columns or by a :class:`Template` (``template``,
-    else None; its columns then built on first use); ``programs`` (the Step objects) are
-    built by ``expand()`` -- the algorithm's own generator -- on first use."""
+    """A :class:`Schedule` given by its columns or by a form that holds them in O(P)
+    (``form``: a :class:`Template` or :class:`TokenMulticast`, else None; its columns then
+    built on first use); ``programs`` (the Step objects) are built by ``expand()`` -- the
+    algorithm's own generator -- on first use."""
 
     def __init__(self, collective, algorithm, nranks, root, count, options,
-                 columns: "Columns | Template", expand) -> None:
-        template = columns if isinstance(columns, Template) else None
+                 columns: "Columns | Template | TokenMulticast", expand) -> None:
+        form = None if isinstance(columns, Columns) else columns
         for k, v in (("collective", collective), ("algorithm", algorithm), ("nranks", nranks),
                      ("root", root), ("count", count), ("options", options),
-                     ("template", template), ("_expand", expand)):
+                     ("form", form), ("_expand", expand)):
             object.__setattr__(self, k, v)
-        if template is None:
+        if form is None:
             object.__setattr__(self, "columns", columns)
 
     def __getattr__(self, name):
-        if name == "columns":                       # a template's, when first asked for
-            cols = self.template.columns()
+        if name == "columns":                       # a form's, when first asked for
+            cols = self.form.columns()
             object.__setattr__(self, "columns", cols)
             return cols
         if name in ("programs", "layouts"):         # only when not built yet
@@ -203,13 +243,13 @@ class CompactSchedule(Schedule):
 
     @property
     def uses_multicast(self) -> bool:
-        if self.template is not None:
-            return bool(np.isin(self.template.kind, (Kind.MCAST, Kind.MRECV)).any())
+        if self.form is not None:
+            return self.form.uses_multicast
         return self.columns.uses_multicast
 
     @property
     def nsteps(self) -> int:
-        return self.template.nsteps if self.template is not None else self.columns.nsteps
+        return self.form.nsteps if self.form is not None else self.columns.nsteps
 
     def __repr__(self) -> str:
         return f"CompactSchedule({self.describe()}, {self.nsteps} steps)"

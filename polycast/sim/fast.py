@@ -197,7 +197,7 @@ def run(sim) -> str:
     if why:
         raise Refused(why)
     _check_post_order(sim)
-    t = fast_stream.template_of(sim)
+    t = fast_stream.form_of(sim)
     if t is not None:
         try:
             return fast_stream.run(sim, t)
@@ -376,26 +376,14 @@ class _Plan:
         self.ndatagrams = 0
         for m in mc.tolist():
             q = int(self.q[m])
-            itemsize = self.g.reqs[q][1]
-            ce = max(1, mtu // itemsize) * itemsize
             nbm = int(self.nbytes[m])
-            nfull, last = divmod(nbm, ce)
-            sizes = [ce] * nfull + ([last] if last else [])
+            sizes, self.t_eos[m], self.t_next[m], w, c = stream_shape(
+                nbm, self.g.reqs[q][1], mtu, pace, fr)
             self.dgram_sizes[m] = np.array(sizes, dtype=np.int64)
             self.ndatagrams += len(sizes) + 1                # + EOS
-            per = 8.0 / (pace * 1e9) if pace else 0.0
-            tot = sum(s + HEADER_NBYTES for s in sizes) * per
-            self.t_eos[m] = tot
-            self.t_next[m] = tot + HEADER_NBYTES * per
             ep = int(self.ep[m])
             tl = sim._tree(ep)
             if nbm:
-                w = fr.datagram_wire(sizes)
-                c = math.inf
-                if len(sizes) > 1 and pace:
-                    span = sum(s + HEADER_NBYTES for s in sizes[:-1]) * per
-                    if span > 0:
-                        c = (w - fr.datagram_wire(sizes[-1])) / span
                 r = min(float(cap[tl].min()), c)
                 self.mcap[m] = c
                 self.goodput[m] = nbm / w
@@ -717,6 +705,25 @@ class _Plan:
                            "messages_out": int(len(self.msg)),
                            "message_bytes_out": int(self.nbytes[self.msg].sum()),
                            "datagrams_out": self.ndatagrams}
+
+
+def stream_shape(nbytes: int, itemsize: int, mtu: int, pace_gbps, fr):
+    """A multicast of ``nbytes`` as the engine's pacer sends it: (datagram payloads, the
+    end-of-stream datagram's offset from the first, the pacer's next free slot, wire bytes,
+    the wire rate its pacing allows)."""
+    ce = max(1, mtu // itemsize) * itemsize
+    nfull, last = divmod(nbytes, ce)
+    sizes = [ce] * nfull + ([last] if last else [])
+    per = 8.0 / (pace_gbps * 1e9) if pace_gbps else 0.0
+    tot = sum(s + HEADER_NBYTES for s in sizes) * per
+    w, c = 0, math.inf
+    if nbytes:
+        w = fr.datagram_wire(sizes)
+        if len(sizes) > 1 and pace_gbps:
+            span = sum(s + HEADER_NBYTES for s in sizes[:-1]) * per
+            if span > 0:
+                c = (w - fr.datagram_wire(sizes[-1])) / span
+    return sizes, tot, tot + HEADER_NBYTES * per, w, c
 
 
 def links_fit(links, st, dr, rate, cap) -> None:

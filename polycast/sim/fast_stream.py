@@ -37,13 +37,14 @@ from .fast_kinds import COPY, RECV, SEND, Refused
 _NEG = -np.inf
 
 
-def template_of(sim):
-    """The one posted request's :class:`Template`, or None when the stream mode does not
-    cover the run (several requests, a schedule without a template, the NIC model)."""
+def form_of(sim):
+    """The one posted request's :class:`Template` or :class:`TokenMulticast`, or None when
+    the stream mode does not cover the run (several requests, a schedule without such a
+    form, the NIC model)."""
     if len(sim._reqs) != 1 or sim.cfg.nic is not None or sim._innet:
         return None
     sched = sim._reqs[0][0]
-    t = getattr(sched, "template", None)
+    t = getattr(sched, "form", None)
     if t is None or "columns" in vars(sched):
         return None
     return t
@@ -54,17 +55,159 @@ def walk_fits(sim, why: str) -> None:
     stream mode refused) when they would not fit the memory limit."""
     from ..algorithms import estimate
     for sched, _, _ in sim._reqs:
-        if getattr(sched, "template", None) is None or "columns" in vars(sched):
+        if getattr(sched, "form", None) is None or "columns" in vars(sched):
             continue
         estimate.check(sched.collective, sched.algorithm, sched.nranks,
                        sched.options.get("nchunks", 1), 1, compact=True, stream=False,
                        why=f"the fast path's stream mode refused ({why}) and ")
 
 
-def run(sim, t) -> str:
-    """Time ``sim``'s one request (template ``t``) and commit its results as the walk
-    would; returns ``"stream"``. Raises Refused before changing anything."""
-    from .fast import _quantize, links_fit
+def run(sim, form) -> str:
+    """Time ``sim``'s one request (``form``: a template or a token multicast) and commit
+    its results as the walk would; returns ``"stream"``. Raises Refused before changing
+    anything."""
+    from ..schedule.compact import TokenMulticast
+    if isinstance(form, TokenMulticast):
+        return _run_token_multicast(sim, form)
+    return _run_template(sim, form)
+
+
+def _post_times(sim, comm: int, P: int) -> np.ndarray:
+    eps = sim._comm_eps[comm]
+    local_of = {e: i for i, e in enumerate(eps)}
+    post = np.full(P, np.nan)
+    for ev in sim._heap:                                # (t, seq, _POST, endpoint, req, _)
+        post[local_of[ev[3]]] = ev[0]
+    return post
+
+
+def _order_holds(late_pairs: list, emit_max: float) -> bool:
+    """Whether message pairs a channel sends in program order but whose starts came out
+    earlier-then-later only by round-off pass the walk's own test (its quantisation of
+    times, scaled by the largest start time ``emit_max``)."""
+    from .fast import _quantize
+    if not late_pairs:
+        return True
+    lp = np.concatenate(late_pairs, axis=1)
+    n = lp.shape[1]
+    q = _quantize(np.r_[lp[0], lp[1], emit_max])
+    return bool((q[n:2 * n] >= q[:n]).all())
+
+
+def _commit(sim, group, post, comp, events: int, levels: int, stats: dict) -> None:
+    """Results into ``sim`` as the walk's commit leaves them (link bytes already added)."""
+    comp = np.maximum(comp, post)
+    for i, g in enumerate(group.tolist()):
+        tl = sim.timelines[g]
+        tl.posted[0] = float(post[i])
+        tl.completed[0] = float(comp[i])
+    sim._pending = 0
+    sim._heap.clear()
+    sim.now = float(comp.max())
+    sim.events = events
+    sim.fast_levels = levels
+    sim._fast_stats = {"completed": len(group), "failed": 0, "recovered_bytes": 0, **stats}
+
+
+def _run_token_multicast(sim, form) -> str:
+    """A token-ring multicast allgather, the walk's graph taken rank by rank: each rank's
+    multicast waits for its token (from r-1: rank order is a topological order), and every
+    receiver's MRECVs reduce to the latest stream arriving there, taken root by root
+    (P-wide), so the P^2 MRECVs are never held. Contention: the solo rates of all streams
+    in flight at once must fit the narrowest link of any tree (a bound on every link)."""
+    from .fast import links_fit, stream_shape
+    from .fast_kinds import SILENT_RTO
+    _, itemsize, comm = sim._reqs[0]
+    if comm:
+        raise Refused("the stream mode times a multicast on the world communicator only")
+    P = form.nranks
+    post = _post_times(sim, comm, P)
+    group = np.arange(P, dtype=np.int64)
+    ecfg = sim._ecfg
+    fr = sim.topo.framing
+    cap = sim.net.capacity
+    nlinks = sim.net.nlinks
+    lb = np.zeros_like(sim.net.link_bytes)        # added to the network's once accepted
+    pace = ecfg.pacing_gbps
+    paced = bool(pace)
+    node = np.asarray(sim._node, dtype=np.int64)
+    host_lat = sim.cfg.host_latency_s
+    firsts = form.firsts
+    nbm = int(form.mcast_nelems) * itemsize
+    sizes, t_eos, t_next, w, c = stream_shape(nbm, itemsize, ecfg.mtu_nbytes, pace, fr)
+    # the token and the FIN go to r+1 without payload: no wire bytes, no duration
+    lat_next = np.array([sim._route(r, (r + 1) % P)[1] for r in range(P)])
+    # recovery timeout per member: every byte it multicasts or receives (as the walk's)
+    rate_gbps = ecfg.pacing_gbps or ecfg.line_rate_gbps
+    parts_b = form.parts.astype(np.int64) * itemsize
+    tot_r = (nbm + (parts_b.sum() - parts_b)).astype(np.float64)
+    rto = ecfg.recovery_timeout_s + 2 * tot_r * 8 / (rate_gbps * 1e9)
+    tok_arr = _NEG                       # the token's arrival at the next rank
+    tok_emit = np.full(P, _NEG)          # each token SEND's start (-inf: none)
+    done_max = post.copy()               # per rank: its steps' latest done
+    last_in = np.full(P, _NEG)           # per receiver: its latest stream arrival
+    st_all, dr_all, rate_all = np.zeros(P), np.zeros(P), np.zeros(P)
+    emit_max = float(np.max(np.abs(post)))
+    min_cap = np.inf
+    late = False
+    flows = 0
+    for r in range(P):
+        pt = float(post[r])
+        ready = max(pt, tok_arr) if not firsts[r] else pt   # the token RECV's done
+        emit_max = max(emit_max, abs(ready))
+        links = sim._tree(r)
+        _, lat = sim.topo.mcast_tree(int(node[r]))
+        dr = ready                                          # t0 = ready: no pacer before
+        if nbm:
+            kc = float(cap[links].min())
+            min_cap = min(min_cap, kc)
+            rate = min(kc, c)
+            dr = ready + w / rate
+            st_all[r], dr_all[r], rate_all[r] = ready, dr, rate
+            np.add.at(lb, links[links < nlinks], float(w))
+            flows += 1
+        mdone = max(ready + t_next, ready) if paced else ready
+        done_max[r] = max(done_max[r], mdone)
+        arr = dr + (lat[node] + host_lat)                   # every receiver's arrival
+        arr[r] = _NEG
+        late = late or bool((np.maximum(post, arr) - post > SILENT_RTO * rto).any())
+        np.maximum(last_in, arr, out=last_in)
+        if not firsts[r + 1]:                               # the token to r+1
+            emit_max = max(emit_max, abs(mdone))
+            tok_emit[r] = mdone
+            tok_arr = mdone + lat_next[r]
+    if late:
+        raise Refused("a stream arrives later than the engines' recovery timeout")
+    if flows and np.isfinite(min_cap):
+        on = rate_all > 0
+        links_fit(np.zeros(int(on.sum()), np.int64), st_all[on], dr_all[on], rate_all[on],
+                  np.array([min_cap]))
+    # FIN to r+1 after every stream arrived (after the token on the same channel)
+    mrecv_done = np.maximum(post, last_in)
+    fin_ready = np.maximum(post, mrecv_done)
+    emit_max = max(emit_max, float(np.max(np.abs(fin_ready))))
+    has_tok = np.isfinite(tok_emit)
+    bad = has_tok & (fin_ready < tok_emit)
+    if bad.any() and not _order_holds([np.stack([tok_emit[bad], fin_ready[bad]])],
+                                      emit_max):
+        raise Refused("a FIN would leave before its channel's token")
+    fin_st = np.maximum(fin_ready, tok_emit)       # after the token (it drains at once)
+    fin_arrive = fin_st + lat_next
+    comp = np.maximum(np.maximum(done_max, mrecv_done), fin_st)
+    comp = np.maximum(comp, np.roll(fin_arrive, 1))
+    sim.net.link_bytes += lb
+    sim.net.flows_started += flows
+    sim.datagrams += P * (len(sizes) + 1)
+    ntok = int((~firsts[1:]).sum())
+    _commit(sim, group, post, comp, form.nsteps + P, P,
+            {"messages_out": ntok + P, "message_bytes_out": 0,
+             "datagrams_out": P * (len(sizes) + 1)})
+    return "stream"
+
+
+def _run_template(sim, t) -> str:
+    """A template, position by position (see the module's docstring)."""
+    from .fast import links_fit
     sched, itemsize, comm = sim._reqs[0]
     P = t.nranks
     L = t.length
@@ -76,11 +219,7 @@ def run(sim, t) -> str:
         raise SimulationError(f"more than {sim.cfg.max_events} events (program positions "
                               "of a template); raise SimConfig.max_events for a bigger run")
     group = np.asarray(sim._comm_group[comm], dtype=np.int64)
-    eps = sim._comm_eps[comm]
-    local_of = {e: i for i, e in enumerate(eps)}
-    post = np.full(P, np.nan)
-    for ev in sim._heap:                                # (t, seq, _POST, endpoint, req, _)
-        post[local_of[ev[3]]] = ev[0]
+    post = _post_times(sim, comm, P)
     fr = sim.topo.framing
     cap = sim.net.capacity
     r = np.arange(P, dtype=np.int64)
@@ -191,13 +330,8 @@ def run(sim, t) -> str:
     if inflight:
         raise Refused("a message without its match")
     # channel order: pairs earlier by round-off only (the walk's quantisation)
-    if late_pairs:
-        lp = np.concatenate(late_pairs, axis=1)
-        qa, qb = _quantize(np.r_[lp[0], lp[1], emit_max]), None
-        n_ = lp.shape[1]
-        qa, qb = qa[:n_], qa[n_:2 * n_]
-        if (qb < qa).any():
-            raise Refused("a channel's messages start out of program order")
+    if not _order_holds(late_pairs, emit_max):
+        raise Refused("a channel's messages start out of program order")
     # contention on links more than one flow-carrying channel crosses
     if kept:
         has_flow = np.concatenate([chan[d]["flows"] > 0 for d in offs])
@@ -225,17 +359,7 @@ def run(sim, t) -> str:
                 np.add.at(lb, lk[lk < nlinks], float(w))
         flows += int(c["flows"].sum())
     sim.net.flows_started += flows
-    comp = np.maximum(comp, post)
-    for i, g in enumerate(group.tolist()):
-        tl = sim.timelines[g]
-        tl.posted[0] = float(post[i])
-        tl.completed[0] = float(comp[i])
-    sim._pending = 0
-    sim._heap.clear()
-    sim.now = float(comp.max())
-    sim.events = nsteps
-    sim.fast_levels = L
-    sim._fast_stats = {"completed": P, "failed": 0, "recovered_bytes": 0,
-                       "messages_out": messages, "message_bytes_out": message_bytes,
-                       "datagrams_out": 0}
+    _commit(sim, group, post, comp, nsteps, L,
+            {"messages_out": messages, "message_bytes_out": message_bytes,
+             "datagrams_out": 0})
     return "stream"
