@@ -16,12 +16,12 @@ The walk's two checks hold here too, computed as the pass goes:
 * **Channel order.** The pass assumes a channel's messages leave in program order (the
   walk's first order). Each message's start must not be earlier than its channel's
   previous one; pairs that are earlier by round-off are kept and judged at the end with
-  the walk's own quantisation (:func:`polycast.sim.fast._quantize`, which needs the
+  the walk's own quantisation (:func:`polycast.sim.fast_checks._quantize`, which needs the
   largest time). A channel that really reorders refuses the mode.
 * **No binding contention.** Routes are fixed per (source, destination), and a ring uses
   P channels; links that more than one channel crosses are found from the routes alone,
   and only the flows of channels through such links are kept, then checked with the
-  walk's sweep (:func:`polycast.sim.fast.links_fit`). On a fat tree a ring shares none.
+  walk's sweep (:func:`polycast.sim.fast_checks.links_fit`). On a fat tree a ring shares none.
 
 Every number is computed by the walk's own expressions in the same order (max of the
 inputs, start + duration, drain + latency), so times are the walk's, bit for bit.
@@ -85,7 +85,7 @@ def _order_holds(late_pairs: list, emit_max: float) -> bool:
     """Whether message pairs a channel sends in program order but whose starts came out
     earlier-then-later only by round-off pass the walk's own test (its quantisation of
     times, scaled by the largest start time ``emit_max``)."""
-    from .fast import _quantize
+    from .fast_checks import _quantize
     if not late_pairs:
         return True
     lp = np.concatenate(late_pairs, axis=1)
@@ -110,12 +110,17 @@ def _commit(sim, group, post, comp, events: int, levels: int, stats: dict) -> No
 
 
 def _run_token_multicast(sim, form) -> str:
-    """A token-ring multicast allgather, the walk's graph taken rank by rank: each rank's
-    multicast waits for its token (from r-1: rank order is a topological order), and every
-    receiver's MRECVs reduce to the latest stream arriving there, taken root by root
-    (P-wide), so the P^2 MRECVs are never held. Contention: the solo rates of all streams
-    in flight at once must fit the narrowest link of any tree (a bound on every link)."""
-    from .fast import links_fit, stream_shape
+    """A token-ring multicast allgather. Each rank's multicast waits for its token from
+    r-1 (rank order is a topological order) and passes it on when its pacer is done, so
+    the start of every stream follows from a scalar pass over the ranks, whatever the
+    network does. The streams' flows then drain in start order: alone at the solo rate
+    (the walk's numbers exactly); where streams of several token sequences overlap, each
+    at min(pacing cap, C/n) -- max-min's answer when every tree crosses, into every rank
+    but its root, a last link of the narrowest capacity C of any tree (checked per tree;
+    else refused), since then n concurrent flows share such a link and no link has more
+    of them. Every receiver's MRECVs reduce to the latest stream arriving there, taken
+    root by root (P-wide), so the P^2 MRECVs are never held."""
+    from .fast_checks import stream_shape
     from .fast_kinds import SILENT_RTO
     _, itemsize, comm = sim._reqs[0]
     if comm:
@@ -124,17 +129,16 @@ def _run_token_multicast(sim, form) -> str:
     post = _post_times(sim, comm, P)
     group = np.arange(P, dtype=np.int64)
     ecfg = sim._ecfg
-    fr = sim.topo.framing
+    topo = sim.topo
     cap = sim.net.capacity
     nlinks = sim.net.nlinks
     lb = np.zeros_like(sim.net.link_bytes)        # added to the network's once accepted
     pace = ecfg.pacing_gbps
-    paced = bool(pace)
     node = np.asarray(sim._node, dtype=np.int64)
     host_lat = sim.cfg.host_latency_s
     firsts = form.firsts
     nbm = int(form.mcast_nelems) * itemsize
-    sizes, t_eos, t_next, w, c = stream_shape(nbm, itemsize, ecfg.mtu_nbytes, pace, fr)
+    sizes, _, t_next, w, c = stream_shape(nbm, itemsize, ecfg.mtu_nbytes, pace, topo.framing)
     # the token and the FIN go to r+1 without payload: no wire bytes, no duration
     lat_next = np.array([sim._route(r, (r + 1) % P)[1] for r in range(P)])
     # recovery timeout per member: every byte it multicasts or receives (as the walk's)
@@ -142,46 +146,82 @@ def _run_token_multicast(sim, form) -> str:
     parts_b = form.parts.astype(np.int64) * itemsize
     tot_r = (nbm + (parts_b.sum() - parts_b)).astype(np.float64)
     rto = ecfg.recovery_timeout_s + 2 * tot_r * 8 / (rate_gbps * 1e9)
-    tok_arr = _NEG                       # the token's arrival at the next rank
+    # 1. the token chain: every stream's start (t0) and its multicast step's done
+    t0 = np.empty(P)
     tok_emit = np.full(P, _NEG)          # each token SEND's start (-inf: none)
-    done_max = post.copy()               # per rank: its steps' latest done
-    last_in = np.full(P, _NEG)           # per receiver: its latest stream arrival
-    st_all, dr_all, rate_all = np.zeros(P), np.zeros(P), np.zeros(P)
-    emit_max = float(np.max(np.abs(post)))
-    min_cap = np.inf
-    late = False
-    flows = 0
+    tok_arr = _NEG
+    post_l = post.tolist()
     for r in range(P):
-        pt = float(post[r])
+        pt = post_l[r]
         ready = max(pt, tok_arr) if not firsts[r] else pt   # the token RECV's done
-        emit_max = max(emit_max, abs(ready))
-        links = sim._tree(r)
-        _, lat = sim.topo.mcast_tree(int(node[r]))
-        dr = ready                                          # t0 = ready: no pacer before
-        if nbm:
-            kc = float(cap[links].min())
-            min_cap = min(min_cap, kc)
-            rate = min(kc, c)
-            dr = ready + w / rate
-            st_all[r], dr_all[r], rate_all[r] = ready, dr, rate
-            np.add.at(lb, links[links < nlinks], float(w))
-            flows += 1
-        mdone = max(ready + t_next, ready) if paced else ready
-        done_max[r] = max(done_max[r], mdone)
-        arr = dr + (lat[node] + host_lat)                   # every receiver's arrival
-        arr[r] = _NEG
-        late = late or bool((np.maximum(post, arr) - post > SILENT_RTO * rto).any())
-        np.maximum(last_in, arr, out=last_in)
-        if not firsts[r + 1]:                               # the token to r+1
-            emit_max = max(emit_max, abs(mdone))
+        t0[r] = ready
+        if not firsts[r + 1]:
+            mdone = max(ready + t_next, ready) if pace else ready
             tok_emit[r] = mdone
             tok_arr = mdone + lat_next[r]
+    mdone = np.maximum(t0 + t_next, t0) if pace else t0.copy()
+    emit_max = float(max(np.max(np.abs(post)), np.max(np.abs(t0)), np.max(np.abs(mdone))))
+    # 2. the streams' flows in start order
+    last_in = np.full(P, _NEG)           # per receiver: its latest stream arrival
+    late = False
+    flows = 0
+    lat_of: dict[int, np.ndarray] = {}
+    active: list[list] = []              # [root, bytes left, solo rate, narrow, evenly]
+    now = _NEG
+    link_dst = np.asarray(topo.link_dst)
+
+    def arrived(root: int, dr: float) -> None:
+        nonlocal late
+        arr = dr + (lat_of.pop(root)[node] + host_lat)
+        arr[root] = _NEG
+        late = late or bool((np.maximum(post, arr) - post > SILENT_RTO * rto).any())
+        np.maximum(last_in, arr, out=last_in)
+
+    def advance(until: float) -> None:
+        """Drain the flows in flight up to ``until``: alone at its solo rate, n of them
+        at min(c, C/n) each."""
+        nonlocal now
+        while active:
+            n = len(active)
+            rate = active[0][2] if n == 1 else min(c, active[0][3] / n)
+            left = min(a[1] for a in active)
+            t_end = now + left / rate
+            if t_end > until:
+                for a in active:
+                    a[1] -= rate * (until - now)
+                now = until
+                return
+            for a in active:
+                a[1] -= rate * (t_end - now)
+            now = t_end
+            for a in [a for a in active if a[1] <= w * 1e-12]:
+                active.remove(a)
+                arrived(a[0], t_end)
+
+    for r in np.argsort(t0, kind="stable").tolist():
+        links = sim._tree(r)
+        _, lat_of[r] = topo.mcast_tree(int(node[r]))
+        start = float(t0[r])
+        if not nbm:                                   # nothing to drain: arrives at t0
+            arrived(r, start)
+            continue
+        np.add.at(lb, links[links < nlinks], float(w))
+        flows += 1
+        kc = float(cap[links].min())
+        net = links[links < nlinks]                   # (host ports: not judged here)
+        last = net[link_dst[net] < P]                 # the links into the receivers
+        evenly = len(net) == len(links) and len(last) == P - 1 and \
+            bool((cap[last] == kc).all())
+        advance(start)
+        now = start
+        active.append([r, float(w), min(kc, c), kc, evenly])
+        if len(active) > 1 and not (len(active) < P and all(a[4] for a in active)
+                                    and all(a[3] == kc for a in active)):
+            raise Refused("multicast streams overlap on trees without a common narrowest "
+                          "last link into every receiver (max-min would not share evenly)")
+    advance(np.inf)
     if late:
         raise Refused("a stream arrives later than the engines' recovery timeout")
-    if flows and np.isfinite(min_cap):
-        on = rate_all > 0
-        links_fit(np.zeros(int(on.sum()), np.int64), st_all[on], dr_all[on], rate_all[on],
-                  np.array([min_cap]))
     # FIN to r+1 after every stream arrived (after the token on the same channel)
     mrecv_done = np.maximum(post, last_in)
     fin_ready = np.maximum(post, mrecv_done)
@@ -193,7 +233,7 @@ def _run_token_multicast(sim, form) -> str:
         raise Refused("a FIN would leave before its channel's token")
     fin_st = np.maximum(fin_ready, tok_emit)       # after the token (it drains at once)
     fin_arrive = fin_st + lat_next
-    comp = np.maximum(np.maximum(done_max, mrecv_done), fin_st)
+    comp = np.maximum(np.maximum(np.maximum(post, mdone), mrecv_done), fin_st)
     comp = np.maximum(comp, np.roll(fin_arrive, 1))
     sim.net.link_bytes += lb
     sim.net.flows_started += flows
@@ -207,7 +247,7 @@ def _run_token_multicast(sim, form) -> str:
 
 def _run_template(sim, t) -> str:
     """A template, position by position (see the module's docstring)."""
-    from .fast import links_fit
+    from .fast_checks import links_fit
     sched, itemsize, comm = sim._reqs[0]
     P = t.nranks
     L = t.length
