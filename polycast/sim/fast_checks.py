@@ -52,11 +52,20 @@ def links_fit(links, st, dr, rate, cap) -> None:
                       f"({load[j] / cap[lk2[j]]:.3g}x): max-min sharing runs the engines")
 
 
-def _quantize(t: np.ndarray) -> np.ndarray:
-    """Start times that the event loop would see as one instant (driver's batch tolerance)
-    made equal, for ordering."""
+def _quantum(t: np.ndarray) -> float | None:
+    """The batch tolerance of times ``t`` (relative to the largest), or None when all are
+    0 or not finite."""
     scale = float(np.nanmax(np.abs(t))) if len(t) else 0.0
     if not scale or not np.isfinite(scale):
+        return None
+    return scale * 1e-12
+
+
+def _quantize(t: np.ndarray, quantum: float | None | bool = False) -> np.ndarray:
+    """Start times that the event loop would see as one instant (driver's batch tolerance)
+    made equal, for ordering. ``quantum``: that of a larger array ``t`` is part of
+    (:func:`_quantum`); by default ``t``'s own."""
+    q = _quantum(t) if quantum is False else quantum
+    if q is None:
         return np.nan_to_num(t)
-    q = scale * 1e-12
     return np.round(np.nan_to_num(t) / q)
