@@ -81,6 +81,7 @@ class Algorithm:
 
 _REGISTRY: dict[tuple[Collective, str], Algorithm] = {}
 _COMPACT: dict[tuple[Collective, str], Callable] = {}
+_TEMPLATES: set[tuple[Collective, str]] = set()     # of _COMPACT: give a streamed form
 
 
 def register(collective: Collective | str, name: str, summary: str, **flags):
@@ -96,13 +97,17 @@ def register(collective: Collective | str, name: str, summary: str, **flags):
     return deco
 
 
-def register_compact(collective: Collective | str, name: str):
+def register_compact(collective: Collective | str, name: str, template: bool = False):
     """Decorator: a vectorised generator of registered algorithm ``name``'s columns
     (:mod:`polycast.schedule.compact`), for ``build(..., compact=True)``. It must give
-    exactly the columns of the algorithm's own schedule (tests/test_compact.py)."""
+    exactly the columns of the algorithm's own schedule (tests/test_compact.py).
+    ``template``: it gives a form the simulator streams in O(P) memory (a
+    :class:`~polycast.schedule.compact.Template` or ``TokenMulticast``)."""
     coll = Collective.parse(collective)
 
     def deco(fn):
+        if template:
+            _TEMPLATES.add((coll, name))
         _COMPACT[(coll, name)] = fn
         return fn
     return deco
