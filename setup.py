@@ -26,7 +26,7 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
     ext_modules.append(Extension("polycast.runtime.transport._dgram",
                                  [f"{dgram}{part}.c" for part in ("", "_blake2b", "_place",
                                                                   "_read", "_send")],
-                                 depends=[f"{dgram}.h"],
+                                 depends=[f"{dgram}.h", f"{dgram}_abi.h"],
                                  extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
                                  optional=True))
     symm = "polycast/runtime/symm/_symm"

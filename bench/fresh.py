@@ -32,7 +32,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers import find_mpiexec, run_bounded  # noqa: E402
+from peers_launch import find_mpiexec, run_bounded  # noqa: E402
 from polycast.units import parse_size  # noqa: E402
 
 MODES = ("unchanged", "fresh")

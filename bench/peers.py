@@ -45,19 +45,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import re
 import shlex
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -66,91 +61,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import peers_common as pc  # noqa: E402
+# The launches and the tables are modules of their own (bench/peers_launch.py,
+# bench/peers_table.py); the tests reach their names here too.
+from peers_launch import (PeerRun, find_mpiexec, run_bounded, run_gloo,  # noqa: E402,F401
+                          run_mpich, with_bandwidth)
+from peers_table import LABELS, breakdown, comparison, latency  # noqa: E402
 from polycast.collectives import Collective, count_for_nbytes  # noqa: E402
 from polycast.errors import InvalidArgument, PolycastError  # noqa: E402
 from polycast.units import format_size, parse_size  # noqa: E402
 
 PEERS = ("polycast", "mpich", "gloo")
-LABELS = {"polycast": "polycast engine", "mpich": "MPICH", "gloo": "gloo"}
 DEFAULT_SIZES = "8B,64KiB,1MiB,16MiB"
 TRANSPORTS = ("auto", "shm", "tcp")
-# MPICH over TCP: no shared-memory path between local ranks (NOLOCAL), and UCX (this
-# wheel's netmod) restricted to its TCP transport.
-MPICH_TCP_ENV = {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self"}
 DEFAULT_JSON = HERE / "results" / "peers.json"
-KILL_GRACE_SECONDS = 3.0
-
-
-@dataclass
-class Finished:
-    """How one bounded subprocess ended."""
-    returncode: int | None   # None when it was killed on timeout
-    stdout: str
-    stderr: str
-    seconds: float
-    timed_out: bool
-
-    def why(self, what: str, timeout_seconds: float) -> str:
-        if self.timed_out:
-            return f"{what} timed out after {timeout_seconds:g}s"
-        tail = ([ln for ln in self.stderr.splitlines() if ln.strip()]
-                or [ln for ln in self.stdout.splitlines() if ln.strip()])
-        last = tail[-1].strip()[:200] if tail else "no output"
-        return f"{what} failed (exit {self.returncode}): {last}"
-
-
-@dataclass
-class PeerRun:
-    """One peer's outcome: ``rows`` by (collective, nbytes); ``unavailable`` is the reason
-    the peer did not run at all, ``missing`` the reason shown for cases it did not finish
-    (``missing_by`` per case where known)."""
-    name: str
-    rows: dict[tuple[str, int], dict] = field(default_factory=dict)
-    unavailable: str = ""
-    missing: str = ""
-    missing_by: dict[tuple[str, int], str] = field(default_factory=dict)
-    library: str = ""
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    def reason(self, key: tuple[str, int] | None = None) -> str:
-        return (self.unavailable or self.missing_by.get(key) or self.missing
-                or "no result")
-
-
-def run_bounded(cmd: list[str], timeout_seconds: float, env: dict | None = None) -> Finished:
-    """Run ``cmd`` in its own process group; on timeout kill that group (by the child's
-    pid), first with SIGTERM, then SIGKILL."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True, cwd=str(HERE.parent))
-    try:
-        out, err = proc.communicate(timeout=timeout_seconds)
-        return Finished(proc.returncode, out, err, time.monotonic() - t0, False)
-    except subprocess.TimeoutExpired:
-        out, err = _kill_group(proc)
-        return Finished(None, out, err, time.monotonic() - t0, True)
-    except BaseException:
-        _kill_group(proc)
-        raise
-
-
-def _kill_group(proc: subprocess.Popen) -> tuple[str, str]:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            out, err = proc.communicate(timeout=KILL_GRACE_SECONDS)
-            return out or "", err or ""
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        out, err = proc.communicate(timeout=KILL_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        out, err = "", ""
-    return out or "", err or ""
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -183,85 +106,7 @@ def plan_cases(collectives: list[str], sizes: list[int], nranks: int,
     return cases
 
 
-def with_bandwidth(row: dict, nranks: int) -> dict:
-    """``row`` plus algbw and busbw (GB/s) from its nbytes and time_us."""
-    t = float(row["time_us"])
-    algbw = row["nbytes"] / (t * 1e3) if t > 0 else 0.0
-    busbw = algbw * Collective.parse(row["collective"]).busbw_factor(nranks)
-    return {**row, "algbw": algbw, "busbw": busbw}
-
-
-def _read_rows(path: Path, nranks: int) -> dict[tuple[str, int], dict]:
-    rows = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = with_bandwidth(json.loads(line), nranks)
-                rows[(r["collective"], r["nbytes"])] = r
-    return rows
-
-
-# ---------------------------------------------------------------------------- the peers
-
-
-def find_mpiexec() -> str | None:
-    """The mpich wheel puts mpiexec beside the interpreter; prefer it to one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
-def run_mpich(cases, nranks, warmup, timeout_seconds, workdir: Path,
-              transport: str = "auto") -> PeerRun:
-    run = PeerRun("mpich")
-    if importlib.util.find_spec("mpi4py") is None:
-        run.unavailable = "mpi4py not installed: pip install mpich mpi4py"
-        return run
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        run.unavailable = "no mpiexec: pip install mpich"
-        return run
-    out = workdir / "mpich.jsonl"
-    cmd = [mpiexec, "-n", str(nranks), sys.executable, str(HERE / "peers_mpi_worker.py"),
-           pc.dump_plan(cases, warmup), str(out)]
-    env = {**os.environ, **MPICH_TCP_ENV} if transport == "tcp" else None
-    return _finish(run, run_bounded(cmd, timeout_seconds, env), out, nranks, "mpiexec",
-                   timeout_seconds)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_gloo(cases, nranks, warmup, timeout_seconds, workdir: Path) -> PeerRun:
-    run = PeerRun("gloo")
-    if importlib.util.find_spec("torch") is None:
-        run.unavailable = "torch not installed: pip install torch==2.13.0 (CPU build)"
-        return run
-    out = workdir / "gloo.jsonl"
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore::FutureWarning"}
-    cmd = [sys.executable, str(HERE / "peers_gloo_worker.py"), str(nranks), str(free_port()),
-           pc.dump_plan(cases, warmup), str(out)]
-    return _finish(run, run_bounded(cmd, timeout_seconds, env), out, nranks, "gloo ranks",
-                   timeout_seconds)
-
-
-def _finish(run: PeerRun, done: Finished, out: Path, nranks: int, what: str,
-            timeout_seconds: float) -> PeerRun:
-    run.seconds = done.seconds
-    run.rows = _read_rows(out, nranks)
-    if run.rows:
-        run.library = next(iter(run.rows.values())).get("library", "")
-    if done.timed_out or done.returncode != 0:
-        reason = done.why(what, timeout_seconds)
-        run.notes.append(reason)
-        if run.rows:
-            run.missing = reason
-        else:
-            run.unavailable = reason
-    return run
+# ---------------------------------------------------------------------------- polycast
 
 
 def polycast_command() -> list[str]:
@@ -448,131 +293,6 @@ def run_polycast(cases, nranks, warmup, timeout_seconds, algo: str | None,
     if not run.rows and run.missing_by:
         run.unavailable = next(iter(run.missing_by.values()))
     return run
-
-
-# ---------------------------------------------------------------------------- the table
-
-
-def _bw_cell(run: PeerRun, key) -> object:
-    row = run.rows.get(key)
-    if row is None:
-        return f"n/a ({run.reason(key)})"
-    return _gbps(row["busbw"]) + ("" if row["correct"] else " WRONG")
-
-
-def _auto_cell(row: dict | None) -> str:
-    """busbw of the tuner's own choice ("auto"), when it was measured, and what it chose
-    when that is not the best algorithm."""
-    auto = (row or {}).get("auto")
-    if not auto:
-        return ""
-    cell = _gbps(auto["busbw"]) + ("" if auto.get("correct", True) else " WRONG")
-    return cell if auto.get("algorithm") == row.get("algorithm") else \
-        f"{cell} ({auto.get('algorithm')})"
-
-
-def _gbps(x: float) -> str:
-    """Three significant digits, without exponents down to 1 kB/s (8-byte cases)."""
-    return f"{x:.3g}" if x >= 1 else f"{x:.{max(3, 2 - int(np.floor(np.log10(max(x, 1e-6)))))}f}"
-
-
-def _ratio(a: dict | None, b: dict | None) -> float | str:
-    if a is None or b is None or not (a["correct"] and b["correct"]) or b["busbw"] <= 0:
-        return "n/a"
-    return round(a["busbw"] / b["busbw"], 2)
-
-
-def _auto_row(row: dict | None) -> dict | None:
-    auto = (row or {}).get("auto")
-    if not auto:
-        return None
-    return {"busbw": auto["busbw"], "correct": auto.get("correct", True)}
-
-
-def comparison(cases: list[pc.Case], runs: dict[str, PeerRun]):
-    """(table columns, table rows, JSON records) of busbw per collective and size.
-    ``engine``: polycast's best explicit algorithm (the engine path); ``auto``: its
-    default, the symm path on one host."""
-    columns = ["collective", "size", "engine busbw GB/s", "engine algo", "auto GB/s",
-               "MPICH busbw GB/s", "gloo busbw GB/s", "engine/MPICH", "auto/MPICH",
-               "engine/gloo"]
-    rows, records = [], []
-    for case in cases:
-        key = (case.collective, case.nbytes)
-        got = {name: run.rows.get(key) for name, run in runs.items()}
-        pcast = got["polycast"]
-        rows.append([case.collective, format_size(case.nbytes),
-                     _bw_cell(runs["polycast"], key),
-                     pcast.get("algorithm", "?") if pcast else "", _auto_cell(pcast),
-                     _bw_cell(runs["mpich"], key), _bw_cell(runs["gloo"], key),
-                     _ratio(pcast, got["mpich"]), _ratio(_auto_row(pcast), got["mpich"]),
-                     _ratio(pcast, got["gloo"])])
-        rec = {"collective": case.collective, "nbytes": case.nbytes, "count": case.count,
-               "dtype": np.dtype(pc.DTYPE).name,
-               "polycast_algorithm": pcast.get("algorithm") if pcast else None,
-               "polycast_auto": pcast.get("auto") if pcast else None,
-               "polycast_vs_mpich": _ratio(pcast, got["mpich"]),
-               "auto_vs_mpich": _ratio(_auto_row(pcast), got["mpich"]),
-               "polycast_vs_gloo": _ratio(pcast, got["gloo"])}
-        for name, run in runs.items():
-            r = got[name]
-            rec[name] = ({k: r[k] for k in ("time_us", "algbw", "busbw", "correct")}
-                         if r else {"na": run.reason(key)})
-            if r and r.get("cpu_us") is not None:
-                rec[name]["cpu_us"] = r["cpu_us"]
-        records.append(rec)
-    return columns, rows, records
-
-
-def latency(cases: list[pc.Case], runs: dict[str, PeerRun]):
-    """(title, columns, rows, JSON record) for the smallest allreduce, or None."""
-    small = [c for c in cases if c.collective == "allreduce"]
-    if not small:
-        return None
-    case = min(small, key=lambda c: c.nbytes)
-    key = (case.collective, case.nbytes)
-    columns = ["peer", "algorithm", "time us", "correct"]
-    rows, record = [], {"collective": case.collective, "nbytes": case.nbytes}
-    for name, run in runs.items():
-        r = run.rows.get(key)
-        if r is None:
-            rows.append([LABELS[name], "", f"n/a ({run.reason(key)})", ""])
-            record[name] = {"na": run.reason(key)}
-        else:
-            rows.append([LABELS[name], r.get("algorithm", ""), f"{r['time_us']:.1f}",
-                         "yes" if r["correct"] else "WRONG"])
-            record[name] = {"time_us": r["time_us"], "correct": r["correct"],
-                            "algorithm": r.get("algorithm")}
-        auto = (r or {}).get("auto")
-        if name == "polycast" and auto:
-            rows.append(["polycast auto", auto.get("algorithm", ""),
-                         f"{auto['time_us']:.1f}", "yes" if auto.get("correct") else "WRONG"])
-            record["polycast_auto"] = dict(auto)
-    title = f"{format_size(case.nbytes)} allreduce latency"
-    return title, columns, rows, record
-
-
-def breakdown(cases: list[pc.Case], runs: dict[str, PeerRun], args) -> list[dict]:
-    """Per case, the engine path's best algorithm profiled by bench/breakdown.py: CPU
-    per call and rank split by engine, driver, transport, copies, waiting."""
-    import breakdown as bd
-    got = []
-    for case in cases:
-        row = runs["polycast"].rows.get((case.collective, case.nbytes))
-        if not row or row.get("algorithm", "").startswith("auto"):
-            continue
-        spec = bd.Case(f"{case.collective}-{format_size(case.nbytes)}-{args.nranks}",
-                       case.collective, str(case.nbytes), row["algorithm"], args.nranks,
-                       args.transport, iters=max(case.iters * 5, 50))
-        print(f"profiling {spec.name} ({row['algorithm']}) ...", file=sys.stderr, flush=True)
-        try:
-            got.append(bd.run_case(spec, 250, None, args.timeout))
-        except (RuntimeError, subprocess.TimeoutExpired, SystemExit) as exc:
-            print(f"note: breakdown of {spec.name} failed: {exc}", file=sys.stderr)
-    if got:
-        bd.print_rows(got)
-    return got
-
 
 # ---------------------------------------------------------------------------- main
 

@@ -111,7 +111,7 @@ def test_configuration_doc_is_generated_from_the_dataclass():
     assert doc == config.markdown(), \
         "docs/configuration.md is stale: polycast config --markdown > docs/configuration.md"
     for var in config.known_variables():
-        if var not in config._ALGO_VARS:
+        if var not in config.ALGO_VARS:
             assert f"`{var}`" in doc
 
 
@@ -166,7 +166,7 @@ def test_a_variable_set_after_the_communicator_exists_changes_nothing_for_it(mon
 # Modules that may look at the environment, and why: everything else takes its settings from
 # a Config it is handed (or config.current() where a job, communicator or command is made).
 _READS_ENVIRONMENT = {
-    "polycast/config.py": "reads the POLYCAST_* parameters",
+    "polycast/config/environment.py": "reads the POLYCAST_* parameters",
     "polycast/runtime/bootstrap/env.py": "the launcher's variables: where a rank sits",
     "polycast/runtime/bootstrap/report.py": "the launcher's report directory, in excepthook",
     "polycast/lab/marks.py": "the lab runner's marks directory, handed to its ranks",

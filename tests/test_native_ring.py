@@ -290,4 +290,4 @@ def test_one_ring_layout_read_by_both_sides(tmp_path):
     other = tmp_path / "ring_layout.h"
     other.write_text(open(layout._HEADER).read().replace("#define CTRL_NBYTES 256",
                                                          "#define CTRL_NBYTES 512"))
-    assert layout._read(str(other))["CTRL_NBYTES"] == 512
+    assert layout.read_defines(str(other))["CTRL_NBYTES"] == 512

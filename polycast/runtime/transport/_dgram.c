@@ -559,7 +559,13 @@ PyMODINIT_FUNC PyInit__dgram(void) {
         Py_DECREF(m);
         return NULL;
     }
-    PyModule_AddIntConstant(m, "BATCH", BATCH);
+    /* The interface this build has (dgram.py checks it against _dgram_abi.h as it is now:
+     * a helper built before a change to these functions is not called). */
+    if (PyModule_AddIntConstant(m, "BATCH", BATCH) < 0 ||
+        PyModule_AddIntConstant(m, "ABI", DGRAM_ABI) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }
 

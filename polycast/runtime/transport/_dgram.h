@@ -9,6 +9,8 @@
 #ifndef POLYCAST_DGRAM_H
 #define POLYCAST_DGRAM_H
 
+#include "_dgram_abi.h"   /* DGRAM_ABI: the interface version dgram.py checks */
+
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>

@@ -16,10 +16,17 @@ says which.
 from __future__ import annotations
 
 import array
+import os
 
+from .layout import read_defines
 from .native import load
 
-_dgram, why_not = load("polycast.runtime.transport._dgram", "the datagram helper")
+#: The helper's interface version this source calls (_dgram_abi.h, which _dgram.c exports
+#: as ``_dgram.ABI``): a helper that says otherwise is refused and the Python path runs.
+ABI = read_defines(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "_dgram_abi.h"))["DGRAM_ABI"]
+
+_dgram, why_not = load("polycast.runtime.transport._dgram", "the datagram helper", abi=ABI)
 
 #: Datagrams one read takes before the progress thread does other work.
 READ_BATCH = 256

@@ -1,7 +1,8 @@
 """The rings' layout and framing, read from ``ring_layout.h``: the one definition the
 compiled rings (``_ring.c``, the compiled replay) and the Python ones (:mod:`.shm`,
 :mod:`.frames`) share, so the two sides cannot disagree about an offset. Read once, at
-import; the header ships with the package whether or not a compiler built the helpers."""
+import; the header ships with the package whether or not a compiler built the helpers.
+(:func:`read_defines` reads the datagram helper's ``_dgram_abi.h`` the same way.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ _DEFINE = re.compile(r"^#define\s+([A-Z_][A-Z0-9_]*)\s+([^/]+?)\s*(?:/\*.*)?$")
 _EXPR = re.compile(r"^[\sA-Z0-9_x()+\-*<>|&]+$")
 
 
-def _read(path: str = _HEADER) -> dict[str, int]:
+def read_defines(path: str = _HEADER) -> dict[str, int]:
     """NAME -> value of every ``#define NAME <integer expression>`` line (the expression
     may use integers and names defined above it)."""
     values: dict[str, int] = {}
@@ -29,6 +30,6 @@ def _read(path: str = _HEADER) -> dict[str, int]:
     return values
 
 
-LAYOUT = _read()
+LAYOUT = read_defines()
 globals().update(LAYOUT)
 __all__ = sorted(LAYOUT)

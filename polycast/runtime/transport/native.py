@@ -17,16 +17,23 @@ ring = None                    # the compiled module, when built and loadable he
 why_not: str | None = None     # why not, when not
 
 
-def load(module: str, layout: str):
+def load(module: str, layout: str, abi: int | None = None):
     """``(module, None)``, or ``(None, why not)``: a host the shared ``layout`` does not fit
-    (it is Linux futexes and little-endian words), or not built. One rule for both compiled
-    helpers (this one's rings, and runtime/symm/_symm.c)."""
+    (it is Linux futexes and little-endian words), not built, or (``abi`` given) built from
+    an older interface than its source's: a module whose ``ABI`` is missing or another
+    number is not used, since calling into it can crash. One rule for the compiled helpers
+    (this one's rings, runtime/symm/_symm.c, runtime/transport/_dgram.c)."""
     if sys.byteorder != "little" or not sys.platform.startswith("linux"):
         return None, f"{layout} is Linux, little-endian"
     try:
-        return importlib.import_module(module), None
+        built = importlib.import_module(module)
     except ImportError as exc:
         return None, f"the compiled helper is not built ({exc}); reinstall with a C compiler"
+    if abi is not None and getattr(built, "ABI", None) != abi:
+        return None, (f"the built helper's interface is {getattr(built, 'ABI', 'unversioned')}"
+                      f", its source's is {abi}: built before a change to it (rebuild: "
+                      "python setup.py build_ext --inplace)")
+    return built, None
 
 
 ring, why_not = load("polycast.runtime.transport._ring", "the ring layout")

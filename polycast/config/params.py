@@ -1,138 +1,29 @@
-"""polycast's configuration: every ``POLYCAST_*`` parameter, typed, validated and documented
-in one frozen dataclass, read from the environment once.
+"""The parameter table: every ``POLYCAST_*`` parameter as a field of the frozen
+:class:`Config` (its variable, default, parser and one-line doc), the test hooks
+(:class:`Hooks`), and the other names polycast knows (the launcher's job variables, the
+retired switches). Reading them from the environment is polycast.config.environment's;
+the documentation page is generated from here (polycast.config.page).
 
-When a job or a communicator is made (``polycast.init()``, a polycast.torch process group,
-the offload process, a CLI command) it takes a :class:`Config` -- :func:`current`: the
-innermost :func:`override`, else the environment read then -- and hands it down: Comm,
-dispatch, driver, symmetric memory and offload take their settings from it and never read
-the environment again, so a variable set later changes nothing for a communicator that
-exists (NCCL reads each parameter once the same way). A bad value is a one-line
-:class:`~polycast.errors.InvalidArgument` naming the variable and what it accepts; a set
-``POLYCAST_*`` name polycast does not know gets a warning naming the nearest known one;
-with ``POLYCAST_DEBUG=INFO`` each variable that is set is logged once.
-``polycast config`` prints the effective settings and where each came from;
-docs/configuration.md is generated from this module (``polycast config --markdown``).
-
-Test hooks: ``POLYCAST_TEST_HOOKS="native=0,replay=0"`` switches implementations so tests
-and benchmarks can compare paths in one run (:class:`Hooks`). They are not settings for
-users; rank processes a test starts inherit the variable like any other.
-
-To add a parameter: a field here with :func:`_param` (variable, doc, parser), then read it
-from the Config the code is handed (``comm.config``, ``driver.config``...), never from the
-environment; regenerate the doc (``polycast config --markdown > docs/configuration.md``).
+To add a parameter: a field of :class:`Config` made with :func:`_param` (variable, default,
+doc, a parser of polycast.config.parse), then read it from the Config the code is handed
+(``comm.config``, ``driver.config``...), never from the environment; regenerate the doc
+(``polycast config --markdown > docs/configuration.md``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import difflib
-import os
-import sys
-import threading
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable
 
-from .collectives import Collective
-from .errors import InvalidArgument
-from .units import format_size, parse_size
+from ..collectives import Collective
+from ..errors import InvalidArgument
+from .parse import (DEBUG_LEVELS, as_text, byte_size, choice, debug_name, integer, nonnegative,
+                    parse_bool, positive, seconds, secret_shown, secret_text, size_shown,
+                    stripped)
 
 PREFIX = "POLYCAST_"
 HOOKS_VAR = "POLYCAST_TEST_HOOKS"
-DEBUG_LEVELS = {"": 0, "WARN": 0, "INFO": 1, "TRACE": 2}
-
-
-# -- parsers: text -> value, or ValueError saying what is accepted ---------------------------
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def parse_bool(text: str) -> bool:
-    """The one boolean parser: 1/true/yes/on and 0/false/no/off, any case."""
-    t = text.strip().lower()
-    if t in _TRUE:
-        return True
-    if t in _FALSE:
-        return False
-    raise ValueError("must be 1/true/yes/on or 0/false/no/off")
-
-
-def _int(lo: int, hi: int | None = None, what: str = "an integer", note: str = ""
-         ) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            v = None
-        if v is None or v < lo or hi is not None and v > hi:
-            raise ValueError(f"must be {what} " + (f"in {lo}..{hi}" if hi is not None
-                                                   else f">= {lo}") + note)
-        return v
-    return parse
-
-
-def _nbytes(lo: int, least: str | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            v = parse_size(text.strip())
-        except (InvalidArgument, ValueError):
-            v = None
-        if v is None or v < lo:
-            raise ValueError("must be an integer number of bytes (or a size such as 64KiB)"
-                             + (f", at least {least or lo}" if lo else ""))
-        return v
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not v > 0:
-        raise ValueError("give a positive number of seconds")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not v > 0:
-        raise ValueError("must be a positive number")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not v >= 0:
-        raise ValueError("must be a number >= 0")
-    return v
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        t = text.strip().lower()
-        if t not in choices:
-            raise ValueError(f"valid choices: {', '.join(choices)}")
-        return t
-    return parse
-
-
-def _debug(text: str) -> str:
-    t = text.strip().upper()
-    if t not in DEBUG_LEVELS:
-        raise ValueError("must be WARN, INFO or TRACE")
-    return t
-
-
-def _text(text: str) -> str:
-    return text.strip()
 
 
 def _param(var: str, default: Any, doc: str, parse: Callable[[str], Any], *,
@@ -141,21 +32,6 @@ def _param(var: str, default: Any, doc: str, parse: Callable[[str], Any], *,
     ValueError saying what it accepts; ``doc`` is its one line in docs/configuration.md."""
     return field(default=default, metadata={"var": var, "doc": doc, "parse": parse,
                                             "show": show})
-
-
-def _size_shown(value) -> str:
-    return "" if value is None else format_size(value)
-
-
-def _secret(text: str) -> str:
-    if not text:
-        raise ValueError("is set but empty; set it to a long random string on every rank, "
-                         "or unset it")
-    return text
-
-
-def _secret_shown(value) -> str:
-    return "(set)" if value else "(unset)"
 
 
 # -- test hooks --------------------------------------------------------------------------------
@@ -225,61 +101,61 @@ class Config:
     transport: str = _param(
         "POLYCAST_TRANSPORT", "auto", "between ranks of one host: shared-memory rings "
         "(shm, with TCP beside them for control), TCP only (tcp), or shm where it can (auto)",
-        _choice("auto", "shm", "tcp"))
+        choice("auto", "shm", "tcp"))
     timeout_seconds: float = _param(
         "POLYCAST_TIMEOUT", 60.0, "every wait is bounded by this many seconds: a call, "
-        "the rendezvous, a connect", _seconds)
+        "the rendezvous, a connect", seconds)
     progress: str = _param(
         "POLYCAST_PROGRESS", "thread", "who carries a rank's communication: a thread of "
         "its own (thread) or the host's offload process (offload)",
-        _choice("thread", "offload"))
+        choice("thread", "offload"))
     secret: str | None = _param(
         "POLYCAST_SECRET", None, "the job's key: every message and datagram carries a MAC "
         "under it, and the rendezvous is authenticated (set it to the same long random "
-        "string on every rank; `polycast run --secret` makes one)", _secret,
-        show=_secret_shown)
+        "string on every rank; `polycast run --secret` makes one)", secret_text,
+        show=secret_shown)
     mtu_nbytes: int | None = _param(
         "POLYCAST_MTU", None, "largest multicast datagram payload in bytes (default: what "
-        "one datagram of the job's network carries)", _int(64, 65000))
+        "one datagram of the job's network carries)", integer(64, 65000))
     pacing_gbps: float | None = _param(
         "POLYCAST_PACING_GBPS", None, "pace multicast sends at this many Gbit/s "
-        "(default: no pacing)", _positive_float)
+        "(default: no pacing)", positive)
     mcast_interface: str = _param(
         "POLYCAST_MCAST_IF", "", "IPv4 address of the interface multicast uses (default: "
-        "loopback on one host, else the one the group's route takes)", _text)
+        "loopback on one host, else the one the group's route takes)", stripped)
     faults: str = _param(
         "POLYCAST_FAULTS", "", "inject faults where multicast datagrams are read, e.g. "
         "loss=0.1,dup=0.05,reorder=0.2,replay=0.02,seed=7 (runtime/transport/faults.py)",
-        _text)
+        stripped)
     shm_ring_nbytes: int = _param(
         "POLYCAST_SHM_RING_NBYTES", 8 << 20, "bytes of each shared-memory ring between two "
-        "ranks of a host (one per direction)", _nbytes(1 << 16), show=_size_shown)
+        "ranks of a host (one per direction)", byte_size(1 << 16), show=size_shown)
     cma_min_nbytes: int = _param(
         "POLYCAST_CMA_MIN_NBYTES", 512 << 10, "messages between ranks of a host of at least "
-        "this many bytes are read single-copy from the sender's memory", _nbytes(1),
-        show=_size_shown)
+        "this many bytes are read single-copy from the sender's memory", byte_size(1),
+        show=size_shown)
     eager_max_nbytes: int | None = _param(
         "POLYCAST_EAGER_MAX_NBYTES", None, "messages up to this many bytes go eager, larger "
         "ones by rendezvous, to every peer (default: 256 KiB, 1 MiB on shared-memory rings)",
-        _nbytes(0), show=_size_shown)
+        byte_size(0), show=size_shown)
     max_early_nbytes: int | None = _param(
         "POLYCAST_MAX_EARLY_NBYTES", None, "bytes a rank holds for calls it has not posted "
-        "yet (default 64 MiB)", _nbytes(0), show=_size_shown)
+        "yet (default 64 MiB)", byte_size(0), show=size_shown)
     host_id: str = _param(
         "POLYCAST_HOST_ID", "", "this process's host identity among the job's hosts "
         "(default: hostname, boot id and network namespace); e.g. to force TCP between "
         "ranks of one machine, or to group ranks that share /dev/shm across namespaces",
-        _text)
+        stripped)
     wait_spin_us: float = _param(
         "POLYCAST_WAIT_SPIN_US", 50.0, "how much of its own CPU time, in microseconds, a "
         "rank waiting for its peers spends watching for them (yielding the core between "
         "looks) before it sleeps until woken; 0: sleep at once (ranks that share their "
         "cores with other work: more ranks than cores, data-loader or compute threads)",
-        _nonneg_float)
+        nonnegative)
     gil_switch_us: float = _param(
         "POLYCAST_SWITCH_US", 100.0, "the interpreter's GIL switch interval while a "
         "communication thread runs beside the caller's code, in microseconds (0: leave it "
-        "alone)", _nonneg_float)
+        "alone)", nonnegative)
     # which path and algorithm a call takes
     symm: bool = _param(
         "POLYCAST_SYMM", True, "auto may run calls on one host through symmetric memory "
@@ -287,39 +163,39 @@ class Config:
     nchunks: int | None = _param(
         "POLYCAST_NCHUNKS", None, "pipeline every call in this many chunks per part instead "
         "of the planner's choice (experiments, calibration)",
-        _int(1, what="a positive integer"))
+        integer(1, what="a positive integer"))
     algorithms: tuple = field(default=(), metadata={
         "var": "POLYCAST_<COLLECTIVE>_ALGO", "doc": "the algorithm a collective runs when a "
         "call does not name one (e.g. POLYCAST_ALLGATHER_ALGO=ring; auto: the planner's "
         "choice); `polycast algos` lists them", "parse": None, "show": None})
     max_schedule_gib: float = _param(
         "POLYCAST_MAX_SCHEDULE_GIB", 4.0, "refuse to build a schedule estimated to need more "
-        "memory than this many GiB", _positive_float)
+        "memory than this many GiB", positive)
     profile_path: str = _param(
         "POLYCAST_PROFILE", "", "the calibration profile the planner reads and `polycast "
-        "tune --calibrate` writes (default: ~/.cache/polycast/profile.json)", _text)
+        "tune --calibrate` writes (default: ~/.cache/polycast/profile.json)", stripped)
     debug: str = _param(
         "POLYCAST_DEBUG", "", "INFO: log each set variable once and each choice the first "
-        "time; TRACE: every call's choice too (stderr)", _debug)
+        "time; TRACE: every call's choice too (stderr)", debug_name)
     # the offload process
     offload_workers: int = _param(
         "POLYCAST_OFFLOAD_WORKERS", 1, "worker processes that receive multicast for the "
         "offload process (0: it receives multicast itself)",
-        _int(0, 64, "an integer", " (0: the offload process receives multicast itself)"))
+        integer(0, 64, "an integer", " (0: the offload process receives multicast itself)"))
     offload_arena_nbytes: int = _param(
         "POLYCAST_OFFLOAD_ARENA", 1 << 30, "bytes of registered memory per rank under "
-        "progress=offload (sparse)", _nbytes(1 << 20, "1 MiB (default 1 GiB)"),
-        show=_size_shown)
+        "progress=offload (sparse)", byte_size(1 << 20, "1 MiB (default 1 GiB)"),
+        show=size_shown)
     offload_staging: bool = _param(
         "POLYCAST_OFFLOAD_STAGING", True, "under progress=offload, copy a buffer that is not "
         "registered memory in and out (0: refuse it)", parse_bool)
     # the simulator and the lab
     nic_host_file: str = _param(
         "POLYCAST_NIC_HOST_FILE", "", "the measured host NIC preset the simulator's `host` "
-        "NIC model reads (default: the one polycast ships)", _text)
+        "NIC model reads (default: the one polycast ships)", stripped)
     lab_state_dir: str = _param(
         "POLYCAST_LAB_STATE_DIR", "/run/polycast-lab", "where `polycast lab` keeps the state "
-        "of the labs it brought up", _text)
+        "of the labs it brought up", stripped)
     sources: tuple = field(default=(), compare=False, repr=False, metadata={"var": None})
     hooks: Hooks = field(default_factory=Hooks, metadata={
         "var": HOOKS_VAR, "doc": "test hooks (not for users): name=value pairs, see "
@@ -327,13 +203,13 @@ class Config:
         "show": lambda h: h.describe() or "(none)"})
 
     def __post_init__(self) -> None:
-        for f in _PARAMS:
+        for f in PARAMS:
             parse = f.metadata.get("parse")
             value = getattr(self, f.name)
             if parse is None or value is None or value == f.default or f.name == "hooks":
                 continue
             try:
-                parse(_as_text(value))
+                parse(as_text(value))
             except ValueError as exc:
                 raise InvalidArgument(f"{f.metadata['var']}={value!r}: {exc}") from None
 
@@ -364,7 +240,7 @@ class Config:
             merged.update({Collective.parse(c): n.lower()
                            for c, n in changes["algorithms"].items()})
             changes["algorithms"] = tuple((c, merged[c]) for c in Collective if c in merged)
-        unknown = set(changes) - {f.name for f in _PARAMS}
+        unknown = set(changes) - {f.name for f in PARAMS}
         if unknown:
             raise InvalidArgument(f"unknown configuration field(s) {sorted(unknown)}")
         if not changes:
@@ -373,7 +249,7 @@ class Config:
             parse = _FIELD[name].metadata["parse"]
             if name not in ("hooks", "algorithms") and parse is not None:
                 try:
-                    parse(_as_text(value))
+                    parse(as_text(value))
                 except ValueError as exc:
                     what = (f"{name}={value!r} (or {_VAR_OF[name]})" if origin == "argument"
                             else f"{_VAR_OF[name]}={value!r}")
@@ -397,7 +273,7 @@ class Config:
         """The variables that give another process this configuration (the ones not at
         their defaults), e.g. for the offload process or ranks a test starts."""
         out = {}
-        for f in _PARAMS:
+        for f in PARAMS:
             value = getattr(self, f.name)
             if f.name == "algorithms":
                 out.update({algorithm_var(c): n for c, n in value})
@@ -405,7 +281,7 @@ class Config:
                 if value.describe():
                     out[HOOKS_VAR] = value.describe()
             elif value != f.default and value is not None:
-                out[f.metadata["var"]] = _as_text(value)
+                out[f.metadata["var"]] = as_text(value)
         return out
 
     def settings(self) -> list[tuple[str, str, str]]:
@@ -413,7 +289,7 @@ class Config:
         config``)."""
         sources = dict(self.sources)
         out = []
-        for f in _PARAMS:
+        for f in PARAMS:
             var, value = f.metadata["var"], getattr(self, f.name)
             if f.name == "algorithms":
                 for c in Collective:
@@ -422,24 +298,16 @@ class Config:
                     out.append((name, v or "auto", sources.get(name, "default")))
                 continue
             show = f.metadata.get("show")
-            text = show(value) if show else ("" if value is None else _as_text(value))
+            text = show(value) if show else ("" if value is None else as_text(value))
             out.append((var, text or "(unset)", sources.get(var, "default")))
         return out
-
-
-def _as_text(value) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def algorithm_var(coll: Collective) -> str:
     return f"{PREFIX}{coll.name}_ALGO"
 
 
-_ALGO_VARS = {algorithm_var(c): c for c in Collective}
+ALGO_VARS = {algorithm_var(c): c for c in Collective}
 
 # Set by the launchers, read by runtime/bootstrap/env.py once when the job is joined: where
 # this process sits in the job (not settings; documented and known, so no warning).
@@ -468,170 +336,13 @@ RETIRED.update({f"{PREFIX}{name.upper()}": "POLYCAST_WAIT_SPIN_US (one wait poli
                  "replay_spin_wall_us")})
 
 
-_PARAMS = [f for f in dataclasses.fields(Config) if f.metadata.get("var")]
-_BY_VAR = {f.metadata["var"]: f for f in _PARAMS if f.name != "algorithms"}
-_VAR_OF = {f.name: f.metadata["var"] for f in _PARAMS}
-_FIELD = {f.name: f for f in _PARAMS}
+# The parameters' fields (every one with a variable), and the one each variable sets.
+PARAMS = [f for f in dataclasses.fields(Config) if f.metadata.get("var")]
+BY_VAR = {f.metadata["var"]: f for f in PARAMS if f.name != "algorithms"}
+_VAR_OF = {f.name: f.metadata["var"] for f in PARAMS}
+_FIELD = {f.name: f for f in PARAMS}
 
 
 def known_variables() -> list[str]:
-    return sorted(set(_BY_VAR) | set(_ALGO_VARS) | set(JOB_VARIABLES))
+    return sorted(set(BY_VAR) | set(ALGO_VARS) | set(JOB_VARIABLES))
 
-
-# -- reading the environment ----------------------------------------------------------------------
-_lock = threading.Lock()
-_logged: set = set()
-_warned: set = set()
-_overrides: list[Config] = []
-
-
-def load(env: Mapping[str, str] | None = None, *, rank: int | None = None) -> Config:
-    """The configuration the environment ``env`` (default ``os.environ``) asks for:
-    every set variable parsed and validated (InvalidArgument naming it and what it accepts),
-    an unknown ``POLYCAST_*`` name warned about once, and at POLYCAST_DEBUG=INFO each set
-    variable logged once (prefixed with ``rank`` when given)."""
-    env = os.environ if env is None else env
-    values: dict[str, Any] = {}
-    algos = []
-    seen = []
-    for var, text in env.items():
-        if not var.startswith(PREFIX):
-            continue
-        f = _BY_VAR.get(var)
-        if f is not None:
-            if text == "" and f.name not in ("hooks", "secret"):
-                seen.append((var, text))        # set but empty: the default, as before
-                continue
-            try:
-                values[f.name] = f.metadata["parse"](text)
-            except ValueError as exc:
-                raise InvalidArgument(f"{var}={text!r}: {exc}") from None
-            seen.append((var, text))
-        elif var in _ALGO_VARS:
-            if text.strip():
-                algos.append((_ALGO_VARS[var], text.strip().lower()))
-                seen.append((var, text))
-        elif var in RETIRED:
-            now = RETIRED[var]
-            raise InvalidArgument(f"{var}={text!r}: no longer a setting; " + (
-                f"a test hook now: {now}" if now.startswith(HOOKS_VAR) else f"now: {now}"))
-        elif var not in JOB_VARIABLES:
-            _warn_unknown(var)
-    if algos:
-        values["algorithms"] = tuple(sorted(algos, key=lambda a: list(Collective).index(a[0])))
-    cfg = Config(sources=tuple((var, "environment") for var, _ in seen), **values)
-    if cfg.debug_level >= 1:
-        _log_set(seen, rank)
-    return cfg
-
-
-def _warn_unknown(var: str) -> None:
-    with _lock:
-        if var in _warned:
-            return
-        _warned.add(var)
-    near = difflib.get_close_matches(var, known_variables(), n=1, cutoff=0.6)
-    hint = f"; did you mean {near[0]}?" if near else "; `polycast config` lists them"
-    warnings.warn(f"polycast: {var} is not a polycast variable{hint}", RuntimeWarning,
-                  stacklevel=3)
-
-
-def _log_set(seen, rank) -> None:
-    tag = f"[rank {rank}] " if rank is not None else ""
-    for var, text in seen:
-        with _lock:
-            if (var, text) in _logged:
-                continue
-            _logged.add((var, text))
-        shown = "(set)" if var == "POLYCAST_SECRET" else text
-        print(f"{tag}polycast INFO {var}={shown}", file=sys.stderr, flush=True)
-
-
-def read_var(var: str, env: Mapping[str, str] | None = None):
-    """One variable's value in ``env`` (default ``os.environ``), parsed and validated as
-    :func:`load` does, or its default: for a launcher or a tool that needs one setting of
-    the processes it starts."""
-    env = os.environ if env is None else env
-    f = _BY_VAR[var]
-    text = env.get(var)
-    if text is None or text == "" and f.name not in ("hooks", "secret"):
-        return f.default
-    try:
-        return f.metadata["parse"](text)
-    except ValueError as exc:
-        raise InvalidArgument(f"{var}={text!r}: {exc}") from None
-
-
-def current(*, rank: int | None = None) -> Config:
-    """The configuration a job, a communicator or a command made now takes: the innermost
-    :func:`override`, else the environment's (:func:`load`). Call it where such a thing is
-    made, once, and hand the result down."""
-    with _lock:
-        if _overrides:
-            return _overrides[-1]
-    return load(rank=rank)
-
-
-@contextlib.contextmanager
-def override(**changes) -> Iterator[Config]:
-    """Within the block, :func:`current` is the current configuration with ``changes``
-    (field names; ``hooks={"native": False}`` changes hooks): tests and programs set
-    parameters this way instead of changing ``os.environ`` under running code. Objects
-    made before the block keep the configuration they took."""
-    cfg = current().replace("override", **changes)
-    with _lock:
-        _overrides.append(cfg)
-    try:
-        yield cfg
-    finally:
-        with _lock:
-            _overrides.remove(cfg)
-
-
-def reset_logged() -> None:
-    """Forget which variables were logged and warned about (tests)."""
-    with _lock:
-        _logged.clear()
-        _warned.clear()
-
-
-# -- the generated page ------------------------------------------------------------------------
-def markdown() -> str:
-    """docs/configuration.md: every parameter, generated from :class:`Config`."""
-    lines = ["# Configuration", "",
-             "<!-- Generated from polycast/config.py by `polycast config --markdown > "
-             "docs/configuration.md`; tests/test_config.py fails when it is stale. -->", "",
-             "polycast reads its `POLYCAST_*` variables once, when a job or communicator is "
-             "made, and hands them down; setting one later changes nothing for a "
-             "communicator that exists. A bad value is an error naming the variable; an "
-             "unknown `POLYCAST_*` name is warned about. `polycast config` prints the "
-             "effective settings and where each came from; `POLYCAST_DEBUG=INFO` logs each "
-             "set variable once. Booleans take 1/true/yes/on or 0/false/no/off; sizes take "
-             "bytes or units (64KiB, 8MiB).", "",
-             "| variable | default | what it does |", "|---|---|---|"]
-    cfg = Config()
-    for var, value, _ in cfg.settings():
-        if var in _ALGO_VARS:
-            continue
-        f = _BY_VAR[var]
-        if f.name == "hooks":
-            continue
-        lines.append(f"| `{var}` | {value} | {f.metadata['doc']} |")
-    algo = next(f for f in _PARAMS if f.name == "algorithms")
-    lines.append(f"| `POLYCAST_<COLLECTIVE>_ALGO` | auto | {algo.metadata['doc']}; "
-                 f"collectives: {', '.join(c.name for c in Collective)} |")
-    lines += ["", "## Set by the launcher", "",
-              "`polycast run` sets these for each rank (torchrun's, mpiexec's and srun's own "
-              "variables work too); they say where a process sits in the job.", "",
-              "| variable | what it says |", "|---|---|"]
-    lines += [f"| `{var}` | {doc} |" for var, doc in JOB_VARIABLES.items()]
-    lines += ["", "## Test hooks", "",
-              f"`{HOOKS_VAR}` takes `name=value` pairs separated by commas; they switch "
-              "implementations so tests and benchmarks can compare paths in one run, and "
-              "are not settings for users.", "", "| hook | default | what it switches |",
-              "|---|---|---|"]
-    for f in dataclasses.fields(Hooks):
-        d = f.default
-        lines.append(f"| `{f.name}` | {_as_text(d) if d != '' else '(unset)'} | "
-                     f"{f.metadata['doc']} |")
-    return "\n".join(lines) + "\n"
