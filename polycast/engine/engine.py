@@ -21,8 +21,9 @@ The engine's parts, each in its own module:
   collective's state), :mod:`.config` (EngineConfig, EngineStats);
 * :mod:`.early`: the early buffer, the one memory budget for everything held;
 * :mod:`.rendezvous`: RTS/CTS for large point-to-point payloads;
-* :mod:`.mcast`: reliable multicast: streams, placement, bitmaps, gap pulls, deferral, FIN,
-  pacing (its :class:`~.mcast.Stream` runs without an engine, e.g. in an offload worker);
+* :mod:`.mcast`: reliable multicast: placement, gap pulls, deferral, FIN, pacing, on
+  :mod:`.stream`'s streams (bitmaps, chunk geometry; a :class:`~.stream.Stream` runs
+  without an engine, e.g. in an offload worker) and pacer;
 * :mod:`.failure`: aborts, mismatches, timeouts and the description of what is stuck.
 
 Payloads handed to ``on_message``/``on_datagram`` may be held by the engine until they come
@@ -40,12 +41,13 @@ from .actions import (Action, new_cancel_timer, new_complete, new_copy, new_deli
 from .config import MIB, EngineConfig, EngineStats
 from .early import ENTRY_OVERHEAD_NBYTES, EarlyBuffer, held_cost, let_go, own
 from .failure import Failure
-from .mcast import Pacer, ReliableMulticast
+from .mcast import ReliableMulticast
 from .p2p import P2P_TOKEN, PointToPoint
 from .plan import Plan, make_plan
 from .request import DONE, PENDING, STARTED, Request
 from .rendezvous import Rendezvous
 from .replay import Replay
+from .stream import Pacer
 from .wire import F_NO_PAYLOAD, F_PULL, AbortReason, Header, MsgKind, WireError, \
     call_signature, make_header, parse_datagram
 
