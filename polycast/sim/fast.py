@@ -37,17 +37,9 @@ import numpy as np
 from ..engine.wire import HEADER_NBYTES
 from .errors import SimulationError
 from .fast_events import run_events
-from .fast_kinds import (ARRIVE, CHAN, COPY, DEP, FIN, MARR, MCAST, MRECV, PACE, RECV, SEND,
-                         SILENT_RTO, Refused)
+from .fast_kinds import COPY, FIN, MCAST, MRECV, RECV, SEND, SILENT_RTO, Refused
 
 _NEG = -math.inf
-# Per kind of edge: the field of its source it reads (a row of the walk's F: done, arrive,
-# chanfree, pnext, drain) and the input of its node it feeds (dependencies, message or
-# stream, channel, pacer).
-_ROW = np.zeros(5, np.int64)
-_ROW[[DEP, ARRIVE, CHAN, PACE, MARR]] = [0, 1, 2, 3, 4]
-_SLOT = np.zeros(5, np.int64)
-_SLOT[[DEP, ARRIVE, CHAN, PACE, MARR]] = [0, 1, 2, 3, 1]
 
 
 def static_refusal(loss: float = 0.0, nic=None, record: bool = False) -> str | None:
@@ -109,7 +101,8 @@ class _Graph:
         posts: dict[tuple[int, int], float] = {}
         for ev in sim._heap:                            # (t, seq, _POST, endpoint, req, _)
             posts[(ev[3], ev[4])] = ev[0]
-        cols = {k: [] for k in ("kind", "q", "local", "peer", "tag", "idx", "nbytes")}
+        cols = {k: [] for k in ("kind", "peer", "tag", "nbytes")}
+        qs, locals_, idxs = [], [], []
         dep_counts, dep_flat = [], []
         self.reqs = []
         eps_of, group_of, post_of, shapes = [], [], [], []
@@ -120,13 +113,13 @@ class _Graph:
             n = sched.nranks
             c = columns_of(sched)
             ns = c.nsteps
-            cols["kind"].append(c.kind.astype(np.int64))
-            cols["q"].append(np.full(ns, q, np.int64))
-            cols["local"].append(c.local.astype(np.int64))
-            cols["peer"].append(c.peer.astype(np.int64))
-            cols["tag"].append(c.tag.astype(np.int64))
-            cols["idx"].append(c.idx)
+            cols["kind"].append(c.kind)
+            cols["peer"].append(c.peer)
+            cols["tag"].append(c.tag)
             cols["nbytes"].append(c.nelems * itemsize)
+            qs.append(np.full(ns, q, np.int64))
+            locals_.append(c.local)
+            idxs.append(c.idx)
             pt = np.array([posts[(e, q)] for e in eps], dtype=np.float64)
             dep_counts.append(c.dep_counts.astype(np.int64))
             dep_flat.append(c.dep_flat + base)
@@ -142,12 +135,19 @@ class _Graph:
         # second, ...; each rank's own steps stay in program order): a level of the walk
         # holds about one step per rank, and in the schedules' rank-major order those lie
         # a whole program apart, every read a cache miss.
-        perm = _position_order(shapes) if shapes and None not in shapes else \
-            np.argsort(np.concatenate(cols["idx"]), kind="stable")
+        if shapes and None not in shapes:
+            # request, rank and position of every step follow from the layout
+            perm, self.q, self.local, self.idx = _position_order(shapes)
+        else:
+            perm = np.argsort(np.concatenate(idxs), kind="stable") if idxs else \
+                np.zeros(0, np.int64)
+            for k, v in (("q", qs), ("local", locals_), ("idx", idxs)):
+                cols[k] = v
         inv = np.empty(base, np.int64)
         inv[perm] = np.arange(base)
         for k, v in cols.items():
-            setattr(self, k, np.concatenate(v)[perm] if v else np.zeros(0, np.int64))
+            a = np.concatenate(v)[perm] if v else np.zeros(0, np.int64)
+            setattr(self, k, a if k == "kind" else a.astype(np.int64, copy=False))
         # endpoint, global rank and post time of every step, by (request, local rank)
         off = np.concatenate([[0], np.cumsum([len(x) for x in eps_of])])
         at = off[self.q] + self.local
@@ -164,25 +164,24 @@ class _Graph:
         self.dep_flat = inv[flat[pos]]
 
 
-def _position_order(shapes: list[tuple[int, int]]) -> np.ndarray:
+def _position_order(shapes: list[tuple[int, int]]):
     """For requests of ``(programs, steps per program)`` laid out rank-major one after
     another: the order listing step 0 of every program (request by request), then step 1,
-    ... -- ``np.argsort(positions, kind="stable")`` without the sort."""
-    Lmax = max(L for _, L in shapes)
-    j = np.arange(Lmax)
-    n_at = np.array([np.where(j < L, n, 0) for n, L in shapes])      # (requests, Lmax)
-    per_j = n_at.sum(axis=0)
-    base = np.concatenate([[0], np.cumsum(per_j)[:-1]])
-    before = np.cumsum(n_at, axis=0) - n_at
-    perm = np.empty(int(per_j.sum()), np.int64)
-    off = 0
-    for q, (n, L) in enumerate(shapes):
-        at = base[:L] + before[q, :L]
-        src = off + np.arange(n, dtype=np.int64) * L
-        for jj in range(L):
-            perm[at[jj]:at[jj] + n] = src + jj
-        off += n * L
-    return perm
+    ... -- ``np.argsort(positions, kind="stable")`` without the sort -- and in that order
+    every step's request, program and position."""
+    n = np.array([s[0] for s in shapes], np.int64)
+    L = np.array([s[1] for s in shapes], np.int64)
+    off = np.concatenate([[0], np.cumsum(n * L)[:-1]])
+    # blocks of one (position, request), in order: position-major, then request
+    j, q = np.nonzero(np.arange(int(L.max(initial=0)))[:, None] < L[None, :])
+    size = n[q]
+    total = int(size.sum())
+    first = np.cumsum(size) - size
+    local = np.arange(total, dtype=np.int64) - np.repeat(first, size)
+    qq = np.repeat(q.astype(np.int64), size)
+    idx = np.repeat(j.astype(np.int64), size)
+    perm = off[qq] + local * L[qq] + idx
+    return perm, qq, local, idx
 
 
 def run(sim) -> str:
@@ -210,6 +209,7 @@ def run(sim) -> str:
         plan.check_recovery(times)
     except Refused as e:
         sim.fast_walk_refused = str(e)
+        plan._bufs = times = None           # the walk's rows (times are views of them)
         run_events(sim, plan)
         return "events"
     plan.commit(times)
@@ -244,27 +244,30 @@ class _Plan:
         nf = len(fin_q)
         self.fin_of = fin_of
         self.N = N = ns + nf
-        self.kind = np.concatenate([kind, np.full(nf, FIN, np.int64)])
-        self.q = np.concatenate([g.q, np.asarray(fin_q, np.int64)])
-        self.ep = np.concatenate([g.ep, np.asarray(fin_ep, np.int64)])
-        self.rank = np.concatenate([g.rank, np.asarray(fin_rank, np.int64)])
-        self.local = np.concatenate([g.local, np.asarray(fin_local, np.int64)])
-        self.post = np.concatenate([g.post, np.asarray(fin_post, np.float64)])
+        def cat(steps, fins, dtype=np.int64):      # the graph's own array when no FIN
+            return np.concatenate([steps, np.asarray(fins, dtype)]) if nf else steps
+        self.kind = cat(kind, np.full(nf, FIN))
+        self.q = cat(g.q, fin_q)
+        self.ep = cat(g.ep, fin_ep)
+        self.rank = cat(g.rank, fin_rank)
+        self.local = cat(g.local, fin_local)
+        self.post = cat(g.post, fin_post, np.float64)
         n_of_q = np.array([r[3] for r in g.reqs], dtype=np.int64)
         fin_peer = (np.asarray(fin_local, np.int64) + 1) % n_of_q[np.asarray(fin_q, np.int64)] \
             if nf else np.zeros(0, np.int64)
-        self.peer = np.concatenate([g.peer, fin_peer])
-        self.nbytes = np.concatenate([g.nbytes, np.zeros(nf, np.int64)])
+        self.peer = cat(g.peer, fin_peer)
+        self.nbytes = cat(g.nbytes, np.zeros(nf))
         # tie-break of messages started at one instant: request, then program position
-        # (a FIN right after its last MRECV, before the steps that MRECV releases)
-        self.tie = np.concatenate([g.idx.astype(np.float64), np.zeros(nf)])
-        self.global_peer = np.full(N, -1, np.int64)
-        for q, (sched, _, comm, n, base, starts, pt) in enumerate(g.reqs):
-            sel = self.q == q
-            p = self.peer[sel]
-            grp = np.asarray(sim._comm_group[comm], dtype=np.int64)
-            gp = np.where(p >= 0, grp[np.maximum(p, 0)], -1)
-            self.global_peer[sel] = gp
+        # (a FIN right after its last MRECV, before the steps that MRECV releases), as one
+        # integer: request * span + 2 * position (+ 1 for a FIN)
+        span = 2 * (int(g.idx.max()) + 1) + 1 if len(g.idx) else 1
+        self.tie = np.concatenate([g.idx * 2, np.full(nf, span - 1, np.int64)]) \
+            + self.q * span
+        # the peer's global rank: its communicator's member, by (request, local rank)
+        groups = [np.asarray(sim._comm_group[r[2]], dtype=np.int64) for r in g.reqs]
+        off = np.concatenate([[0], np.cumsum([len(x) for x in groups])[:-1]])
+        self.global_peer = np.where(self.peer >= 0, np.concatenate(groups)[
+            off[self.q] + np.maximum(self.peer, 0)], -1)
         self._match()
         self._fin_ties()
         self._edges_static()
@@ -286,9 +289,10 @@ class _Plan:
         os_, or_ = np.argsort(key_s, kind="stable"), np.argsort(key_r, kind="stable")
         if not np.array_equal(key_s[os_], key_r[or_]):
             raise Refused("a message without its match")
+        rs, ss = recvs[or_], sends[os_]
         self.recv_send = np.full(self.N, -1, np.int64)
-        self.recv_send[recvs[or_]] = sends[os_]
-        if (self.nbytes[recvs[or_]] != self.nbytes[sends[os_]]).any():
+        self.recv_send[rs] = ss
+        if (self.nbytes[rs] != self.nbytes[ss]).any():
             raise Refused("a RECV expects another size than its SEND carries")
         mc = np.flatnonzero(kind == MCAST)
         mr = np.flatnonzero(kind == MRECV)
@@ -306,19 +310,18 @@ class _Plan:
 
     def _fin_ties(self) -> None:
         """A FIN leaves right after its member's last MRECV completes, before the steps
-        that MRECV releases; with no MRECV, after everything its post starts."""
+        that MRECV releases; with no MRECV, after everything its post starts (the tie
+        :meth:`__init__` gave it)."""
         if not self.fin_of:
             return
         mr = self.mrecvs
         for q, f0 in self.fin_of.items():
             n = self.g.reqs[q][3]
-            tie = np.full(n, 1e18)
             sel = mr[self.q[mr] == q]
             if len(sel):
-                last = np.full(n, -1.0)
-                np.maximum.at(last, self.local[sel], self.g.idx[sel].astype(np.float64))
-                tie = np.where(last >= 0, last + 0.5, tie)
-            self.tie[f0:f0 + n] = tie
+                last = np.full(n, -1, np.int64)
+                np.maximum.at(last, self.local[sel], self.tie[sel])
+                self.tie[f0:f0 + n] = np.where(last >= 0, last + 1, self.tie[f0:f0 + n])
 
     # -- routes and flows -------------------------------------------------------------
     def _flows(self) -> None:
@@ -328,7 +331,7 @@ class _Plan:
         msg = np.flatnonzero((kind == SEND) | (kind == FIN))
         self.msg = msg
         pairs = self.rank[msg] * sim.P + self.global_peer[msg]
-        upairs, inv = np.unique(pairs, return_inverse=True)
+        upairs, inv = _unique(pairs, sim.P * sim.P)
         links, lats, rates = [], np.empty(len(upairs)), np.empty(len(upairs))
         for j, pr in enumerate(upairs.tolist()):
             lk, lat = sim._route(pr // sim.P, pr % sim.P)
@@ -351,10 +354,10 @@ class _Plan:
             self.dur[msg] = np.where(wire > 0, wire / rates[inv], 0.0)
         self.rate = np.zeros(N)
         self.rate[msg] = rates[inv]
-        self.mcap = [math.inf] * N          # a stream's pacing cap (event mode)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            self.goodput = np.where(self.wire > 0, self.nbytes / np.maximum(self.wire, 1),
-                                    1.0).tolist()
+        self.mcap = np.full(N, math.inf)    # a stream's pacing cap (event mode)
+        self.goodput = np.ones(N)            # payload / wire bytes of a flow (event mode)
+        w = wire > 0
+        self.goodput[msg[w]] = nb[w] / wire[w]
         # multicast: per MCAST its stream's datagrams, pacing and tree
         mc = self.mcasts
         nroute = len(links)
@@ -417,29 +420,52 @@ class _Plan:
 
     # -- edges ------------------------------------------------------------------------
     def _edges_static(self) -> None:
-        """Dependencies, message matches, MCAST -> MRECV, MRECVs -> FIN."""
-        g = self.g
-        src = [g.dep_flat]
-        dst = [np.repeat(np.arange(g.nsteps, dtype=np.int64), g.dep_counts)]
-        cat = [np.full(len(g.dep_flat), DEP, np.int8)]
-        r = self.recvs
-        src.append(self.recv_send[r])
-        dst.append(r)
-        cat.append(np.full(len(r), ARRIVE, np.int8))
-        mr = self.mrecvs
-        src.append(self.mrecv_mcast[mr])
-        dst.append(mr)
-        cat.append(np.full(len(mr), MARR, np.int8))
-        # FIN waits for every MRECV of its (request, member)
-        if self.fin_of:
+        """The edges no channel order changes, made once for every walk: dependencies
+        (a step's own, and a FIN's on its member's MRECVs) by destination; each RECV's SEND
+        and each MRECV's MCAST (its one arrival); and all of them by source (successors).
+        The channels' and pacers' edges are one pointer per node, made per order
+        (:meth:`_chain`)."""
+        g, N, ns = self.g, self.N, self.g.nsteps
+        ix = np.int32 if N < 2**31 - 1 else np.int64     # node numbers: half the memory
+        self.ix = ix
+        mr, r = self.mrecvs, self.recvs
+        dep_src, dep_cnt = [g.dep_flat], [g.dep_counts]
+        fin = np.zeros(0, np.int64)
+        if self.fin_of and len(mr):                      # FIN waits for its member's MRECVs
             fin = np.array([self.fin_of[int(qq)] for qq in self.q[mr].tolist()],
-                           dtype=np.int64) + self.local[mr] if len(mr) else np.zeros(0, np.int64)
-            src.append(mr)
-            dst.append(fin)
-            cat.append(np.full(len(mr), DEP, np.int8))
-        ix = np.int32 if self.N < 2**31 - 1 else np.int64
-        self.static = (np.concatenate(src).astype(ix), np.concatenate(dst).astype(ix),
-                       np.concatenate(cat))
+                           dtype=np.int64) + self.local[mr]
+            dep_src.append(mr[np.argsort(fin, kind="stable")])
+        dep_cnt.append(np.bincount(fin - ns, minlength=N - ns) if len(fin)
+                       else np.zeros(N - ns, np.int64))
+        self.dep_src = np.concatenate(dep_src).astype(ix)
+        cnt = np.concatenate(dep_cnt)
+        self.dep_ptr = np.zeros(N + 1, np.int64)
+        np.cumsum(cnt, out=self.dep_ptr[1:])
+        # the arrival a RECV (its SEND's arrive) or an MRECV (its MCAST's drain) waits for
+        self.arr_src = np.full(N, -1, ix)
+        self.arr_src[r] = self.recv_send[r]
+        self.arr_src[mr] = self.mrecv_mcast[mr]
+        self.indeg0 = cnt + (self.arr_src >= 0)
+        src = np.concatenate([g.dep_flat, mr, self.recv_send[r], self.mrecv_mcast[mr]])
+        dst = np.concatenate([np.repeat(np.arange(ns, dtype=ix), g.dep_counts),
+                              fin.astype(ix), r.astype(ix), mr.astype(ix)])
+        self.succ = dst[np.argsort(src, kind="stable")]
+        self.succ_ptr = np.zeros(N + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=N), out=self.succ_ptr[1:])
+        self._bufs = None
+
+    def _chain(self, order) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, the message before it on its channel (an MCAST: on its engine's
+        multicast channel, which is also its pacer), and the one after it; -1 for none."""
+        cn, ck, mn, mk = order
+        prev = np.full(self.N, -1, self.ix)
+        nxt = np.full(self.N, -1, self.ix)
+        for nodes, keys in ((cn, ck), (mn, mk)):
+            same = keys[1:] == keys[:-1]
+            a, b = nodes[:-1][same], nodes[1:][same]
+            prev[b] = a
+            nxt[a] = b
+        return prev, nxt
 
     def settled_walk(self) -> dict:
         """Walk, re-order the channels by the start times found, walk again, until the
@@ -454,6 +480,16 @@ class _Plan:
             times = self.walk(order)
             if self.order_holds(order, times["emit"]):
                 return times
+            # Not settled, and flows of different channels already share a link beyond its
+            # capacity: a re-walk only re-orders messages within their channels, which
+            # leaves such overlaps where they are (in every case of the equality grid: a
+            # walk that showed them never settled into one without), and a settled walk
+            # would be refused for them. So the events mode now, not after the re-walks:
+            # only a speed choice, as the events mode is exact.
+            try:
+                self.check_contention(times)
+            except Refused as e:
+                raise Refused(f"{e} (seen while the channel order was settling)") from None
             order = self.channel_order(times)
         raise Refused("the channels' message order did not settle")
 
@@ -464,14 +500,13 @@ class _Plan:
         """Whether the times a walk found give its channels the order it assumed (each
         next message of a channel later, or at the same instant and after it by request
         and program position): the order :meth:`_order` would sort them into."""
-        t = _quantize(emit)
+        quantum = _quantum(emit)
+        tie = self.tie
         for nodes, keys in ((order[0], order[1]), (order[2], order[3])):
             same = keys[1:] == keys[:-1]
             a, b = nodes[:-1][same], nodes[1:][same]
-            ta, tb = t[a], t[b]
-            qa, qb = self.q[a], self.q[b]
-            later = (tb > ta) | ((tb == ta) & ((qb > qa) | ((qb == qa)
-                                                            & (self.tie[b] > self.tie[a]))))
+            ta, tb = _quantize(emit[a], quantum), _quantize(emit[b], quantum)
+            later = (tb > ta) | ((tb == ta) & (tie[b] > tie[a]))
             if not later.all():
                 return False
         return True
@@ -480,67 +515,51 @@ class _Plan:
         """Channel and pacer orders: nodes sorted by (channel, start time, request,
         program position); returns (chan sorted nodes, chan keys, pacer nodes, keys).
         ``per_request``: every request its own channels (a first guess)."""
-        msg = np.flatnonzero((self.kind == SEND) | (self.kind == FIN))
+        msg, mc = self.msg, self.mcasts
         ckey = self.ep[msg] * (1 << 32) + self.peer[msg] + 1
-        mc = self.mcasts
         mkey = self.ep[mc]
         if per_request:
             ckey = ckey * len(self.g.reqs) + self.q[msg]
             mkey = mkey * len(self.g.reqs) + self.q[mc]
-        t = _quantize(emit)
-        o1 = np.lexsort((self.tie[msg], self.q[msg], t[msg], ckey))
-        o2 = np.lexsort((self.tie[mc], self.q[mc], t[mc], mkey))
-        return msg[o1], ckey[o1], mc[o2], mkey[o2]
+        quantum = _quantum(emit)
+        span = int(self.tie.max()) + 1 if self.N else 1
+        out = []
+        for nodes, key in ((msg, ckey), (mc, mkey)):
+            t = _quantize(emit[nodes], quantum)
+            tie = self.tie[nodes]
+            if float(t.max(initial=0.0)) * span < 2.0**62:
+                # (time, tie) as one integer: one sort key fewer
+                o = np.lexsort((t.astype(np.int64) * span + tie, key))
+            else:
+                o = np.lexsort((tie, t, key))
+            out += [nodes[o], key[o]]
+        return tuple(out)
 
     def channel_order(self, times):
         return self._order(times["emit"])
 
-    def _chain_edges(self, order):
-        """Edges from each message to the next on its channel, each MCAST to the next of its
-        engine (pacer) and on its multicast channel."""
-        cn, ck, mn, mk = order
-        same = ck[1:] == ck[:-1]
-        s1, d1 = cn[:-1][same], cn[1:][same]
-        same = mk[1:] == mk[:-1]
-        s2, d2 = mn[:-1][same], mn[1:][same]
-        return (np.concatenate([s1, s2, s2]), np.concatenate([d1, d2, d2]),
-                np.concatenate([np.full(len(s1), CHAN, np.int8), np.full(len(s2), CHAN, np.int8),
-                                np.full(len(s2), PACE, np.int8)]))
-
     # -- the walk ---------------------------------------------------------------------
+    def _buffers(self):
+        """The walk's per-node rows, made once per plan: a re-walk overwrites them (a
+        walk's times are read before the next walk), and a row holds a node's value only
+        where its kind sets it (done and emit: every node; start, drain, chanfree: messages
+        and MCASTs; arrive: messages; pnext: MCASTs)."""
+        if self._bufs is None:
+            self._bufs = (np.empty((7, self.N)), np.empty(self.N, self.ix))
+        return self._bufs
+
     def walk(self, order) -> dict:
         """Longest-path times of every node (Kahn's algorithm, a level of ready nodes at a
         time)."""
         N = self.N
-        ix = np.int32 if N < 2**31 - 1 else np.int64     # node numbers: half the memory
-        s0, d0, c0 = self.static
-        s1, d1, c1 = self._chain_edges(order)
-        src = np.concatenate([s0, s1]).astype(ix)
-        dst = np.concatenate([d0, d1]).astype(ix)
-        cat = np.concatenate([c0, c1])
-        del s1, d1, c1
-        o = np.argsort(dst, kind="stable")
-        src, dst, cat = src[o], dst[o], cat[o]
-        del o
-        pptr = np.zeros(N + 1, np.int64)
-        np.cumsum(np.bincount(dst, minlength=N), out=pptr[1:])
-        succ = dst[np.argsort(src, kind="stable")]
-        del dst
-        sptr = np.zeros(N + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=N), out=sptr[1:])
-        indeg = np.diff(pptr)
-        # edge -> the field its source gives (a row of F) and the input it feeds (slot)
-        src_at = _ROW[cat] * N + src
-        slot = _SLOT[cat]
-        marr = cat == MARR
-        del src, cat
+        prev, nxt = self._chain(order)
+        indeg = self.indeg0 + (prev >= 0)
+        dep_ptr, dep_src, arr_src = self.dep_ptr, self.dep_src, self.arr_src
+        succ_ptr, succ = self.succ_ptr, self.succ
         kind, post, dur, lat = self.kind, self.post, self.dur, self.lat
-        t_eos, t_next, wire = self.t_eos, self.t_next, self.wire
-        F = np.full((5, N), np.nan)          # rows: done, arrive, chanfree, pnext, drain
-        done, arrive, chanfree, pnext, drain = F
-        Fr = F.ravel()
-        emit = np.full(N, np.nan)
-        start = np.full(N, np.nan)
+        t_eos, t_next, wire, paced = self.t_eos, self.t_next, self.wire, self.paced
+        F, stamp = self._buffers()
+        done, arrive, chanfree, pnext, drain, emit, start = F
         front = np.flatnonzero(indeg == 0)
         seen = 0
         levels = 0
@@ -548,20 +567,15 @@ class _Plan:
             n = len(front)
             levels += 1
             seen += n
-            cnt = pptr[front + 1] - pptr[front]
-            tot = int(cnt.sum())
-            acc = np.full(4 * n, _NEG)      # inputs: dependencies, arrival, channel, pacer
-            if tot:
-                owner = np.repeat(np.arange(n), cnt)
-                e = np.repeat(pptr[front] - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt) \
-                    + np.arange(tot)
-                v = Fr[src_at[e]]
-                m = marr[e]
-                if m.any():
-                    v[m] += lat[front[owner[m]]]
-                np.maximum.at(acc, slot[e] * n + owner, v)
-            ready = np.maximum(post[front], acc[:n])
-            arr_in, chan_in, pace_in = acc[n:2 * n], acc[2 * n:3 * n], acc[3 * n:]
+            # dependencies: the latest done of each node's predecessors (and its post)
+            ready = post[front]
+            cnt = dep_ptr[front + 1] - dep_ptr[front]
+            has = cnt > 0
+            if has.any():
+                c = cnt[has]
+                first = np.cumsum(c) - c
+                e = np.repeat(dep_ptr[front[has]] - first, c) + np.arange(int(first[-1] + c[-1]))
+                ready[has] = np.maximum(ready[has], np.maximum.reduceat(done[dep_src[e]], first))
             k = kind[front]
             emit[front] = ready
             dn = ready.copy()
@@ -569,37 +583,50 @@ class _Plan:
             m = (k == SEND) | (k == FIN)
             if m.any():
                 f = front[m]
-                st = np.maximum(ready[m], chan_in[m])
+                p = prev[f]
+                st = np.maximum(ready[m], np.where(p >= 0, chanfree[p], _NEG))
                 dr = st + dur[f]
                 start[f], drain[f], chanfree[f] = st, dr, dr
                 arrive[f] = dr + lat[f]
                 dn[m] = dr
-            m = (k == RECV) | (k == MRECV)
+            m = k == RECV
             if m.any():
-                dn[m] = np.maximum(ready[m], arr_in[m])
+                dn[m] = np.maximum(ready[m], arrive[arr_src[front[m]]])
+            m = k == MRECV
+            if m.any():
+                f = front[m]
+                dn[m] = np.maximum(ready[m], drain[arr_src[f]] + lat[f])
             m = k == MCAST
             if m.any():
                 f = front[m]
-                t0 = np.maximum(ready[m], pace_in[m])
-                st = np.maximum(t0, chan_in[m])
+                p = prev[f]
+                has = p >= 0
+                pace_in = np.where(has, pnext[p], _NEG)
+                t0 = np.maximum(ready[m], pace_in)
+                st = np.maximum(t0, np.where(has, chanfree[p], _NEG))
                 dr = np.where(wire[f] > 0, st + dur[f], st)
                 te = t0 + t_eos[f]
                 start[f], drain[f] = st, dr
                 chanfree[f] = np.maximum(dr, te)
                 pn = t0 + t_next[f]
-                pnext[f] = np.where(self.paced, pn, pace_in[m])
-                dn[m] = np.maximum(pn, ready[m]) if self.paced else ready[m]
+                pnext[f] = np.where(paced, pn, pace_in)
+                dn[m] = np.maximum(pn, ready[m]) if paced else ready[m]
             done[front] = dn
-            # successors
-            sc = sptr[front + 1] - sptr[front]
+            # successors: the static ones, then the next on each channel
+            sc = succ_ptr[front + 1] - succ_ptr[front]
             stot = int(sc.sum())
-            if not stot:
+            first = np.cumsum(sc) - sc
+            t = succ[np.repeat(succ_ptr[front] - first, sc) + np.arange(stot)]
+            x = nxt[front]
+            t = np.concatenate([t, x[x >= 0]])
+            if not len(t):
                 break
-            e = np.repeat(sptr[front] - np.concatenate([[0], np.cumsum(sc)[:-1]]), sc) \
-                + np.arange(stot)
-            u, c = np.unique(succ[e], return_counts=True)
-            indeg[u] -= c
-            front = u[indeg[u] == 0]
+            np.subtract.at(indeg, t, 1)
+            t = t[indeg[t] == 0]
+            # each new node once: of its copies in t, the one whose index wins the store
+            j = np.arange(len(t), dtype=stamp.dtype)
+            stamp[t] = j
+            front = t[stamp[t] == j]
         if seen != N:
             raise Refused("the schedule's steps wait on each other (a cycle) under the "
                           "assumed channel order")
@@ -727,11 +754,31 @@ class _Plan:
                            "datagrams_out": self.ndatagrams}
 
 
-def _quantize(t: np.ndarray) -> np.ndarray:
-    """Start times that the event loop would see as one instant (driver's batch tolerance)
-    made equal, for ordering."""
+def _unique(x: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_inverse=True)`` for ``0 <= x < bound``; without a sort when
+    ``bound`` is no bigger than a few times ``len(x)``."""
+    if bound > 4 * len(x):
+        return np.unique(x, return_inverse=True)
+    seen = np.zeros(bound, bool)
+    seen[x] = True
+    ids = np.cumsum(seen) - 1
+    return np.flatnonzero(seen), ids[x]
+
+
+def _quantum(t: np.ndarray) -> float | None:
+    """The batch tolerance of times ``t`` (relative to the largest), or None when all are
+    0 or not finite."""
     scale = float(np.nanmax(np.abs(t))) if len(t) else 0.0
     if not scale or not np.isfinite(scale):
+        return None
+    return scale * 1e-12
+
+
+def _quantize(t: np.ndarray, quantum: float | None | bool = False) -> np.ndarray:
+    """Start times that the event loop would see as one instant (driver's batch tolerance)
+    made equal, for ordering. ``quantum``: that of a larger array ``t`` is part of
+    (:func:`_quantum`); by default ``t``'s own."""
+    q = _quantum(t) if quantum is False else quantum
+    if q is None:
         return np.nan_to_num(t)
-    q = scale * 1e-12
     return np.round(np.nan_to_num(t) / q)

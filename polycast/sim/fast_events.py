@@ -54,8 +54,8 @@ class _EventRun:
         self.route_links = plan.route_links
         self.t_eos = plan.t_eos.tolist()
         self.t_next = plan.t_next.tolist()
-        self.mcap = plan.mcap
-        self.goodput = plan.goodput
+        self.mcap = plan.mcap.tolist()
+        self.goodput = plan.goodput.tolist()
         self.paced = plan.paced
         # DEP successors (steps' dependencies; MRECV -> FIN is handled by counting)
         ns = g.nsteps

@@ -1,5 +1,5 @@
 """What the fast path's graph is made of (polycast/sim/fast.py walks it, fast_events.py
-runs it through the flow model): node kinds, edge kinds, and its refusal."""
+runs it through the flow model): node kinds and its refusal."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ from ..schedule.ir import Kind
 # node kinds: a schedule's step kinds, and the FIN a multicast collective's member sends
 SEND, RECV, COPY, MCAST, MRECV, FIN = (int(Kind.SEND), int(Kind.RECV), int(Kind.COPY),
                                        int(Kind.MCAST), int(Kind.MRECV), 5)
-# what an edge carries to its node: a dependency's completion, a message's arrival, the
-# channel's previous message leaving, the pacer's next slot, a stream's drain (+ latency)
-DEP, ARRIVE, CHAN, PACE, MARR = range(5)
 # a stream later than this many coarse timeouts after its MRECV started would be pulled by
 # the engine's recovery (engine/mcast.py: SILENT_RTO_FACTOR, less its 0.1 % margin)
 SILENT_RTO = 3.99
