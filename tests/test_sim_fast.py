@@ -1,5 +1,5 @@
-"""The equality grid: the fast path (polycast/sim/fast.py, fast_events.py) gives the engines'
-answer -- completion time within 0.1 %, link bytes exact -- for every registered algorithm
+"""The equality grid: the fast path (polycast/sim/fast.py, fast_stream.py, fast_events.py) gives
+the engines' answer -- completion time within 0.1 %, link bytes exact -- for every registered algorithm
 of every collective, on a switch, an oversubscribed leaf-spine and a fat tree, with and
 without the host model; and it must take every case it covers (a fallback to the engines
 fails the grid). A quick subset runs by default, the full grid (more ranks, odd sizes,
@@ -43,7 +43,7 @@ def test_every_algorithm_equal_quick(topology):
     modes = set()
     for coll, algo in _cases(P):
         modes.add(_same(coll, algo, P, 64 * 1024 * P, topology).fast_mode)
-    assert modes == {"walk", "events"}          # both modes ran
+    assert modes == {"stream", "walk", "events"}          # every mode ran
 
 
 def test_host_model_equal_quick():
@@ -158,4 +158,108 @@ def test_what_runs_on_the_engines():
     with pytest.raises((SimulationError, InvalidArgument), match="path"):
         simulate("allgather", "ring", P, 1 << 20, "switch", path="quick")
     r = simulate("allgather", "ring", P, 1 << 20, "switch")
-    assert r.to_json()["path"] == "fast" and r.to_json()["fast_mode"] == "walk"
+    assert r.to_json()["path"] == "fast" and r.to_json()["fast_mode"] == "stream"
+    r = simulate("allgather", "mcast", P, 1 << 20, "switch")
+    assert r.to_json()["path"] == "fast" and r.to_json()["fast_mode"] == "stream"
+
+
+# -- the stream mode (polycast/sim/fast_stream.py) against the walk ---------------------------
+
+STREAMED = [("allgather", "ring"), ("reduce_scatter", "ring"), ("allreduce", "ring"),
+            ("allgather", "mcast")]
+
+
+def _stream_and_walk(coll, algo, P, count, topology, nchunks=1, at=0.0, comm_of=None,
+                     contended=False):
+    """The same request timed by the stream mode and by the walk (its columns built first,
+    which the stream mode leaves to the walk): equal bit for bit; where the walk finds
+    flows contending (multicast streams that overlap; ``contended``: it must), against
+    the events mode (max-min settling), equal to round-off."""
+    out = []
+    for mode in ("stream", "events" if contended else "walk or events"):
+        topo = parse_topology(topology, P)
+        n = P if comm_of is None else len(comm_of)
+        s = build(coll, algo, n, count, nchunks=nchunks, compact=True)
+        assert s.form is not None
+        if mode != "stream":
+            s.columns
+        gbps = topo.host_link_bw * 8 / 1e9
+        eng = {"line_rate_gbps": gbps, "pacing_gbps": pacing_gbps_for([s], gbps, topo.framing)}
+        sim = Simulation(topo, SimConfig(engine=eng))
+        comm = 0 if comm_of is None else sim.add_comm(comm_of)
+        q = sim.post(s, 4, at=at, comm=comm)
+        sim.run()
+        assert sim.path == "fast" and sim.fast_mode in mode.split(" or "), \
+            (mode, sim.path_reason)
+        if sim.fast_mode == "events":
+            contended = True
+        out.append((sim.completion_time(q), sim.net.link_bytes.copy(),
+                    [tl.completed.get(q) for tl in sim.timelines], sim.events,
+                    sim.net.flows_started, sim.engine_stats()))
+    (t1, lb1, rt1, ev1, f1, st1), (t2, lb2, rt2, ev2, f2, st2) = out
+    where = (coll, algo, P, topology, nchunks)
+    assert (lb1 == lb2).all() and f1 == f2, where
+    if contended:
+        assert t1 == pytest.approx(t2, rel=1e-9), where
+        assert rt1 == pytest.approx(rt2, rel=1e-9), where
+        return
+    assert t1 == t2 and rt1 == rt2, where
+    assert ev1 == ev2 and st1 == st2, where
+
+
+@pytest.mark.parametrize("coll,algo", STREAMED)
+def test_stream_equals_walk_quick(coll, algo):
+    k = 16 if algo == "mcast" else 1         # streams of several datagrams: paced apart
+    _stream_and_walk(coll, algo, 256, 1000 * k, "fattree:radix=16")
+    _stream_and_walk(coll, algo, 37, 999 * k, "leafspine:hosts_per_leaf=4,oversub=4",
+                     nchunks=3, at=[i * 1e-7 for i in range(37)])
+    if algo != "mcast":                      # the world's multicast only
+        _stream_and_walk(coll, algo, 16, 512, "fattree:radix=4",
+                         comm_of=list(range(1, 16, 2)))
+
+
+def test_stream_of_overlapping_streams_equals_the_events_mode():
+    # one datagram per rank: a stream drains at line rate, faster than its pacer slot, so
+    # the two token sequences' streams overlap and share every receiver's link
+    _stream_and_walk("allgather", "mcast", 64, 2048, "fattree:radix=8", contended=True)
+    _stream_and_walk("allgather", "mcast", 48, 2048, "leafspine:hosts_per_leaf=8,oversub=2",
+                     contended=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("coll,algo", STREAMED)
+def test_stream_equals_walk_1024(coll, algo):
+    _stream_and_walk(coll, algo, 1024, 16384, "fattree:radix=32")
+    _stream_and_walk(coll, algo, 512, 16384, "fattree:radix=16", nchunks=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_stream_of_overlapping_streams_equals_the_events_mode_512():
+    _stream_and_walk("allgather", "mcast", 512, 2048, "fattree:radix=16", contended=True)
+
+
+def test_stream_refused_falls_to_the_walk_or_is_refused_for_memory():
+    from polycast.config import override
+    from polycast.algorithms.estimate import TooLarge
+    # random placement: ring neighbours collide on uplinks -> the walk's checks, then events
+    r = simulate("allgather", "ring", 64, 1 << 20, "fattree:radix=8", placement="random",
+                 seed=1)
+    assert r.path == "fast" and r.fast_mode == "events"
+    assert "capacity" in r.simulation.fast_stream_refused
+    # ... and where the walk's columns would not fit, refused before the walk starts
+    with override(max_schedule_gib=0.05):
+        with pytest.raises(TooLarge, match="stream mode refused .*capacity.* at most about"):
+            simulate("allgather", "ring", 512, 64 << 20, "fattree:radix=16",
+                     placement="random", seed=1)
+    # an algorithm without a compact form, simulated: its Steps and the walk's columns and
+    # graph on top of them
+    from polycast.algorithms.estimate import estimate
+    walked = estimate("allgather", "hring", 4096, compact=True, hosts=512, ranks_per_host=8)
+    steps = estimate("allgather", "hring", 4096, hosts=512, ranks_per_host=8)
+    assert walked.walked and walked.nbytes > steps.nbytes
+    # a template whose times would not fit memory: refused at build, the largest P named
+    with override(max_schedule_gib=0.5):
+        with pytest.raises(TooLarge, match="at most about 5,[0-9]{3} ranks with ring"):
+            build("allreduce", "ring", 8192, 2048, compact=True)

@@ -1,5 +1,7 @@
 """Vectorised generators: the columns (:mod:`polycast.schedule.compact`) of algorithms whose
-every rank runs one program up to a shift, built with numpy for all ranks at once.
+every rank runs one program up to a shift, built with numpy for all ranks at once; the
+rings as a :class:`~polycast.schedule.compact.Template` (one row per program position,
+its columns built only if asked for).
 
 Each gives exactly the columns of the algorithm's own generator -- steps, peers, message
 ordinals, element counts and the dependencies the builder infers -- which
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedule.compact import Columns, block_lengths
+from ..schedule.compact import Columns, Template, TokenMulticast, block_lengths
 from ..schedule.ir import Kind, Layout
 from .registry import Spec, register_compact
 
@@ -37,47 +39,70 @@ def _columns(P: int, kind, peer, tag, nelems, deps) -> Columns:
                    np.asarray(nelems, np.int64).ravel(), dep_counts, dep_flat)
 
 
-@register_compact("allgather", "ring")
-def ring_allgather(spec: Spec) -> Columns:
+def _template(P: int, kind, delta, tag, tables, table_of, shift, deps, **options) -> Template:
+    """A :class:`Template` from per-position lists (``deps``: a tuple of earlier positions
+    per position)."""
+    counts = np.array([len(d) for d in deps], dtype=np.int32)
+    flat = np.fromiter((x for d in deps for x in d), np.int64, int(counts.sum()))
+    a = lambda x: np.asarray(x, dtype=np.int64)                        # noqa: E731
+    return Template(P, np.asarray(kind, np.int8), a(delta) % P, a(tag),
+                    np.asarray(tables, np.int64).reshape(-1, P), a(table_of), a(shift),
+                    counts, flat, options)
+
+
+def _ring_rows(P: int, k: int, blen) -> np.ndarray:
+    """Rows of a ring template's element tables: row s is piece s of every part."""
+    return np.asarray(blen, np.int64).reshape(P, k).T
+
+
+@register_compact("allgather", "ring", template=True)
+def ring_allgather(spec: Spec) -> Template:
     """copy; then per step i and piece s: send (r-i)%P's piece to r+1, receive (r-i-1)%P's
     from r-1. A send depends on the copy (i = 0) or on the receive of the same piece one
     step earlier; receives write blocks nothing read before (no dependency)."""
     P, k = spec.nranks, spec.nchunks
-    blen = block_lengths(Layout(P * spec.count, P, k))
+    rows = _ring_rows(P, k, block_lengths(Layout(P * spec.count, P, k)))
     n = (P - 1) * k
     L = 1 + 2 * n
-    r = np.arange(P, dtype=np.int64)[:, None]
-    i = np.repeat(np.arange(P - 1, dtype=np.int64), k)[None, :]
-    s = np.tile(np.arange(k, dtype=np.int64), P - 1)[None, :]
+    j = np.arange(n, dtype=np.int64)
     kind = np.empty(L, np.int64)
     kind[0], kind[1::2], kind[2::2] = _COPY, _SEND, _RECV
+    delta = np.zeros(L, np.int64)
+    delta[1::2], delta[2::2] = 1, -1
     tag = np.empty(L, np.int64)
     tag[0] = -1
-    tag[1::2] = tag[2::2] = np.arange(n)
-    peer = np.empty((P, L), np.int64)
-    peer[:, 0] = -1
-    peer[:, 1::2] = (r + 1) % P
-    peer[:, 2::2] = (r - 1) % P
-    nel = np.empty((P, L), np.int64)
-    nel[:, 0] = spec.count
-    nel[:, 1::2] = blen[((r - i) % P) * k + s]
-    nel[:, 2::2] = blen[((r - i - 1) % P) * k + s]
-    deps = [()] + [d for j in range(n)
-                   for d in (((0,) if j < k else (2 + 2 * (j - k),)), ())]
-    return _columns(P, kind, peer, tag, nel, deps)
+    tag[1::2] = tag[2::2] = j
+    table_of = np.empty(L, np.int64)
+    table_of[0] = k                                  # the copy: count elements
+    table_of[1::2] = table_of[2::2] = j % k
+    shift = np.zeros(L, np.int64)
+    shift[1::2], shift[2::2] = j // k, j // k + 1
+    tables = np.vstack([rows, np.full((1, P), spec.count, np.int64)])
+    deps = [()] + [d for jj in range(n)
+                   for d in (((0,) if jj < k else (2 + 2 * (jj - k),)), ())]
+    return _template(P, kind, delta, tag, tables, table_of, shift, deps)
 
 
-@register_compact("allgather", "mcast")
-def mcast_allgather(spec: Spec) -> Columns:
+@register_compact("allgather", "mcast", template=True)
+def mcast_allgather(spec: Spec) -> TokenMulticast:
     """copy; the token from r-1 (unless r starts a sequence); the multicast of r's shard
     (after the token); the token to r+1 (unless it starts one); an MRECV from every other
-    rank. Programs differ in length by the tokens: built per kind of rank."""
-    P, k = spec.nranks, spec.nchunks
+    rank: a :class:`TokenMulticast`, its columns built by :func:`_mcast_columns`."""
+    P = spec.nranks
     roots = min(max(1, int(spec.opt("roots", 2))), P)
     firsts = np.zeros(P + 1, bool)
     firsts[[g * P // roots for g in range(roots)]] = True
     firsts[P] = True                                     # no rank P to pass a token to
     part = block_lengths(Layout(P * spec.count, P, 1))
+    return TokenMulticast(P, spec.count, part, firsts,
+                          lambda: _mcast_columns(spec, roots, firsts, part),
+                          {"roots": roots})
+
+
+def _mcast_columns(spec: Spec, roots: int, firsts, part) -> Columns:
+    """The columns of :func:`mcast_allgather`. Programs differ in length by the tokens:
+    built per kind of rank."""
+    P = spec.nranks
     rows = []
     for r in range(P):
         kinds, peers, tags, nels, deps = [_COPY], [-1], [-1], [spec.count], [()]
@@ -149,80 +174,66 @@ def pairwise_alltoall(spec: Spec) -> Columns:
     return _columns(P, kind, peer, tag, nel, deps)
 
 
-@register_compact("reduce_scatter", "ring")
-def ring_reduce_scatter(spec: Spec) -> Columns:
-    """Per round t and piece s: send the partial sum of part (r-t-1)%P to r+1 (from send
-    at t = 0, else after the receive that made it), copy r's own input of part (r-t-2)%P
-    into tmp, receive-and-reduce r-1's partial sum of it (after that copy); finally copy
-    the reduced part r into recv."""
+def _ring_rs_positions(P: int, k: int):
+    """The ring reduce-scatter's 3 n positions (n = (P-1) k): per round t and piece s,
+    send part (r-t-1)%P to r+1 (after the receive that made it, from round 1), copy r's
+    own input of part (r-t-2)%P, receive-and-reduce r-1's partial sum of it (after that
+    copy). Returns (kind, delta, tag, table_of, shift, deps) as lists of length 3 n."""
+    n = (P - 1) * k
+    j = np.arange(n, dtype=np.int64)
+    t, s = j // k, j % k
+    kind = np.tile(np.array([_SEND, _COPY, _RECV], np.int64), n)
+    delta = np.zeros(3 * n, np.int64)
+    delta[0::3], delta[2::3] = 1, -1
+    tag = np.full(3 * n, -1, np.int64)
+    tag[0::3] = tag[2::3] = j
+    table_of = np.repeat(s, 3)
+    shift = np.empty(3 * n, np.int64)
+    shift[0::3], shift[1::3], shift[2::3] = t + 1, t + 2, t + 2
+    deps = []
+    for jj in range(n):
+        deps += [() if jj < k else (3 * (jj - k) + 2,), (), (3 * jj + 1,)]
+    return kind, delta, tag, table_of, shift, deps
+
+
+@register_compact("reduce_scatter", "ring", template=True)
+def ring_reduce_scatter(spec: Spec) -> Template:
+    """The ring rounds (:func:`_ring_rs_positions`); finally copy the reduced part r into
+    recv (after the last round's receives)."""
     P, k = spec.nranks, spec.nchunks
     if P < 2:
         raise NotImplementedError
-    blen = block_lengths(Layout(P * spec.count, P, k))
-    n = (P - 1) * k
-    L = 3 * n + 1
-    r = np.arange(P, dtype=np.int64)[:, None]
-    t = np.repeat(np.arange(P - 1, dtype=np.int64), k)[None, :]
-    s = np.tile(np.arange(k, dtype=np.int64), P - 1)[None, :]
-    kind = np.empty(L, np.int64)
-    kind[0:3 * n:3], kind[1:3 * n:3], kind[2:3 * n:3], kind[-1] = _SEND, _COPY, _RECV, _COPY
-    tag = np.full(L, -1, np.int64)
-    tag[0:3 * n:3] = tag[2:3 * n:3] = np.arange(n)
-    peer = np.full((P, L), -1, np.int64)
-    peer[:, 0:3 * n:3] = (r + 1) % P
-    peer[:, 2:3 * n:3] = (r - 1) % P
-    nel = np.empty((P, L), np.int64)
-    out = blen[((r - t - 1) % P) * k + s]
-    inn = blen[((r - t - 2) % P) * k + s]
-    nel[:, 0:3 * n:3] = out
-    nel[:, 1:3 * n:3] = inn
-    nel[:, 2:3 * n:3] = inn
-    nel[:, -1] = blen.reshape(P, k).sum(axis=1)[r[:, 0]]
-    deps = []
-    for j in range(n):
-        deps += [() if j < k else (3 * (j - k) + 2,), (), (3 * j + 1,)]
+    rows = _ring_rows(P, k, block_lengths(Layout(P * spec.count, P, k)))
+    kind, delta, tag, table_of, shift, deps = _ring_rs_positions(P, k)
+    tables = np.vstack([rows, rows.sum(axis=0)[None, :]])
     deps.append(tuple(3 * ((P - 2) * k + x) + 2 for x in range(k)))
-    return _columns(P, kind, peer, tag, nel, deps)
+    return _template(P, np.r_[kind, _COPY], np.r_[delta, 0], np.r_[tag, -1], tables,
+                     np.r_[table_of, k], np.r_[shift, 0], deps)
 
 
-@register_compact("allreduce", "ring")
-def ring_allreduce(spec: Spec) -> Columns:
-    """The ring reduce-scatter above in place in recv (no final copy), then a ring
+@register_compact("allreduce", "ring", template=True)
+def ring_allreduce(spec: Spec) -> Template:
+    """The ring reduce-scatter's rounds in place in recv (no final copy), then a ring
     allgather of the reduced parts: per round u and piece s, send part (r-u)%P (after the
     reduce-scatter's last receive of it, or the previous round's receive), receive part
     (r-u-1)%P (after the reduce-scatter wrote it and its next send read it)."""
     P, k = spec.nranks, spec.nchunks
     if P < 2:
         raise NotImplementedError
-    blen = block_lengths(Layout(spec.count, P, k))
+    rows = _ring_rows(P, k, block_lengths(Layout(spec.count, P, k)))
+    kind, delta, tag, table_of, shift, deps = _ring_rs_positions(P, k)
     n = (P - 1) * k
-    L = 5 * n
-    r = np.arange(P, dtype=np.int64)[:, None]
-    t = np.repeat(np.arange(P - 1, dtype=np.int64), k)[None, :]
-    s = np.tile(np.arange(k, dtype=np.int64), P - 1)[None, :]
-    kind = np.empty(L, np.int64)
-    rs, ag = slice(0, 3 * n), slice(3 * n, L)
-    kind[0:3 * n:3], kind[1:3 * n:3], kind[2:3 * n:3] = _SEND, _COPY, _RECV
-    kind[3 * n::2], kind[3 * n + 1::2] = _SEND, _RECV
-    tag = np.full(L, -1, np.int64)
-    tag[0:3 * n:3] = tag[2:3 * n:3] = np.arange(n)
-    tag[3 * n::2] = tag[3 * n + 1::2] = n + np.arange(n)
-    peer = np.full((P, L), -1, np.int64)
-    peer[:, 0:3 * n:3] = peer[:, 3 * n::2] = (r + 1) % P
-    peer[:, 2:3 * n:3] = peer[:, 3 * n + 1::2] = (r - 1) % P
-    nel = np.empty((P, L), np.int64)
-    inn = blen[((r - t - 2) % P) * k + s]
-    nel[:, 0:3 * n:3] = blen[((r - t - 1) % P) * k + s]
-    nel[:, 1:3 * n:3] = nel[:, 2:3 * n:3] = inn
-    nel[:, 3 * n::2] = blen[((r - t) % P) * k + s]
-    nel[:, 3 * n + 1::2] = blen[((r - t - 1) % P) * k + s]
-    deps = []
-    for j in range(n):
-        deps += [() if j < k else (3 * (j - k) + 2,), (), (3 * j + 1,)]
-    for j in range(n):
-        u, x = divmod(j, k)
-        send = (3 * ((P - 2) * k + x) + 2,) if u == 0 else (3 * n + 2 * (j - k) + 1,)
-        recv = () if u == 0 else (3 * ((u - 1) * k + x) + 2, 3 * (u * k + x))
+    j = np.arange(n, dtype=np.int64)
+    u, s = j // k, j % k
+    ag_kind = np.tile(np.array([_SEND, _RECV], np.int64), n)
+    ag_delta = np.tile(np.array([1, -1], np.int64), n)
+    ag_tag = np.repeat(n + j, 2)
+    ag_shift = np.empty(2 * n, np.int64)
+    ag_shift[0::2], ag_shift[1::2] = u, u + 1
+    for jj in range(n):
+        uu, x = divmod(jj, k)
+        send = (3 * ((P - 2) * k + x) + 2,) if uu == 0 else (3 * n + 2 * (jj - k) + 1,)
+        recv = () if uu == 0 else (3 * ((uu - 1) * k + x) + 2, 3 * (uu * k + x))
         deps += [send, recv]
-    del rs, ag
-    return _columns(P, kind, peer, tag, nel, deps)
+    return _template(P, np.r_[kind, ag_kind], np.r_[delta, ag_delta], np.r_[tag, ag_tag],
+                     rows, np.r_[table_of, np.repeat(s, 2)], np.r_[shift, ag_shift], deps)

@@ -81,6 +81,7 @@ class Algorithm:
 
 _REGISTRY: dict[tuple[Collective, str], Algorithm] = {}
 _COMPACT: dict[tuple[Collective, str], Callable] = {}
+_TEMPLATES: set[tuple[Collective, str]] = set()     # of _COMPACT: give a streamed form
 
 
 def register(collective: Collective | str, name: str, summary: str, **flags):
@@ -96,13 +97,17 @@ def register(collective: Collective | str, name: str, summary: str, **flags):
     return deco
 
 
-def register_compact(collective: Collective | str, name: str):
+def register_compact(collective: Collective | str, name: str, template: bool = False):
     """Decorator: a vectorised generator of registered algorithm ``name``'s columns
     (:mod:`polycast.schedule.compact`), for ``build(..., compact=True)``. It must give
-    exactly the columns of the algorithm's own schedule (tests/test_compact.py)."""
+    exactly the columns of the algorithm's own schedule (tests/test_compact.py).
+    ``template``: it gives a form the simulator streams in O(P) memory (a
+    :class:`~polycast.schedule.compact.Template` or ``TokenMulticast``)."""
     coll = Collective.parse(collective)
 
     def deco(fn):
+        if template:
+            _TEMPLATES.add((coll, name))
         _COMPACT[(coll, name)] = fn
         return fn
     return deco
@@ -177,7 +182,7 @@ def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
                               max_schedule_nbytes=max_schedule_nbytes, **options))
     if nranks > estimate.CHECK_ABOVE_RANKS:    # refuse what would not fit in memory
         estimate.check(coll, algorithm, nranks, nchunks, channels,   # counts: same shape
-                       limit=max_schedule_nbytes,
+                       compact, limit=max_schedule_nbytes,
                        **{k: v for k, v in options.items() if k != "counts"})
     # Schedules are millions of small immutable objects at 1024 ranks; the cyclic garbage
     # collector would rescan them all repeatedly (15-40 % of build time) and finds nothing.

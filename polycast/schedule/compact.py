@@ -8,6 +8,10 @@ per step its kind, rank, peer, tag (the message ordinal), element count and depe
 
 * :class:`Columns` -- the arrays, steps of rank 0 first, each rank's in program order.
 * :func:`columns_of` -- the columns of any schedule (one pass over its steps).
+* :class:`Template` -- a schedule every rank of which runs one program up to a shift (a
+  ring): one row per program position, O(P + L) memory for P^2 steps; its columns on demand.
+  The simulator's fast path times it position by position without the columns
+  (:mod:`polycast.sim.fast_stream`).
 * :class:`CompactSchedule` -- a schedule whose columns come from a vectorised generator
   (registered beside the algorithm's own, :func:`polycast.algorithms.registry.register_compact`)
   and whose ``programs`` are built by the algorithm's own generator only when something
@@ -102,18 +106,134 @@ def columns_of(schedule: Schedule) -> Columns:
     return Columns(n, kind, local, peer, tag, nelems, nd, flat)
 
 
+@dataclass(eq=False)
+class Template:
+    """Every rank r runs one program of L positions, shifted: position j is a step of kind
+    ``kind[j]`` with peer ``(r + delta[j]) % nranks`` (COPY: none), message ordinal
+    ``tag[j]``, ``tables[table_of[j], (r - shift[j]) % nranks]`` elements and dependencies
+    ``dep_flat[dep_ptr[j]:dep_ptr[j + 1]]`` (earlier positions of the same rank)."""
+    nranks: int
+    kind: np.ndarray          # (L,) int8 Kind: SEND, RECV or COPY
+    delta: np.ndarray         # (L,) int64 peer offset, 0 <= delta < nranks (COPY: 0)
+    tag: np.ndarray           # (L,) int64 message ordinal (-1: COPY)
+    tables: np.ndarray        # (T, nranks) int64 element counts
+    table_of: np.ndarray      # (L,) int64 row of ``tables``
+    shift: np.ndarray         # (L,) int64 rank shift of the row's index
+    dep_counts: np.ndarray    # (L,) int32
+    dep_flat: np.ndarray      # int64 positions
+    options: dict = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return len(self.kind)
+
+    @property
+    def nsteps(self) -> int:
+        return self.nranks * self.length
+
+    @property
+    def dep_ptr(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.dep_counts)]).astype(np.int64)
+
+    def last_read(self) -> np.ndarray:
+        """Per position, the last position depending on it (-1: none)."""
+        last = np.full(self.length, -1, np.int64)
+        owner = np.repeat(np.arange(self.length, dtype=np.int64), self.dep_counts)
+        np.maximum.at(last, self.dep_flat, owner)
+        return last
+
+    def live_positions(self) -> int:
+        """The most positions whose times a pass in program order holds at once (a
+        position is held from itself until its last dependant)."""
+        last = self.last_read()
+        j = np.flatnonzero(last >= 0)
+        if not len(j):
+            return 0
+        d = np.zeros(self.length + 1, np.int64)
+        np.add.at(d, j, 1)
+        np.add.at(d, last[j] + 1, -1)
+        return int(np.cumsum(d).max())
+
+    @property
+    def uses_multicast(self) -> bool:
+        return bool(np.isin(self.kind, (Kind.MCAST, Kind.MRECV)).any())
+
+    def held_per_rank(self) -> int:
+        """8-byte values per rank the fast path's stream mode holds at once, beyond its
+        fixed state: the times of the live positions."""
+        return self.live_positions()
+
+    def nelems_at(self, j: int) -> np.ndarray:
+        """Elements of position ``j`` on every rank."""
+        P = self.nranks
+        return np.roll(self.tables[self.table_of[j]], int(self.shift[j]) % P)
+
+    def columns(self) -> Columns:
+        """The same steps as :class:`Columns` (P x L of them)."""
+        P, L = self.nranks, self.length
+        r = np.arange(P, dtype=np.int64)[:, None]
+        copy = self.kind == Kind.COPY
+        peer = np.where(copy[None, :], -1, (r + self.delta[None, :]) % P)
+        nel = self.tables[self.table_of[None, :], (r - self.shift[None, :]) % P]
+        base = (np.arange(P, dtype=np.int64) * L)[:, None]
+        return Columns(P, np.tile(self.kind.astype(np.int8), P),
+                       np.repeat(np.arange(P, dtype=np.int32), L),
+                       peer.astype(np.int32).ravel(), np.tile(self.tag.astype(np.int32), P),
+                       nel.astype(np.int64).ravel(), np.tile(self.dep_counts.astype(np.int32), P),
+                       (base + self.dep_flat[None, :]).ravel(), dict(self.options))
+
+
+@dataclass(eq=False)
+class TokenMulticast:
+    """A token-ring multicast allgather (``mcast``): rank r copies its part, takes the
+    token from r-1 unless it starts a sequence (``firsts[r]``), multicasts ``mcast_nelems``
+    elements, passes the token to r+1 unless r+1 starts one (``firsts[P]`` is set), then
+    receives every other rank's stream (``parts[root]`` elements each). P^2 steps held as
+    O(P) numbers; ``columns()`` builds them (the algorithm's vectorised generator)."""
+    nranks: int
+    mcast_nelems: int
+    parts: np.ndarray         # (P,) elements of each root's stream as its receivers count
+    firsts: np.ndarray        # (P + 1,) bool
+    build: object             # () -> Columns
+    options: dict = field(default_factory=dict)
+    uses_multicast = True
+
+    @property
+    def nsteps(self) -> int:
+        P = self.nranks
+        return 2 * P + int((~self.firsts[:P]).sum()) + int((~self.firsts[1:]).sum()) \
+            + P * (P - 1)
+
+    def held_per_rank(self) -> int:
+        """8-byte values per rank held at once: the topology keeps every root's tree
+        (about P links and P latencies each)."""
+        return 2 * self.nranks
+
+    def columns(self) -> Columns:
+        return self.build()
+
+
 class CompactSchedule(Schedule):
-    """A :class:`Schedule` given by its columns; ``programs`` (the Step objects) are built
-    by ``expand()`` -- the algorithm's own generator -- on first use."""
+    """A :class:`Schedule` given by its columns or by a form that holds them in O(P)
+    (``form``: a :class:`Template` or :class:`TokenMulticast`, else None; its columns then
+    built on first use); ``programs`` (the Step objects) are built by ``expand()`` -- the
+    algorithm's own generator -- on first use."""
 
     def __init__(self, collective, algorithm, nranks, root, count, options,
-                 columns: Columns, expand) -> None:
+                 columns: "Columns | Template | TokenMulticast", expand) -> None:
+        form = None if isinstance(columns, Columns) else columns
         for k, v in (("collective", collective), ("algorithm", algorithm), ("nranks", nranks),
                      ("root", root), ("count", count), ("options", options),
-                     ("columns", columns), ("_expand", expand)):
+                     ("form", form), ("_expand", expand)):
             object.__setattr__(self, k, v)
+        if form is None:
+            object.__setattr__(self, "columns", columns)
 
     def __getattr__(self, name):
+        if name == "columns":                       # a form's, when first asked for
+            cols = self.form.columns()
+            object.__setattr__(self, "columns", cols)
+            return cols
         if name in ("programs", "layouts"):         # only when not built yet
             full = self._expand()
             object.__setattr__(self, "programs", full.programs)
@@ -123,11 +243,13 @@ class CompactSchedule(Schedule):
 
     @property
     def uses_multicast(self) -> bool:
+        if self.form is not None:
+            return self.form.uses_multicast
         return self.columns.uses_multicast
 
     @property
     def nsteps(self) -> int:
-        return self.columns.nsteps
+        return self.form.nsteps if self.form is not None else self.columns.nsteps
 
     def __repr__(self) -> str:
         return f"CompactSchedule({self.describe()}, {self.nsteps} steps)"

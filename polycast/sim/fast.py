@@ -34,8 +34,9 @@ from __future__ import annotations
 import math
 import numpy as np
 
-from ..engine.wire import HEADER_NBYTES
 from .errors import SimulationError
+from . import fast_stream
+from .fast_checks import _quantize, _quantum, links_fit, stream_shape
 from .fast_events import run_events
 from .fast_kinds import COPY, FIN, MCAST, MRECV, RECV, SEND, SILENT_RTO, Refused
 
@@ -186,7 +187,8 @@ def _position_order(shapes: list[tuple[int, int]]):
 
 def run(sim) -> str:
     """Time ``sim``'s posted requests without engines; fill its timelines, link bytes and
-    counters as :meth:`Simulation.run` would. Returns the mode that ran: ``walk`` (the
+    counters as :meth:`Simulation.run` would. Returns the mode that ran: ``stream`` (one
+    template request timed position by position, :mod:`.fast_stream`), ``walk`` (the
     graph walk, its checks passed) or ``events`` (the flows' events, for runs whose flows
     contend). Raises :class:`Refused` before changing anything when neither covers the
     run."""
@@ -194,6 +196,13 @@ def run(sim) -> str:
     if why:
         raise Refused(why)
     _check_post_order(sim)
+    t = fast_stream.form_of(sim)
+    if t is not None:
+        try:
+            return fast_stream.run(sim, t)
+        except Refused as e:
+            sim.fast_stream_refused = str(e)
+            fast_stream.walk_fits(sim, str(e))
     g = _Graph(sim)
     if g.nsteps > sim.cfg.max_events:
         raise SimulationError(f"more than {sim.cfg.max_events} events; raise "
@@ -209,11 +218,14 @@ def run(sim) -> str:
         plan.check_recovery(times)
     except Refused as e:
         sim.fast_walk_refused = str(e)
-        plan._bufs = times = None           # the walk's rows (times are views of them)
-        run_events(sim, plan)
-        return "events"
-    plan.commit(times)
-    return "walk"
+    else:
+        plan.commit(times)
+        return "walk"
+    # (out of the except block: its traceback would keep the last walk's rows alive)
+    plan._bufs = times = None               # the walk's rows (times are views of them)
+    plan.drop_walk_edges()
+    run_events(sim, plan)
+    return "events"
 
 
 class _Plan:
@@ -370,26 +382,14 @@ class _Plan:
         self.ndatagrams = 0
         for m in mc.tolist():
             q = int(self.q[m])
-            itemsize = self.g.reqs[q][1]
-            ce = max(1, mtu // itemsize) * itemsize
             nbm = int(self.nbytes[m])
-            nfull, last = divmod(nbm, ce)
-            sizes = [ce] * nfull + ([last] if last else [])
+            sizes, self.t_eos[m], self.t_next[m], w, c = stream_shape(
+                nbm, self.g.reqs[q][1], mtu, pace, fr)
             self.dgram_sizes[m] = np.array(sizes, dtype=np.int64)
             self.ndatagrams += len(sizes) + 1                # + EOS
-            per = 8.0 / (pace * 1e9) if pace else 0.0
-            tot = sum(s + HEADER_NBYTES for s in sizes) * per
-            self.t_eos[m] = tot
-            self.t_next[m] = tot + HEADER_NBYTES * per
             ep = int(self.ep[m])
             tl = sim._tree(ep)
             if nbm:
-                w = fr.datagram_wire(sizes)
-                c = math.inf
-                if len(sizes) > 1 and pace:
-                    span = sum(s + HEADER_NBYTES for s in sizes[:-1]) * per
-                    if span > 0:
-                        c = (w - fr.datagram_wire(sizes[-1])) / span
                 r = min(float(cap[tl].min()), c)
                 self.mcap[m] = c
                 self.goodput[m] = nbm / w
@@ -453,6 +453,11 @@ class _Plan:
         self.succ_ptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(src, minlength=N), out=self.succ_ptr[1:])
         self._bufs = None
+
+    def drop_walk_edges(self) -> None:
+        """Free what only the walk reads (before the events mode)."""
+        for name in ("dep_src", "dep_ptr", "arr_src", "indeg0", "succ", "succ_ptr"):
+            setattr(self, name, None)
 
     def _chain(self, order) -> tuple[np.ndarray, np.ndarray]:
         """Per node, the message before it on its channel (an MCAST: on its engine's
@@ -667,24 +672,7 @@ class _Plan:
         f2, per = flows[sel], per[sel]
         links = np.concatenate([rl_sh[r] for r in self.route[f2].tolist()])
         fr = np.repeat(f2, per)
-        st, dr = times["start"][fr], times["drain"][fr]
-        rate = self.rate[fr]
-        tol = np.abs(dr) * 1e-12 + 1e-18
-        t = np.concatenate([st, dr - tol])
-        d = np.concatenate([rate, -rate])
-        isstart = np.concatenate([np.ones(len(st), np.int8), np.zeros(len(dr), np.int8)])
-        lk2 = np.concatenate([links, links])
-        o = np.lexsort((isstart, t, lk2))
-        lk2, d = lk2[o], d[o]
-        cs = np.cumsum(d)
-        first = np.flatnonzero(np.r_[True, lk2[1:] != lk2[:-1]])
-        offs = np.repeat(np.r_[0.0, cs[first[1:] - 1]], np.diff(np.r_[first, len(lk2)]))
-        load = cs - offs
-        over = load > cap[lk2] * (1 + 1e-9)
-        if over.any():
-            j = int(np.flatnonzero(over)[0])
-            raise Refused(f"flows share link {int(lk2[j])} beyond its capacity "
-                          f"({load[j] / cap[lk2[j]]:.3g}x): max-min sharing runs the engines")
+        links_fit(links, times["start"][fr], times["drain"][fr], self.rate[fr], cap)
 
     def check_recovery(self, times) -> None:
         """No stream arrives so late after its MRECV started that the engine's coarse
@@ -763,22 +751,3 @@ def _unique(x: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     seen[x] = True
     ids = np.cumsum(seen) - 1
     return np.flatnonzero(seen), ids[x]
-
-
-def _quantum(t: np.ndarray) -> float | None:
-    """The batch tolerance of times ``t`` (relative to the largest), or None when all are
-    0 or not finite."""
-    scale = float(np.nanmax(np.abs(t))) if len(t) else 0.0
-    if not scale or not np.isfinite(scale):
-        return None
-    return scale * 1e-12
-
-
-def _quantize(t: np.ndarray, quantum: float | None | bool = False) -> np.ndarray:
-    """Start times that the event loop would see as one instant (driver's batch tolerance)
-    made equal, for ordering. ``quantum``: that of a larger array ``t`` is part of
-    (:func:`_quantum`); by default ``t``'s own."""
-    q = _quantum(t) if quantum is False else quantum
-    if q is None:
-        return np.nan_to_num(t)
-    return np.round(np.nan_to_num(t) / q)

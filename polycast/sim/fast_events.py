@@ -49,6 +49,7 @@ class _EventRun:
         self.ep = plan.ep.tolist()
         self.peer = plan.peer.tolist()
         self.wire = plan.wire.tolist()
+        self.nbytes = plan.nbytes.tolist()
         self.lat = plan.lat.tolist()
         self.route = plan.route.tolist()
         self.route_links = plan.route_links
@@ -68,35 +69,29 @@ class _EventRun:
         self.sptr = ptr.tolist()
         self.succ = dst.tolist()
         self.deps_left = np.concatenate([g.dep_counts, np.zeros(N - ns, np.int64)]).tolist()
-        # per (request, member): the steps its post starts, in program order
-        rt = np.flatnonzero(g.dep_counts == 0)
-        self.roots: dict[int, list] = {}
-        for x, kk in zip(rt.tolist(), (plan.q[rt] * (1 << 32) + plan.local[rt]).tolist()):
-            self.roots.setdefault(kk, []).append(x)
-        # per (request, member): its nodes' count, MRECVs left, FIN node
-        self.base = [r[4] for r in g.reqs]
-        self.starts = [r[5] for r in g.reqs]
+        # members: (request, local rank) numbered request by request
         self.nmem = [r[3] for r in g.reqs]
-        key = (plan.q * (1 << 32) + plan.local)[:ns]
-        uk, cnt = np.unique(key, return_counts=True)
-        self.steps_left = dict(zip(uk.tolist(), cnt.tolist()))
+        self.mbase = np.concatenate([[0], np.cumsum(self.nmem)[:-1]]).astype(np.int64).tolist()
+        M = sum(self.nmem)
+        mem = np.asarray(self.mbase, np.int64)[plan.q] + plan.local
+        self.mq = np.repeat(np.arange(len(self.nmem)), self.nmem).tolist()
+        # per member: the steps its post starts (in program order), its steps and MRECVs
+        # left, whether it sends a FIN, the bytes of its MCAST and MRECV steps (rto)
+        rt = np.flatnonzero(g.dep_counts == 0)
+        self.roots: list[list] = [[] for _ in range(M)]
+        for x, m in zip(rt.tolist(), mem[rt].tolist()):
+            self.roots[m].append(x)
+        self.steps_left = np.bincount(mem[:ns], minlength=M).tolist()
         mr = plan.mrecvs
-        self.mrecv_left = {}
-        if len(mr):
-            uk2, c2 = np.unique(key[mr], return_counts=True)
-            self.mrecv_left = dict(zip(uk2.tolist(), c2.tolist()))
+        self.mrecv_left = np.bincount(mem[mr], minlength=M).tolist()
         self.fin_of = plan.fin_of
-        # per (request, member): bytes of its MCAST and MRECV steps (the engine's rto)
+        self.mfin = [q in self.fin_of for q in self.mq]
         mm = np.flatnonzero((plan.kind == MCAST) | (plan.kind == MRECV))
-        self.mcast_nbytes: dict[int, int] = {}
-        if len(mm):
-            uk3, inv3 = np.unique(key[mm], return_inverse=True)
-            tot = np.bincount(inv3, weights=plan.nbytes[mm].astype(np.float64))
-            self.mcast_nbytes = dict(zip(uk3.tolist(), tot.tolist()))
-        self.recv_of_send = {}
-        rs = plan.recv_send
-        for r in plan.recvs.tolist():
-            self.recv_of_send[int(rs[r])] = r
+        self.mcast_nbytes = np.bincount(mem[mm], weights=plan.nbytes[mm].astype(np.float64),
+                                        minlength=M).tolist()
+        recv_of_send = np.full(N, -1, np.int64)
+        recv_of_send[plan.recv_send[plan.recvs]] = plan.recvs
+        self.recv_of_send = recv_of_send.tolist()
         # per MCAST: its MRECV nodes grouped by latency, in the driver's order
         self.mgroups: dict[int, list] = {}
         mm = plan.mrecv_mcast
@@ -125,9 +120,9 @@ class _EventRun:
         self.started = [False] * N
         self.done_t = [math.nan] * N
         self.start_t = [math.nan] * N
-        self.fin_out = set()
-        self.fin_in = set()
-        self.completed: dict[int, float] = {}
+        self.fin_out = [False] * M
+        self.fin_in = [False] * M
+        self.completed = [None] * M
         self.pacer: dict[int, float] = {}
         self.channels: dict[tuple, deque] = {}
         self.busy: set = set()
@@ -186,10 +181,11 @@ class _EventRun:
         self.events += 1
         _, _, kind, a, b = e
         if kind == _ARR:                      # message of node a arrived
-            if self.kind[a] == FIN:
+            if self.kind[a] == FIN:                   # at the member's ring successor
                 q, i = self.q[a], self.local[a]
-                self.fin_in.add((q, (i + 1) % self.nmem[q]))
-                self._maybe_complete(q, (i + 1) % self.nmem[q])
+                m = self.mbase[q] + (i + 1) % self.nmem[q]
+                self.fin_in[m] = True
+                self._maybe_complete(m)
             else:
                 r = self.recv_of_send[a]
                 self.arrived[r] = True
@@ -204,8 +200,9 @@ class _EventRun:
             return
         elif kind == _SENDDONE:
             if self.kind[a] == FIN:
-                self.fin_out.add((self.q[a], self.local[a]))
-                self._maybe_complete(self.q[a], self.local[a])
+                m = self._member(a)
+                self.fin_out[m] = True
+                self._maybe_complete(m)
             else:
                 self._complete_step(a)
         elif kind == _PACE:
@@ -221,10 +218,11 @@ class _EventRun:
 
     # -- the engine's steps -------------------------------------------------------------
     def _post(self, q: int, i: int) -> None:
-        self._pump(deque(self.roots.get(q * (1 << 32) + i, ())))
-        if q in self.fin_of and not self.mrecv_left.get(q * (1 << 32) + i, 0):
+        m = self.mbase[q] + i
+        self._pump(deque(self.roots[m]))
+        if self.mfin[m] and not self.mrecv_left[m]:
             self._send_fin(q, i)
-        self._maybe_complete(q, i)
+        self._maybe_complete(m)
 
     def _pump(self, ready: deque) -> None:
         while ready:
@@ -244,7 +242,7 @@ class _EventRun:
         elif k == MCAST:
             self._start_mcast(n, ready)
         elif k == MRECV:
-            if self.arrived[n] or not self.plan.nbytes[n]:
+            if self.arrived[n] or not self.nbytes[n]:
                 self._stream_complete(n, ready)
 
     def _start_mcast(self, n: int, ready: deque) -> None:
@@ -271,44 +269,43 @@ class _EventRun:
         from ..engine.wire import HEADER_NBYTES
         ecfg = self.sim._ecfg
         rate = ecfg.pacing_gbps or ecfg.line_rate_gbps
-        key = self.q[n] * (1 << 32) + self.local[n]
-        tot = self.mcast_nbytes.get(key, 0)
+        tot = self.mcast_nbytes[self._member(n)]
         rto = ecfg.recovery_timeout_s + 2 * tot * 8 / (rate * 1e9)
         nb = int(self.plan.nbytes[n])
         span = (nb + len(self.plan.dgram_sizes[n]) * HEADER_NBYTES) * 8 / (rate * 1e9)
         return eos_delays(ecfg.eos_repeats, rto, span)
 
+    def _member(self, n: int) -> int:
+        return self.mbase[self.q[n]] + self.local[n]
+
     def _step_done(self, n: int, ready: deque) -> None:
         self.done_t[n] = self.now
-        sp, succ, left = self.sptr, self.succ, self.deps_left
-        for j in range(sp[n], sp[n + 1]):
-            s = succ[j]
+        sp, left = self.sptr, self.deps_left
+        for s in self.succ[sp[n]:sp[n + 1]]:
             left[s] -= 1
-            if left[s] == 0:
+            if not left[s]:
                 ready.append(s)
-        key = self.q[n] * (1 << 32) + self.local[n]
-        self.steps_left[key] -= 1
+        self.steps_left[self.mbase[self.q[n]] + self.local[n]] -= 1
 
     def _complete_step(self, n: int) -> None:
         """A step done by an event (message, send done, pacing): successors, completion."""
         ready: deque = deque()
         self._step_done(n, ready)
         self._pump(ready)
-        self._maybe_complete(self.q[n], self.local[n])
+        self._maybe_complete(self._member(n))
 
     def _stream_complete(self, n: int, ready: deque | None = None) -> None:
         outer = ready is None
         if outer:
             ready = deque()
         self._step_done(n, ready)
-        q, i = self.q[n], self.local[n]
-        key = q * (1 << 32) + i
-        self.mrecv_left[key] -= 1
-        if self.mrecv_left[key] == 0:
-            self._send_fin(q, i)
+        m = self._member(n)
+        self.mrecv_left[m] -= 1
+        if self.mrecv_left[m] == 0:
+            self._send_fin(self.q[n], self.local[n])
         if outer:
             self._pump(ready)
-            self._maybe_complete(q, i)
+            self._maybe_complete(m)
         # else: in the middle of a pump (the MRECV started with its data held): the pump
         # goes on with the steps it released, and its caller checks completion
 
@@ -316,13 +313,13 @@ class _EventRun:
         f = self.fin_of[q] + i
         self._emit((self.ep[f], self.peer[f]), ("msg", f))
 
-    def _maybe_complete(self, q: int, i: int) -> None:
-        key = q * (1 << 32) + i
-        if key in self.completed or self.steps_left[key]:
+    def _maybe_complete(self, m: int) -> None:
+        """Member ``m`` completes once its steps are done (and its FIN out and in)."""
+        if self.completed[m] is not None or self.steps_left[m]:
             return
-        if q in self.fin_of and not ((q, i) in self.fin_out and (q, i) in self.fin_in):
+        if self.mfin[m] and not (self.fin_out[m] and self.fin_in[m]):
             return
-        self.completed[key] = self.now
+        self.completed[m] = self.now
         self.pending -= 1
 
     # -- channels and flows -------------------------------------------------------------
@@ -356,9 +353,9 @@ class _EventRun:
                     self.busy.add(key)
                     return
                 if w:
+                    cap = math.inf if self.nic is None else self.rx_cap * w / self.nbytes[n]
                     self.net.add_flow(self.route_links[self.route[n]], w, now, ("msg", key, n),
-                                      cap=self.rx_cap * w / int(self.plan.nbytes[n]),
-                                      goodput=self.goodput[n])
+                                      cap=cap, goodput=self.goodput[n])
                     self.busy.add(key)
                     return
                 self._push(now, _SENDDONE, n)
@@ -390,7 +387,7 @@ class _EventRun:
             w = self.wire[n]
             self.net.add_flow(links ^ 1, w, self.now,
                               ("innet", None, (waiting, float(lat.max()))),
-                              cap=self.rx_cap * w / int(self.plan.nbytes[n]),
+                              cap=self.rx_cap * w / self.nbytes[n],
                               goodput=self.goodput[n])
 
     def _mcast_arrivals(self, m: int, t: float, fid) -> None:
@@ -443,7 +440,7 @@ class _EventRun:
             for i, rank in enumerate(sim._comm_group[comm]):
                 tl = sim.timelines[rank]
                 tl.posted[q] = float(r[6][i])
-                t = self.completed[q * (1 << 32) + i]
+                t = self.completed[self.mbase[q] + i]
                 tl.completed[q] = t
                 tmax = max(tmax, t)
         sim._pending = 0
