@@ -22,12 +22,12 @@ def test_the_policy_is_built_once_from_the_configuration():
     p = policy(cfg)
     assert p is policy(config.load({}))             # one per configuration
     assert (p.spin_seconds, p.yield_seconds, p.yield_wall_seconds, p.futex) == \
-        (pytest.approx(3e-6), pytest.approx(50e-6), pytest.approx(200e-6), True)
+        (0.0, pytest.approx(50e-6), pytest.approx(200e-6), True)
     q = policy(config.load({"POLYCAST_WAIT_SPIN_US": "200",
-                            "POLYCAST_TEST_HOOKS": "wait_busy_us=0,wait_yield_wall_us=5000,"
+                            "POLYCAST_TEST_HOOKS": "wait_busy_us=5,wait_yield_wall_us=5000,"
                                                    "futex=0"}))
     assert (q.spin_seconds, q.yield_seconds, q.yield_wall_seconds, q.futex) == \
-        (0.0, pytest.approx(200e-6), pytest.approx(5e-3), False)
+        (pytest.approx(5e-6), pytest.approx(200e-6), pytest.approx(5e-3), False)
     # 0: sleep at once, no spin and no yields either
     z = policy(config.load({"POLYCAST_WAIT_SPIN_US": "0"}))
     assert (z.spin_seconds, z.yield_seconds, z.yield_wall_seconds) == (0.0, 0.0, 0.0)

@@ -6,8 +6,10 @@ progress (runtime/driver/progress.py) watching its rings, the compiled replay of
 (runtime/symm/barrier.py and _symm_wait.c) watching peers' control slots. Each waits the
 same way, in three phases:
 
-1. **spin**: look again at once (a peer running on another core arrives within a few
-   microseconds; a longer busy poll only delays a peer that needs this core);
+1. **spin** (off by default): look again at once, without yielding; even 3 microseconds
+   of it made small calls slower at 2 and at 4 ranks on 2 cores than yielding from the
+   first look (``polycast bench -n 4 allreduce --sizes 8B`` with the ``wait_busy_us``
+   test hook shows it);
 2. **yield**: look, then ``sched_yield`` (with more ranks than cores the task that runs
    is usually the peer waited for), until the looks whose yield came straight back (the
    core was ours alone: our own CPU) add up to ``yield_seconds``, or until
@@ -50,7 +52,7 @@ SPIN, YIELD, SLEEP = 0, 1, 2        # the phases (wait.h's PC_SPIN, PC_YIELD, PC
 class WaitPolicy:
     """The one wait policy (see the module's docstring for the phases)."""
 
-    spin_seconds: float = 3e-6          # busy looks before the first yield
+    spin_seconds: float = 0.0           # busy looks before the first yield (off: see above)
     yield_seconds: float = 50e-6        # own CPU spent looking and yielding, then sleep
     yield_wall_seconds: float = 200e-6  # the yield phase's bound in wall time
     sleep_slice_seconds: float = 1e-3   # the longest sleep before the waiter looks again
