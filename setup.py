@@ -18,7 +18,7 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
     ext_modules.append(Extension("polycast.runtime.transport._ring",
                                  ["polycast/runtime/transport/_ring.c",
                                   "polycast/runtime/driver/_replay.c"],
-                                 depends=["polycast/runtime/transport/_ring.h",
+                                 depends=["polycast/runtime/transport/_ring.h", "polycast/runtime/transport/wait.h",
                                           "polycast/runtime/transport/ring_layout.h"],
                                  extra_compile_args=["-O2", "-std=gnu11"], optional=True))
     # The multicast datagram path (recvmmsg/GRO, sendmmsg/GSO, placement, BLAKE2b MACs).
@@ -33,7 +33,7 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
     ext_modules.append(Extension("polycast.runtime.symm._symm",
                                  [f"{symm}{part}.c" for part in ("", "_wait", "_fold", "_slots",
                                                                  "_fast", "_single")],
-                                 depends=[f"{symm}.h"],
+                                 depends=[f"{symm}.h", "polycast/runtime/transport/wait.h"],
                                  # (its parts share names like publish and release: not exported)
                                  extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
                                  optional=True))

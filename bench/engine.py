@@ -149,8 +149,9 @@ def bench_datagrams(nchunks: int, repeats: int, mode: str) -> dict:
             per_rep_cpu.append((time.process_time() - c) / len(wires))
         n_recv += len(dgrams)
         per_rep.append((recv_s - t_rep) / len(dgrams))
-        # every data datagram was placed (only the repeated EOS are duplicates)
-        assert peer.stats.drops == {"duplicate_eos": 2}, peer.stats.drops
+        # every datagram was placed: the EOS repeats are timer-driven now (the engine
+        # schedules them), so post() emits one EOS and nothing arrives twice
+        assert not peer.stats.drops, peer.stats.drops
         assert all(s.have == s.nchunks for r in peer._reqs.values()
                    for s in r.streams.values() if not s.owner)
     return {"events": n_recv, "engine_s": recv_s, "per_rep": per_rep, "per_rep_cpu": per_rep_cpu,

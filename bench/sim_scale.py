@@ -118,9 +118,10 @@ def spawn(name: str, path: str, timeout: float) -> dict:
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     cmd = [sys.executable, __file__, "--child", name, "--path", path]
-    # the goal rows' memory budget is 8-16 GiB: let schedules use 8 GiB (default 4)
+    # the goal rows' memory budget is 8-16 GiB: let schedules use the row's (default 4;
+    # 8 for rows without one)
     env = {**os.environ, "POLYCAST_MAX_SCHEDULE_GIB": os.environ.get(
-        "POLYCAST_MAX_SCHEDULE_GIB", "8")}
+        "POLYCAST_MAX_SCHEDULE_GIB", str(ROWS[name][3] or 8))}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

@@ -47,7 +47,7 @@ def test_defaults_parse_and_validate():
     ("POLYCAST_TEST_HOOKS", "native", "name=value"),
     ("POLYCAST_TEST_HOOKS", "replay=maybe", "replay='maybe' is not a bool"),
     ("POLYCAST_NATIVE", "0", "POLYCAST_TEST_HOOKS=native=0"),        # retired switches
-    ("POLYCAST_REPLAY_SPIN_US", "5", "POLYCAST_TEST_HOOKS=replay_spin_us="),
+    ("POLYCAST_REPLAY_SPIN_US", "5", "now: POLYCAST_WAIT_SPIN_US"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable_and_what_it_accepts(var, text, says):
     with pytest.raises(InvalidArgument) as info:

@@ -73,7 +73,8 @@ def test_the_symm_worker_runs_its_jobs_with_the_short_interval(interval):
     from polycast.config import Config
     from polycast.runtime.driver import Request
     from polycast.runtime.symm.queue import JobQueue
-    st = SimpleNamespace(bar=SimpleNamespace(spin_seconds=0.0, yield_seconds=0.0),
+    from polycast.runtime.transport.wait import WaitPolicy
+    st = SimpleNamespace(bar=SimpleNamespace(policy=WaitPolicy()),
                          comm=SimpleNamespace(id=7, timeout_seconds=10.0, config=Config()))
     q = JobQueue(st)
     seen, ran = [], threading.Event()

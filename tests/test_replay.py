@@ -16,6 +16,7 @@ from polycast.engine.wire import MsgKind, make_header
 from polycast.runtime.transport import native
 from polycast.runtime.driver import replay
 from polycast.runtime.transport.shm import SLEEP_FUTEX, Ring
+from polycast.runtime.transport.wait import WaitPolicy
 
 from test_runtime_helpers import rank_results, spawn_ranks
 
@@ -47,6 +48,8 @@ ALLREDUCE = [(COPY, 0, 0, 0, 0, 8, 1, 0, False, 0, 0b110),
              (SEND, 0, 0, 1, 0, 8, 0, 0, False, 1, 0),
              (RECV, 0, 0, 1, 0, 8, 0, 0, True, 1, 0)]
 
+WAIT = WaitPolicy()                 # the default wait policy
+
 
 def _peer_frame(in_w, payload: bytes, *, kind=MsgKind.DATA, sig=SIG, seq=SEQ, tag=0):
     h = make_header(kind, COMM, seq, 1, tag, 0, len(payload), sig).pack()
@@ -55,7 +58,7 @@ def _peer_frame(in_w, payload: bytes, *, kind=MsgKind.DATA, sig=SIG, seq=SEQ, ta
 
 def _run(plan, in_r, send, recv, wait_s=0.05, limit=-1):
     pos = [in_r._read_pos]
-    out = plan.run(SEQ, send, recv, None, pos, (wait_s, 30e-6, 200e-6), True, limit)
+    out = plan.run(SEQ, send, recv, None, pos, (wait_s, WAIT.c_args), True, limit)
     return out, pos[0]
 
 
@@ -151,7 +154,7 @@ def test_a_frame_for_a_recv_not_started_waits_at_the_rings_head(tmp_path):
     t.start()
     recv = np.zeros(4, np.float32)
     pos = [in_r._read_pos, in2_r._read_pos]
-    done, reason, *_ = plan.run(SEQ, None, recv, None, pos, (5.0, 30e-6, 200e-6), True)
+    done, reason, *_ = plan.run(SEQ, None, recv, None, pos, (5.0, WAIT.c_args), True)
     t.join()
     assert replay.REASONS[reason] == "done" and done == 0b11
     assert recv.tolist() == [1.0, 1.0, 2.0, 2.0]
@@ -343,11 +346,11 @@ def test_a_frame_the_engine_held_early_is_delivered_when_its_step_starts(tmp_pat
     early = np.array([3.0, 5.0], np.float32).tobytes()
     pos = [in_r._read_pos]
     done, reason, _, _, nsent, _, nrecv, _, *_ = _plan(in_r, out_w, ALLREDUCE).run(
-        SEQ, send, recv, None, pos, (0.05, 30e-6, 200e-6), True, -1, [(2, early)])
+        SEQ, send, recv, None, pos, (0.05, WAIT.c_args), True, -1, [(2, early)])
     assert replay.REASONS[reason] == "done" and done == 0b111
     assert (nsent, nrecv) == (1, 0) and recv.tolist() == [4.0, 6.0]
     with pytest.raises(ValueError):     # a held frame must be a RECV's, of its length
-        _plan(in_r, out_w, ALLREDUCE).run(SEQ, send, recv, None, pos, (0.05, 30e-6, 200e-6),
+        _plan(in_r, out_w, ALLREDUCE).run(SEQ, send, recv, None, pos, (0.05, WAIT.c_args),
                                           True, -1, [(1, early)])
 
 
@@ -402,7 +405,7 @@ def test_a_waiting_replay_sleeps_on_the_ring_and_the_peers_frame_wakes_it(tmp_pa
     t0 = time.monotonic()
     pos = [in_r._read_pos]
     done, reason, *_ = plan.run(SEQ, np.ones(2, np.float32), np.zeros(2, np.float32), None,
-                                pos, (20.0, 30e-6, 200e-6), True)
+                                pos, (20.0, WAIT.c_args), True)
     took = time.monotonic() - t0
     t.join()
     assert replay.REASONS[reason] == "done" and done == 0b111
@@ -431,7 +434,7 @@ def test_a_sleeping_flag_another_sleeper_clears_costs_a_slice_not_the_wait(tmp_p
     t0 = time.monotonic()
     pos = [in_r._read_pos]
     done, reason, *_ = plan.run(SEQ, np.ones(2, np.float32), np.zeros(2, np.float32), None,
-                                pos, (20.0, 0.0, 0.0), True)
+                                pos, (20.0, WAIT.passive().c_args), True)
     took = time.monotonic() - t0
     t.join()
     assert replay.REASONS[reason] == "done" and done == 0b111

@@ -16,6 +16,7 @@ from polycast.engine.wire import F_PULL, MsgKind, make_header
 from polycast.runtime.transport import cma, native
 from polycast.runtime.driver import replay
 from polycast.runtime.transport.frames import KIND_CMA, KIND_CMA_DONE
+from polycast.runtime.transport.wait import WaitPolicy
 
 # our rings with rank 1 (this very process, as far as reads go)
 from test_replay import _rings
@@ -30,7 +31,7 @@ pytestmark = [
 COMM, SIG, SEQ = 5, 0xA1B2C3D4, 77
 SEND, RECV = 0, 1
 NBYTES = 1 << 20
-WAITS = (0.05, 30e-6, 200e-6)
+WAITS = (0.05, WaitPolicy().c_args)
 
 
 def _plan(in_r, out_w, kind):
@@ -42,7 +43,7 @@ def _plan(in_r, out_w, kind):
 
 def _run(plan, in_r, send, recv, cseq=4, held=None, wait_s=0.05):
     pos, cseqs = [in_r._read_pos], [cseq]
-    out = plan.run(SEQ, send, recv, None, pos, (wait_s,) + WAITS[1:], True, -1, held, False,
+    out = plan.run(SEQ, send, recv, None, pos, (wait_s, WAITS[1]), True, -1, held, False,
                    cseqs)
     in_r._read_pos = pos[0]
     return out, cseqs[0]

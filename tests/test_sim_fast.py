@@ -253,6 +253,12 @@ def test_stream_refused_falls_to_the_walk_or_is_refused_for_memory():
         with pytest.raises(TooLarge, match="stream mode refused .*capacity.* at most about"):
             simulate("allgather", "ring", 512, 64 << 20, "fattree:radix=16",
                      placement="random", seed=1)
+    # an algorithm without a compact form, simulated: its Steps and the walk's columns and
+    # graph on top of them
+    from polycast.algorithms.estimate import estimate
+    walked = estimate("allgather", "hring", 4096, compact=True, hosts=512, ranks_per_host=8)
+    steps = estimate("allgather", "hring", 4096, hosts=512, ranks_per_host=8)
+    assert walked.walked and walked.nbytes > steps.nbytes
     # a template whose times would not fit memory: refused at build, the largest P named
     with override(max_schedule_gib=0.5):
         with pytest.raises(TooLarge, match="at most about 5,[0-9]{3} ranks with ring"):

@@ -13,10 +13,17 @@ from polycast.collectives import ReduceOp
 from polycast.runtime.symm import barrier as B
 from polycast.runtime.symm.common import UFUNCS, fold_in_rank_order
 from polycast.runtime.symm.staged import _DTYPE_CODES, _OP_CODES
+from polycast.runtime.transport.wait import WaitPolicy
 
 pytestmark = pytest.mark.skipif(B.compiled is None,
                                 reason=f"compiled symm helper not in use: {B.compiled_why_not}")
 
+# Wait policies as the helper takes them: none at all; spin 1 ms then yield to 5 ms; sleep at
+# once on a futex; nap without futexes.
+NOWAIT = WaitPolicy(0.0, 0.0, 0.0, futex=False).c_args
+SPIN_THEN_YIELD = WaitPolicy(1e-3, 1.0, 4e-3).c_args
+SLEEP_AT_ONCE = WaitPolicy().passive().c_args
+NAP = WaitPolicy(futex=False).passive().c_args
 HALF = 4096             # bytes per slot
 
 
@@ -39,7 +46,7 @@ class Ranks:
         rcs = []
         for r in range(self.P):
             rcs.append(self.bars[r].start(kind, e, sigs[r], srcs[r], dsts[r], root, t, op,
-                                          0.0, 0.0, False))
+                                          NOWAIT))
         assert rcs[-1] in (0, -1) and all(rc > 0 for rc in rcs[:-1])
         for r in range(self.P - 1):
             rcs[r] = self.bars[r].finish(kind, e, srcs[r], dsts[r], root, t, op)
@@ -148,17 +155,17 @@ def test_a_wait_for_a_missing_peer_returns_within_its_bounds():
     t, o = _DTYPE_CODES["<f4"], _OP_CODES[ReduceOp.SUM]
     t0 = time.monotonic()
     # spin 1 ms, yield to 5 ms: rank 1 never arrives
-    assert R.bars[0].start(B.K_ALLREDUCE, 1, 9, x, out, 0, t, o, 1e-3, 5e-3, True) == 1
+    assert R.bars[0].start(B.K_ALLREDUCE, 1, 9, x, out, 0, t, o, SPIN_THEN_YIELD) == 1
     # then a futex sleep of 20 ms on its epoch, and a nap without futexes
-    assert R.bars[0].wait(-1, B.EPOCH, 1, 0.0, 0.0, 0.02, True) == 1
-    assert R.bars[0].wait(1, B.EPOCH, 1, 0.0, 0.0, 0.01, False) == 1
+    assert R.bars[0].wait(-1, B.EPOCH, 1, SLEEP_AT_ONCE, 0.02) == 1
+    assert R.bars[0].wait(1, B.EPOCH, 1, NAP, 0.01) == 1
     took = time.monotonic() - t0
     assert 0.035 <= took < 1.0, took
     assert R.ctrl[0][B.SLEEP] == 0          # the sleep flag is down again
     assert (out == 0).all()
     # rank 1 arrives: rank 0's wait returns at once and it finishes
-    assert R.bars[1].start(B.K_ALLREDUCE, 1, 9, x, out * 0 + x, 0, t, o, 0, 0, False) == 0
-    assert R.bars[0].wait(-1, B.EPOCH, 1, 0.0, 0.0, 1.0, True) == 0
+    assert R.bars[1].start(B.K_ALLREDUCE, 1, 9, x, out * 0 + x, 0, t, o, NOWAIT) == 0
+    assert R.bars[0].wait(-1, B.EPOCH, 1, SLEEP_AT_ONCE, 1.0) == 0
     assert R.bars[0].finish(B.K_ALLREDUCE, 1, x, out, 0, t, o) == 0
     assert (out == 2).all()
 
@@ -168,10 +175,10 @@ def test_buffers_that_do_not_fit_are_refused_before_anything_is_published():
     big = np.zeros(HALF // 4 + 1, np.float32)
     t, o = _DTYPE_CODES["<f4"], _OP_CODES[ReduceOp.SUM]
     with pytest.raises(ValueError):
-        R.bars[0].start(B.K_ALLREDUCE, 1, 9, big, big.copy(), 0, t, o, 0, 0, False)
+        R.bars[0].start(B.K_ALLREDUCE, 1, 9, big, big.copy(), 0, t, o, NOWAIT)
     with pytest.raises(ValueError):      # sizes differ
         R.bars[0].start(B.K_ALLREDUCE, 1, 9, np.zeros(4, np.float32),
-                        np.zeros(5, np.float32), 0, t, o, 0, 0, False)
+                        np.zeros(5, np.float32), 0, t, o, NOWAIT)
     assert R.ctrl[0][B.EPOCH] == 0
 
 
@@ -180,7 +187,7 @@ def test_layout_is_the_python_barriers():
     R = Ranks(2)
     x, out = np.ones(4, np.float32), np.zeros(4, np.float32)
     t, o = _DTYPE_CODES["<f4"], _OP_CODES[ReduceOp.SUM]
-    assert R.bars[0].start(B.K_ALLREDUCE, 1, 77, x, out, 0, t, o, 0, 0, False) == 1
+    assert R.bars[0].start(B.K_ALLREDUCE, 1, 77, x, out, 0, t, o, NOWAIT) == 1
     # rank 1 as barrier.py does it: data in slot (1 & 1), descriptor, then the epoch
     R.slots[1][HALF:HALF + 16] = np.full(4, 2.0, np.float32).view(np.uint8)
     R.ctrl[1][B.SIG0 // 8 + 1] = 77

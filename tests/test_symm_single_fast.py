@@ -162,12 +162,13 @@ def _rank_main(suite: str) -> int:
     # not there yet goes back to barrier.py's loop, at the opening barrier (a late rank) or
     # the closing one (the broadcast's root writes P - 1 tails while the others read one
     # head each, so they wait for it there). Exact, and both counted somewhere.
-    B.SPIN_SECONDS, B.YIELD_SECONDS, spin, yld = 0.0, 0.0, B.SPIN_SECONDS, B.YIELD_SECONDS
+    policy_of = B.wait_policy
+    B.wait_policy = lambda cfg: policy_of(cfg).passive()
     try:
         comm3 = comm.Dup()
         allgather(50, comm3)
     finally:
-        B.SPIN_SECONDS, B.YIELD_SECONDS = spin, yld
+        B.wait_policy = policy_of
     opened, closed = stat("single_pending_open"), stat("single_pending_close")
     ok = True
     buf = np.empty(k, np.int64)

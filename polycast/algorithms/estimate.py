@@ -55,6 +55,7 @@ class Estimate:
     stream: bool = False            # a template, timed position by position (fast_stream)
     live: float = 0.0               # ... program positions' times it holds at once
     live_exponent: float = 0.0      # ... growing as P ** live_exponent
+    walked: bool = False            # built as Steps, then timed on the fast path
 
     @property
     def nbytes(self) -> float:
@@ -63,6 +64,8 @@ class Estimate:
             return self._stream_nbytes(self.nranks)
         if self.compact:
             return self.steps * FAST_STEP_NBYTES
+        if self.walked:               # the Steps, and the fast path's columns and graph
+            return self.steps * (STEP_NBYTES + FAST_STEP_NBYTES) + self.refs * REF_NBYTES
         return self.steps * STEP_NBYTES + self.refs * REF_NBYTES
 
     def _stream_nbytes(self, nranks: int) -> float:
@@ -131,7 +134,8 @@ def estimate(collective, algorithm: str, nranks: int, nchunks: int = 1, channels
     """The estimated size of ``build(collective, algorithm, nranks, ...)``, or None when no
     small instance of the algorithm could be built to extrapolate from. ``compact``: of
     the compact form (``build(..., compact=True)``) where the algorithm has one, on the
-    simulator's fast path; ``stream``: of an algorithm whose compact form is a template
+    simulator's fast path (without one: the Steps plus the walk's columns and graph);
+    ``stream``: of an algorithm whose compact form is a template
     or token multicast (:mod:`polycast.schedule.compact`), as
     the fast path's stream mode holds it (False: as columns, for the walk)."""
     coll = Collective.parse(collective)
@@ -149,7 +153,7 @@ def estimate(collective, algorithm: str, nranks: int, nchunks: int = 1, channels
     steps, _ = grow(s1, s2)
     refs, _ = grow(r1, r2)
     _, e_mem = grow(s1 * STEP_NBYTES + r1 * REF_NBYTES, s2 * STEP_NBYTES + r2 * REF_NBYTES)
-    streamed, live = False, 0.0
+    streamed, live, asked = False, 0.0, compact
     if compact:
         from .registry import _COMPACT, _TEMPLATES
         compact = (coll, algorithm) in _COMPACT and channels == 1 and "counts" not in options
@@ -160,8 +164,12 @@ def estimate(collective, algorithm: str, nranks: int, nchunks: int = 1, channels
             l1, l2 = (_live(coll, algorithm, p, nchunks, tuple(sorted(options.items())))
                       for p in (p1, p2))
             live, e_live = grow(l1, l2)
+    walked = bool(asked) and not compact
+    if walked:
+        _, e_mem = grow(s1 * (STEP_NBYTES + FAST_STEP_NBYTES) + r1 * REF_NBYTES,
+                        s2 * (STEP_NBYTES + FAST_STEP_NBYTES) + r2 * REF_NBYTES)
     return Estimate(str(coll), algorithm, nranks, steps, refs, e_mem, compact, streamed,
-                    live, e_live if streamed else 0.0)
+                    live, e_live if streamed else 0.0, walked)
 
 
 @lru_cache(maxsize=64)

@@ -182,7 +182,7 @@ def build(collective: Collective | str, algorithm: str, nranks: int, count: int,
                               max_schedule_nbytes=max_schedule_nbytes, **options))
     if nranks > estimate.CHECK_ABOVE_RANKS:    # refuse what would not fit in memory
         estimate.check(coll, algorithm, nranks, nchunks, channels,   # counts: same shape
-                       limit=max_schedule_nbytes,
+                       compact, limit=max_schedule_nbytes,
                        **{k: v for k, v in options.items() if k != "counts"})
     # Schedules are millions of small immutable objects at 1024 ranks; the cyclic garbage
     # collector would rescan them all repeatedly (15-40 % of build time) and finds nothing.

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping
 
 from ..collectives import Collective
 from ..errors import InvalidArgument
-from .params import (ALGO_VARS, BY_VAR, JOB_VARIABLES, PREFIX, RETIRED, Config,
+from .params import (ALGO_VARS, BY_VAR, HOOKS_VAR, JOB_VARIABLES, PREFIX, RETIRED, Config,
                      known_variables)
 
 _lock = threading.Lock()
@@ -52,8 +52,9 @@ def load(env: Mapping[str, str] | None = None, *, rank: int | None = None) -> Co
                 algos.append((ALGO_VARS[var], text.strip().lower()))
                 seen.append((var, text))
         elif var in RETIRED:
-            raise InvalidArgument(f"{var}={text!r}: no longer a setting; a test hook "
-                                  f"now: {RETIRED[var]}")
+            now = RETIRED[var]
+            raise InvalidArgument(f"{var}={text!r}: no longer a setting; " + (
+                f"a test hook now: {now}" if now.startswith(HOOKS_VAR) else f"now: {now}"))
         elif var not in JOB_VARIABLES:
             _warn_unknown(var)
     if algos:

@@ -51,16 +51,14 @@ class Hooks:
     replay: bool = _hook(True, "the compiled replay of repeated calls")
     cma: bool = _hook(True, "single-copy reads between local ranks (process_vm_readv)")
     cma_pull: bool = _hook(True, "large local messages pulled by the receiver (else RTS/CTS)")
-    futex: bool = _hook(True, "futex sleeps and wake-ups between local ranks")
+    futex: bool = _hook(True, "futex sleeps and wake-ups between local ranks (0: the wait "
+                              "policy naps, the rings ring doorbells)")
+    wait_busy_us: float = _hook(3.0, "a waiter looks without yielding this long first (the "
+                                     "wait policy, runtime/transport/wait.py)")
+    wait_yield_wall_us: float = _hook(200.0, "a waiter's yielding is bounded by this much "
+                                              "wall time, then it sleeps")
     replay_step_limit: int = _hook(-1, ">= 0: every replay stops after this many steps")
-    drive_spin_us: float = _hook(50.0, "a thread driving progress watches the rings this long")
-    drive_spin_wall_us: float = _hook(1000.0, "a driving thread's watch is bounded by this "
-                                              "much wall time")
-    spin_us: float = _hook(0.0, "the progress thread polls this long before sleeping")
     replay_wait_us: float = _hook(2000.0, "a replay with no input for this long hands over")
-    replay_spin_us: float = _hook(30.0, "a replay spins this long before sleeping on the rings")
-    replay_spin_wall_us: float = _hook(200.0, "a replay's spin is bounded by this much wall "
-                                               "time")
     cprofile: str = _hook("", "cProfile each progress thread into the file PATH.RANK")
 
     @classmethod
@@ -148,6 +146,12 @@ class Config:
         "(default: hostname, boot id and network namespace); e.g. to force TCP between "
         "ranks of one machine, or to group ranks that share /dev/shm across namespaces",
         stripped)
+    wait_spin_us: float = _param(
+        "POLYCAST_WAIT_SPIN_US", 50.0, "how much of its own CPU time, in microseconds, a "
+        "rank waiting for its peers spends watching for them (yielding the core between "
+        "looks) before it sleeps until woken; 0: sleep at once (ranks that share their "
+        "cores with other work: more ranks than cores, data-loader or compute threads)",
+        nonnegative)
     gil_switch_us: float = _param(
         "POLYCAST_SWITCH_US", 100.0, "the interpreter's GIL switch interval while a "
         "communication thread runs beside the caller's code, in microseconds (0: leave it "
@@ -324,8 +328,12 @@ JOB_VARIABLES = {
 RETIRED = {f"{PREFIX}{name.upper()}": f"{HOOKS_VAR}={name}=0" for name in
            ("native", "replay", "cma", "cma_pull", "futex")}
 RETIRED.update({f"{PREFIX}{name.upper()}": f"{HOOKS_VAR}={name}=..." for name in
-                ("replay_step_limit", "drive_spin_us", "drive_spin_wall_us", "spin_us",
-                 "replay_wait_us", "replay_spin_us", "replay_spin_wall_us")})
+                ("replay_step_limit", "replay_wait_us")})
+# The spin and wait knobs of each waiter: one wait policy now (runtime/transport/wait.py).
+RETIRED.update({f"{PREFIX}{name.upper()}": "POLYCAST_WAIT_SPIN_US (one wait policy; "
+                f"{HOOKS_VAR}=wait_busy_us=...,wait_yield_wall_us=... for tests)" for name in
+                ("drive_spin_us", "drive_spin_wall_us", "spin_us", "replay_spin_us",
+                 "replay_spin_wall_us")})
 
 
 # The parameters' fields (every one with a variable), and the one each variable sets.

@@ -13,7 +13,8 @@ bootstrap/      the job: its environment (polycast run, torchrun, mpiexec, srun)
                 rendezvous store and its authentication, the connected world, the
                 engine configuration, the rank's failure report to its launcher
 transport/      moving bytes: framing, TCP links, shared-memory rings (``_ring.c``),
-                single-copy reads, futex wake-ups, UDP multicast, fault injection
+                single-copy reads, futex wake-ups, the one wait policy every waiter
+                follows (``wait.py``, ``wait.h``), UDP multicast, fault injection
 =============== ==========================================================================
 
 The user API is :mod:`polycast.comm` (``polycast.init()``); which path runs a call is

@@ -469,9 +469,15 @@ def _fill_small(group: list[Flow], capl: list, load) -> tuple[list, list]:
                 m.append(i)
     bound = [f.cap for f in group]
     by = [-1] * n
-    shared = []                              # [left, open members, members, link]
+    # Shared links, one per set of members: of links the same flows cross, the one with
+    # the least left (the first of those) is the only one that can stop them first, as
+    # every freeze takes the same from all of them (multicast trees in a region share
+    # hundreds of links). Kept at that link's place among the links, so ties between
+    # sets resolve as over every link.
+    shared = []                              # [left, open members, members, link, place]
+    by_set: dict[tuple, list] = {}
     mine: list[list] = [[] for _ in range(n)]
-    for l, m in members.items():
+    for pos, (l, m) in enumerate(members.items()):
         r = capl[l] - load[l]
         for i in m:
             r += group[i].rate
@@ -481,11 +487,17 @@ def _fill_small(group: list[Flow], capl: list, load) -> tuple[list, list]:
             i = m[0]
             if r < bound[i]:
                 bound[i], by[i] = r, l
-        else:
-            s = [r, len(m), m, l]
+            continue
+        key = tuple(m)
+        s = by_set.get(key)
+        if s is None:
+            s = by_set[key] = [r, len(m), m, l, pos]
             shared.append(s)
             for i in m:
                 mine[i].append(s)
+        elif r < s[0]:
+            s[0], s[3], s[4] = r, l, pos
+    shared.sort(key=lambda s: s[4])
     rate = bound[:]
     open_ = [bool(x) for x in mine]
     left = sum(open_)

@@ -155,7 +155,7 @@ class Topology:
         self.layer_index = np.array([LAYERS.index(x) for x in self.link_layer], dtype=np.int64)
         self._routes: dict[tuple[int, int], tuple[np.ndarray, float]] = {}
         self._trees: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._subtrees: dict[int, tuple[list[int], list[tuple[int, float]]]] = {}
+        self._subtrees: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         return self
 
     # -- queries ------------------------------------------------------------------------
@@ -202,26 +202,32 @@ class Topology:
         self._routes[key] = out
         return out
 
-    def _subtree(self, node: int) -> tuple[list[int], list[tuple[int, float]]]:
-        """Links of the replication tree below ``node`` and (rank, latency from node)."""
+    def _subtree(self, node: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Links of the replication tree below ``node``, and the ranks it reaches with
+        their latency from node (arrays: a fat tree's root covers every rank)."""
         hit = self._subtrees.get(node)
         if hit is not None:
             return hit
-        links: list[int] = []
-        reach: list[tuple[int, float]] = []
+        links: list = []
+        ranks: list = []
+        lats: list = []
         for par in self._down_par[node]:
             l = par[_mix(node, 0x6D) % len(par)] if len(par) > 1 else par[0]
             child = self.link_dst[l]
             d = self.link_lat[l] + self.node_hop_s[child]
-            links.append(l)
+            links.append(np.array([l], dtype=np.int64))
             if child < self.nranks:
-                reach.append((child, d))
+                ranks.append(np.array([child], dtype=np.int64))
+                lats.append(np.array([d]))
             else:
-                sub_links, sub_reach = self._subtree(child)
-                links.extend(sub_links)
-                reach.extend((r, d + x) for r, x in sub_reach)
-        self._subtrees[node] = (links, reach)
-        return links, reach
+                sub_links, sub_ranks, sub_lats = self._subtree(child)
+                links.append(sub_links)
+                ranks.append(sub_ranks)
+                lats.append(d + sub_lats)
+        cat = lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dt)  # noqa
+        out = (cat(links, np.int64), cat(ranks, np.int64), cat(lats, np.float64))
+        self._subtrees[node] = out
+        return out
 
     def mcast_tree(self, root: int) -> tuple[np.ndarray, np.ndarray]:
         """(link ids, latency from root per rank) of root's multicast tree over all ranks.
@@ -230,7 +236,7 @@ class Topology:
         hit = self._trees.get(root)
         if hit is not None:
             return hit
-        links: list[int] = []
+        links: list = []
         lat = np.zeros(self.nranks, dtype=np.float64)
         node, below, acc = root, -1, 0.0
         h = _mix(root, 0xC0FFEE)
@@ -241,22 +247,21 @@ class Topology:
                     continue
                 l = par[_mix(node, 0x6D) % len(par)] if len(par) > 1 else par[0]
                 d = acc + self.link_lat[l] + self.node_hop_s[child]
-                links.append(l)
+                links.append(np.array([l], dtype=np.int64))
                 if child < self.nranks:
                     lat[child] = d
                 else:
-                    sub_links, sub_reach = self._subtree(child)
-                    links.extend(sub_links)
-                    for r, x in sub_reach:
-                        lat[r] = d + x
+                    sub_links, sub_ranks, sub_lats = self._subtree(child)
+                    links.append(sub_links)
+                    lat[sub_ranks] = d + sub_lats
             if self.node_lo[node] <= 0 and self.node_hi[node] >= self.nranks:
                 break
             ups = self.up[node]
             l = ups[_mix(h, node) % len(ups)] if len(ups) > 1 else ups[0]
-            links.append(l)
+            links.append(np.array([l], dtype=np.int64))
             below, node = node, self.link_dst[l]
             acc += self.link_lat[l] + self.node_hop_s[node]
-        out = (np.array(links, dtype=np.int64), lat)
+        out = (np.concatenate(links) if links else np.zeros(0, np.int64), lat)
         self._trees[root] = out
         return out
 

@@ -19,8 +19,8 @@
  *     into place with process_vm_readv and writes the acknowledgement. A pulled DATA the
  *     engine held early comes in as (address, nbytes, seq) and is read when its RECV starts.
  *     Python keeps the seqs (passed in, handed back) and takes a run's written SENDs over;
- *   - waiting: the rings are polled with sched_yield between looks (4 ranks on 2 cores:
- *     the peer we wait for needs our core).
+ *   - waiting: as the one wait policy says (../transport/wait.h: spin, yield, then sleep on
+ *     the rings' futex counters), up to the caller's bound without input.
  * A frame for a RECV of this call that has not started yet (its dependencies first) stays at
  * its ring's head until the RECV starts, as the engine would hold it; with nothing else
  * moving and a frame behind it, the run stops (the engine holds frames, the helper cannot).
@@ -43,16 +43,15 @@
 #include <linux/futex.h>
 
 #include "../transport/_ring.h"
+#include "../transport/wait.h"
 
 #define MAX_STEPS 64
 #define MAX_SLOTS 16
 #define HEADER_NBYTES 44
-#define YIELD_RAN_OTHERS 10e-6  /* a yield longer than this ran another task (progress.py) */
-/* The longest futex sleep before looking again. Another sleeper of this process (the
- * progress thread, runtime/driver/progress.py) sets and clears the rings' sleeping flag
- * without asking: cleared while we sleep, the writer's next frame wakes nobody. So we sleep
- * in slices, re-flagging each time, and in short ones while the flag is someone else's. */
-#define SLEEP_SLICE_S 1e-3
+/* Another sleeper of this process (the progress thread, runtime/driver/progress.py) sets and
+ * clears the rings' sleeping flag without asking: cleared while we sleep, the writer's next
+ * frame wakes nobody. So we sleep in the policy's slices, re-flagging each time, and in
+ * short ones while the flag is someone else's. */
 #define SLEEP_SHARED_S 200e-6
 #define FUTEX2_SIZE_U32 0x02
 
@@ -113,12 +112,6 @@ static void pack_header(unsigned char *h, uint32_t comm, uint32_t seq, uint32_t 
     h[0] = 0x50; h[1] = 0x43; h[2] = 1; h[3] = 1;
     be32(h + 8, comm); be32(h + 12, seq); be32(h + 16, src); be32(h + 20, tag);
     be32(h + 36, length); be32(h + 40, sig);
-}
-
-static inline double mono(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* dst[i] = dst[i] op src[i], as numpy's ufunc(dst, src, out=dst) does. Integers wrap (as
@@ -372,7 +365,8 @@ static inline void step_done(Outcome *o, const Step *st, int i, uint32_t *ndeps,
  * with this process's other sleepers: set only where it is clear, cleared only where set
  * here; a ring whose reader sleeps on a doorbell frame (SLEEP_SELECT) keeps us awake.
  * Returns whether it slept. */
-static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double timeout_s) {
+static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double timeout_s,
+                          double slice_s) {
     struct waitv w[MAX_SLOTS];
     uint64_t mine = 0;
     int n = 0, ready = 0, shared = 0;
@@ -393,8 +387,10 @@ static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double 
         else
             shared = 1;         /* another futex sleeper's: it may clear it under us */
     }
-    if (timeout_s > (shared ? SLEEP_SHARED_S : SLEEP_SLICE_S))
-        timeout_s = shared ? SLEEP_SHARED_S : SLEEP_SLICE_S;
+    if (shared && slice_s > SLEEP_SHARED_S)
+        slice_s = SLEEP_SHARED_S;
+    if (timeout_s > slice_s)
+        timeout_s = slice_s;
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     for (uint64_t m = slots; m && !ready; m &= m - 1) {
         int s = __builtin_ctzll(m);
@@ -402,11 +398,7 @@ static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double 
             ready = 1;
     }
     if (!ready && timeout_s > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        long long ns = (long long)(timeout_s * 1e9) + ts.tv_nsec;
-        ts.tv_sec += ns / 1000000000LL;
-        ts.tv_nsec = ns % 1000000000LL;
+        struct timespec ts = pc_deadline(timeout_s);
         syscall(SYS_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC);
     }
     for (uint64_t m = mine; m; m &= m - 1) {
@@ -420,11 +412,10 @@ static int sleep_on_rings(Plan *pl, uint64_t slots, const uint64_t *pos, double 
 /* ``limit``: stop once that many steps are done (< 0: no limit); the tests interrupt a
  * replay at every step this way (the replay_step_limit test hook). */
 static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double wait_s,
-                      double spin_s, double spin_wall_s, int can_futex, int limit,
+                      const pc_wait_policy *policy, int can_futex, int limit,
                       const char **held, Remote *const *remote, uint64_t *cseq,
                       Outcome *o) {
     int ndone = 0;
-    double own = 0;             /* spinning on a core nobody else wanted (see below) */
     int n = pl->nsteps;
     uint32_t ndeps[MAX_STEPS];
     int queue[MAX_STEPS], qh = 0, qt = 0;
@@ -445,7 +436,9 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
         hdr[4] = F_PULL;
         memcpy(expect_pull[s], hdr, 20);
     }
-    double last = mono(), spun_from = last;
+    double last = pc_now();     /* when input last came */
+    pc_waiter w;                /* the wait since then (the policy's phases) */
+    pc_wait_begin(&w, last);
     for (;;) {
         while (qh < qt) {
             int i = queue[qh];
@@ -692,10 +685,10 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
         }
         if (progressed && o->reason == R_DOORBELL)
             return;             /* the peer sleeps until the caller sends it a doorbell */
-        double now = mono();
+        double now = pc_now();
         if (progressed) {
-            last = spun_from = now;
-            own = 0;
+            last = now;
+            pc_wait_begin(&w, now);
             continue;
         }
         /* Nothing moved. A frame may wait behind a parked one (an acknowledgement, the
@@ -715,27 +708,29 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
             return;
         }
         o->looks++;
-        if ((own >= spin_s || now - spun_from >= spin_wall_s) && can_futex) {
+        int phase = pc_wait_phase(&w, policy, now);
+        if (phase == PC_SLEEP && can_futex) {
             /* Spun long enough with the core to ourselves (the peer we wait for runs
              * elsewhere, or is not running), or yielded long enough to others (a loaded
              * machine: a yielding task waits its turn; a woken one runs at once). Sleep,
-             * so an idle core can take a waiting rank, and be woken by the peer's frame. */
-            /* Asleep until input or the slice's end; the spin is not begun again (only
-             * progress resets it): a slice that ended with nothing new sleeps on. */
-            if (sleep_on_rings(pl, wanted, look, wait_s - (now - last)))
+             * so an idle core can take a waiting rank, and be woken by the peer's frame;
+             * a slice that ended with nothing new sleeps on (only input restarts the spin). */
+            if (sleep_on_rings(pl, wanted, look, wait_s - (now - last), policy->slice_s))
                 o->sleeps++;
             continue;
         }
-        o->yields++;
-        sched_yield();
-        double after = mono();
-        if (after - now < YIELD_RAN_OTHERS)     /* a yield that ran a peer is not our spin */
-            own += after - now;
+        if (phase == PC_SPIN) {
+            pc_wait_spin();
+            continue;
+        }
+        o->yields++;            /* (and without futexes, yield until the bound) */
+        pc_wait_yield(&w);
     }
 }
 
-/* run(seq, send, recv, tmp, positions, (wait_seconds, spin_seconds, spin_wall_seconds),
- *     can_futex, step_limit, held, disjoint) ->
+/* run(seq, send, recv, tmp, positions, (wait_seconds, policy), can_futex, step_limit, held,
+ *     disjoint) -> (wait_seconds: no input for this long ends the run; policy:
+ *     transport/wait.py's WaitPolicy.c_args)
  * (done_mask, reason, doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv,
  * recv_nbytes). ``positions`` (the in-rings' read positions, a list per slot) is updated in
  * place. ``held``: [(step, payload)] of RECVs whose frame the engine already holds (taken
@@ -744,12 +739,14 @@ static void run_steps(Plan *pl, uint32_t seq, char **base, uint64_t *pos, double
 static PyObject *Plan_run(Plan *self, PyObject *args) {
     unsigned long seq;
     PyObject *objs[3], *positions;
-    double wait_s, spin_s, spin_wall_s;
+    double wait_s;
     int can_futex, limit = -1, disjoint = 0;
-    PyObject *held_list = Py_None, *cseq_list = Py_None;
-    if (!PyArg_ParseTuple(args, "kOOOO!(ddd)p|iOpO", &seq, &objs[0], &objs[1], &objs[2],
-                          &PyList_Type, &positions, &wait_s, &spin_s, &spin_wall_s,
-                          &can_futex, &limit, &held_list, &disjoint, &cseq_list))
+    PyObject *held_list = Py_None, *cseq_list = Py_None, *pol;
+    pc_wait_policy policy;
+    if (!PyArg_ParseTuple(args, "kOOOO!(dO!)p|iOpO", &seq, &objs[0], &objs[1], &objs[2],
+                          &PyList_Type, &positions, &wait_s, &PyTuple_Type, &pol,
+                          &can_futex, &limit, &held_list, &disjoint, &cseq_list)
+            || !pc_wait_policy_parse(pol, &policy))
         return NULL;
     if (cseq_list != Py_None && (!PyList_Check(cseq_list)
                                  || PyList_GET_SIZE(cseq_list) != self->nslots)) {
@@ -861,7 +858,7 @@ static PyObject *Plan_run(Plan *self, PyObject *args) {
     memset(&o, 0, sizeof o);
     o.reason = R_WAIT;
     Py_BEGIN_ALLOW_THREADS
-    run_steps(self, (uint32_t)seq, base, pos, wait_s, spin_s, spin_wall_s, can_futex, limit,
+    run_steps(self, (uint32_t)seq, base, pos, wait_s, &policy, can_futex, limit,
               held, remote, cseq, &o);
     Py_END_ALLOW_THREADS
     self->runs++;
@@ -930,7 +927,7 @@ static PyObject *Plan_counts(Plan *self, PyObject *unused) {
 
 static PyMethodDef Plan_methods[] = {
     {"run", (PyCFunction)Plan_run, METH_VARARGS,
-     "run(seq, send, recv, tmp, positions, (wait_seconds, spin_seconds, spin_wall_seconds), "
+     "run(seq, send, recv, tmp, positions, (wait_seconds, WaitPolicy.c_args), "
      "can_futex, step_limit=-1, held=None, disjoint=False, cma_seqs=None) -> "
      "(done_mask, reason, doorbell_slots, blocked_slots, nsent, sent_nbytes, nrecv, "
      "recv_nbytes, written, owed, nread)"},

@@ -3,7 +3,9 @@
 The progress thread loops over every source of work (commands from user threads, rings,
 timers, paced datagrams, sockets) and sleeps in ``select`` when there is none. A user
 thread waiting on a request (``Request.Wait``) drives progress itself, so no thread
-hand-off sits on the critical path; the progress thread then parks. Everything runs under
+hand-off sits on the critical path; the progress thread then parks. A driving thread waits
+for input as the one wait policy says (runtime/transport/wait.py: spin, yield, then sleep
+on the rings' futex counters or in select); the progress thread sleeps at once. Everything runs under
 one lock (engines, sockets, rings, timers are not thread-safe).
 """
 
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import os
 import selectors
 import socket
 import threading
@@ -21,23 +22,9 @@ from ...errors import CollectiveTimeout, PolycastError
 from ..transport import futex
 from . import gil
 from ..transport.shm import SLEEP_FUTEX, SLEEP_SELECT
+from ..transport.wait import Waiter, policy as wait_policy
 
 IDLE_POLL_SECONDS = 0.05      # select bound while rings may need a look (lost doorbells)
-# While requests are outstanding and input came recently, poll instead of sleeping in
-# select (yielding the core between polls). Off by default: with more ranks than cores
-# (4 ranks on 2 cores here) spinning steals the CPU the peers need, measured 2-3x slower.
-# A user thread driving progress watches the rings (and sockets of peers without rings)
-# for this much of its own time before it sleeps in select, yielding the core between
-# looks; looks whose yield ran another process for a while do not count (4 ranks on 2
-# cores: the peer we wait for often runs in our yield), but the wall bound caps it all.
-# 8-byte allreduce, 4 ranks on 2 cores: 50, 200 and 500 us measured alike (300-380 us,
-# the spread is other load), 20 us worse (426 us: more sleeps, so more doorbells).
-# With futex sleeps (no doorbells) spinning still wins there: 4 ranks, recdoubling, the
-# ranks at real-time priority so the machine's other load stays out: no spin 323 us, 20,
-# 50 and 200 us alike at 240-270 us (a sleep and its timer cost ~16-20 us of CPU in this VM).
-# Both are test hooks of the configuration (drive_spin_us, drive_spin_wall_us; spin_us for
-# the progress thread's own polling, off by default).
-YIELD_RAN_OTHERS_SECONDS = 10e-6    # a yield longer than this ran someone else
 FULL_ROUND_SECONDS = 0.0005  # a driving thread's bound between full rounds (sockets, timers)
 PARK_SECONDS = 0.002          # the progress thread's nap while user threads drive progress
 
@@ -54,9 +41,7 @@ class Progress:
         self.d = driver
         cfg = driver.config
         hooks = cfg.hooks
-        self.drive_spin_seconds = hooks.drive_spin_us * 1e-6
-        self.drive_spin_wall_seconds = hooks.drive_spin_wall_us * 1e-6
-        self.spin_seconds = hooks.spin_us * 1e-6
+        self.wait = wait_policy(cfg)        # how a driving thread waits for input
         self.switch_seconds = cfg.gil_switch_us * 1e-6
         self.cprofile = hooks.cprofile       # cProfile the thread into <this>.<rank>
         self.sel = selectors.DefaultSelector()
@@ -72,7 +57,6 @@ class Progress:
         self._driving = 0                            # user threads driving progress now
         self._drive_ended = 0.0
         self._drive_cv = threading.Condition()
-        self._last_activity = 0.0
         self.error: BaseException | None = None
         self._short = False          # holding gil.begin_short(): see _short_switch
         # Futex sleeps (see _block): a counter of this process bumped to hand a sleeper a
@@ -310,38 +294,25 @@ class Progress:
         finally:
             peers.set_sleeping(0)
 
-    def _spin(self, seconds: float) -> int:
-        """Watch for input for up to ``seconds`` without sleeping, yielding the core
-        between looks: 1 when a ring has input, 2 when a socket is readable (only watched
-        for peers without rings: a select(0) per look), 0 when nothing came. Skips the
-        doorbell a sleeping reader costs its writer."""
-        if seconds <= 0:
-            return 0
+    def _spin(self) -> int:
+        """Watch for input as the wait policy says (spin, then yield the core between
+        looks) until it says to sleep: 1 when a ring has input, 2 when a socket is readable
+        (only watched for peers without rings: a select(0) per look), 0 when nothing came.
+        Skips the doorbell a sleeping reader costs its writer."""
         peers = self.d.peers
         rings = peers.rings_in
         sel = self.sel if peers.tcp_only else None
         if not rings and sel is None:
             return 0
-        mono, yield_ = time.monotonic, os.sched_yield
-        start = mono()
-        end = start + max(seconds, self.drive_spin_wall_seconds)
-        own = 0.0           # wall time of looks that came straight back from the yield
-        last = start
+        w = Waiter(self.wait)
+        idle = w.idle
         while True:
             for _, ring in rings:
                 if ring.pending_input():
                     return 1
             if sel is not None and sel.select(0):
                 return 2
-            yield_()
-            now = mono()
-            # A yield that took long ran a peer meanwhile (4 ranks on 2 cores): that is
-            # not our spinning, so only short looks count against the spin budget.
-            step = now - last
-            if step < YIELD_RAN_OTHERS_SECONDS:
-                own += step
-            last = now
-            if own >= seconds or now >= end:
+            if idle():
                 return 0
 
     def _quick_round(self, now: float) -> bool:
@@ -372,8 +343,8 @@ class Progress:
         watches the rings (:meth:`_spin`, yielding the core) and handles what arrives with
         a quick round (rings and due timers only) instead of sleeping in select and
         being woken by a doorbell; a full round (sockets, multicast, commands) still runs
-        at least every FULL_ROUND_SECONDS, and after ``drive_spin_seconds`` (a test hook)
-        without input the thread sleeps in select."""
+        at least every FULL_ROUND_SECONDS, and when the wait policy says so the thread
+        sleeps (on the rings' futex counters, or in select)."""
         with self._drive_cv:
             self._driving += 1
         try:
@@ -409,7 +380,7 @@ class Progress:
                     spun = False
                     continue
                 if not spun:
-                    got = self._spin(self.drive_spin_seconds)
+                    got = self._spin()
                     if got:
                         full = got == 2
                         continue
@@ -445,14 +416,8 @@ class Progress:
         return t
 
     def _select_timeout(self, busy: bool) -> float:
-        d = self.d
         if busy or self._cmds:
-            self._last_activity = time.monotonic()
             return 0.0
-        if d.requests and self.spin_seconds > 0:
-            if time.monotonic() - self._last_activity < self.spin_seconds:
-                os.sched_yield()
-                return 0.0
         return self._idle_timeout(time.monotonic())
 
     def _drain_commands(self) -> None:

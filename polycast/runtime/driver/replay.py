@@ -24,11 +24,10 @@ its peers may be reading its memory (``PULL_GBPS``).
 Blocking and non-blocking calls alike run here, inside ``Driver.post`` (the inline post
 of a small call; a large one's, on the progress thread): a call whose peers are there
 completes before post returns (Wait finds it done); one whose peers are not stops after
-the ``replay_wait_us`` test hook (2000) without input and is adopted. Waiting, the helper looks
-at the rings and yields the core (4 ranks on 2 cores: the peer it waits for may need it);
-after the ``replay_spin_us`` test hook (30) of looks that came straight back, or
-the ``replay_spin_wall_us`` test hook (200) of yielding to others, it sleeps on the rings' futex
-counters, woken by the peer's frame.
+the ``replay_wait_us`` test hook (2000) without input and is adopted. Waiting, the helper
+follows the one wait policy (runtime/transport/wait.py): it looks at the rings, then yields
+the core between looks (4 ranks on 2 cores: the peer it waits for may need it), then sleeps
+on the rings' futex counters, woken by the peer's frame.
 Off with the ``replay=0`` test hook (or the ``native=0`` test hook, or no compiler).
 """
 
@@ -43,6 +42,7 @@ from ...errors import PolycastError
 from ...schedule.ir import Kind
 from ..transport import native
 from ..transport.shm import SLEEP_SELECT
+from ..transport.wait import policy as wait_policy
 
 # Why a replay stopped (runtime/driver/_replay.c's reasons, in order).
 REASONS = ("done", "wait", "frame", "full", "doorbell", "overlap", "limit")
@@ -62,13 +62,11 @@ _FLOAT_OPS = {"sum": 0, "prod": 1}
 _INT_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
 
 
-def _waits(hooks) -> tuple[float, float, float]:
-    """(no input for this long: stop and let the engine adopt the call; spin this long,
-    counting only looks that came straight back (the core was ours alone), before sleeping
-    on the rings; or this long of wall time, yielding to others): the configuration's
-    replay_wait_us, replay_spin_us and replay_spin_wall_us test hooks."""
-    return (max(0.0, hooks.replay_wait_us) * 1e-6, max(0.0, hooks.replay_spin_us) * 1e-6,
-            max(0.0, hooks.replay_spin_wall_us) * 1e-6)
+def _waits(cfg) -> tuple[float, tuple]:
+    """(no input for this long: stop and let the engine adopt the call (the
+    replay_wait_us test hook); how to wait meanwhile: the wait policy, as the helper takes
+    it)."""
+    return (max(0.0, cfg.hooks.replay_wait_us) * 1e-6, wait_policy(cfg).c_args)
 
 
 def _held_payloads(held: list) -> list:
@@ -125,7 +123,7 @@ class Replayer:
     def __init__(self, driver, cs) -> None:
         self.d, self.cs = driver, cs
         hooks = driver.config.hooks
-        self.waits = _waits(hooks)
+        self.waits = _waits(driver.config)
         self.step_limit = hooks.replay_step_limit     # >= 0: stop after that many steps
         self._entries: dict[tuple, tuple] = {}     # key -> (schedule, _Entry or None)
         self._stops = [0] * len(REASONS)            # runs by how they ended
@@ -320,7 +318,7 @@ class Replayer:
             # for as long as the peers' reads take (PULL_GBPS each way), which is not a
             # stop. A late peer is still the engine's once this passes.
             w = self.waits
-            waits = (w[0] + pull_nbytes / (PULL_GBPS * 1e9), w[1], w[2])
+            waits = (w[0] + pull_nbytes / (PULL_GBPS * 1e9), w[1])
         return _Entry(plan, prog, ins, outs, world, schedule, waits)
 
     def counts(self) -> dict[str, int]:

@@ -26,7 +26,7 @@ What runs where
   allgather onto NIC threads the same way). A worker runs the receive side of the
   reliable-multicast protocol for its streams: it verifies each datagram, places its chunk
   straight into the arena buffer of every local rank receiving that stream
-  (:class:`polycast.engine.mcast.Stream`: bitmap, duplicates, bounds) and reports the
+  (:class:`polycast.engine.stream.Stream`: bitmap, duplicates, bounds) and reports the
   placed chunk ranges; the engines (``EngineConfig.external_streams``) keep the rest of
   the protocol (gap pulls, deferral, FIN, pacing) and hand the worker what came by
   recovery. One writer per stream buffer, so a chunk is never written after its engine

@@ -7,7 +7,7 @@ every local rank whose engine opened that stream, then reports the placed chunk 
 batches, to the offload process, which hands them to the engines. The compiled helper
 (runtime/transport/_dgram.c, ``cfg["dgram"]``) does the reading (recvmmsg, GRO), the
 checks, the bounds, the bitmap, the duplicates and the copies, and hands this module only
-what it cannot place; without it :class:`polycast.engine.mcast.Stream` does them here, one
+what it cannot place; without it :class:`polycast.engine.stream.Stream` does them here, one
 datagram at a time. Datagrams of streams no
 local rank has opened yet are held (bounded: ``HOLD_NBYTES``, oldest dropped first, the
 protocol recovers them) until every local receiver has opened the stream. Recovered bytes
@@ -30,7 +30,7 @@ import socket
 import sys
 import time
 
-from ...engine.mcast import Stream
+from ...engine.stream import Stream
 from ...engine.wire import MsgKind, WireError, parse_datagram
 from ..transport import dgram
 from ..transport import faults as _faults

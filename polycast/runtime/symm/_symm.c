@@ -62,19 +62,22 @@ static PyObject *Bar_publish(Bar *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* wait(only, slot, target, spin_s, yield_s, sleep_s, use_futex) -> peers still missing
- * (only: a rank, or -1 for every other rank). */
+/* wait(only, slot, target, policy, sleep_s) -> peers still missing (only: a rank, or -1 for
+ * every other rank; policy: WaitPolicy.c_args). */
 static PyObject *Bar_wait(Bar *self, PyObject *args) {
-    int only, slot, fx;
+    int only, slot;
     unsigned long long target;
-    double spin, yld, sl;
-    if (!PyArg_ParseTuple(args, "iiKdddp", &only, &slot, &target, &spin, &yld, &sl, &fx))
+    double sl;
+    PyObject *pol;
+    pc_wait_policy p;
+    if (!PyArg_ParseTuple(args, "iiKO!d", &only, &slot, &target, &PyTuple_Type, &pol, &sl) ||
+            !pc_wait_policy_parse(pol, &p))
         return NULL;
     if (only >= self->size || only == self->rank) {
         PyErr_SetString(PyExc_ValueError, "wait: no such peer");
         return NULL;
     }
-    return PyLong_FromLong(wait_slot(self, only, slot, target, spin, yld, sl, fx));
+    return PyLong_FromLong(wait_slot(self, only, slot, target, &p, sl));
 }
 
 
@@ -114,7 +117,7 @@ static PyMethodDef Bar_methods[] = {
     {"set_pids", (PyCFunction)Bar_set_pids, METH_VARARGS, "each rank's process id"},
     {"set_slots", (PyCFunction)Bar_set_slots, METH_VARARGS, "each rank's slots segment"},
     {"publish", (PyCFunction)Bar_publish, METH_VARARGS, "release-store a slot, wake sleepers"},
-    {"wait", (PyCFunction)Bar_wait, METH_VARARGS, "spin, yield, sleep once: peers missing"},
+    {"wait", (PyCFunction)Bar_wait, METH_VARARGS, "wait as the policy says, sleep once: peers missing"},
     {"start", (PyCFunction)Bar_start, METH_VARARGS, "a small slotted call, up to its wait"},
     {"finish", (PyCFunction)Bar_finish, METH_VARARGS, "the rest of a start() that waited"},
     {NULL, NULL, 0, NULL},

@@ -21,9 +21,9 @@
  * publisher fences after its epoch store and wakes its own epoch's futex when any peer's SLEEP
  * is up: no wake-up is lost either way round.
  *
- * A wait spins, then sched_yields (the core goes to whoever is runnable: with more ranks than
- * cores, usually the peer waited for), then sleeps once on a futex, and returns how many peers
- * are still missing; barrier.py loops over it, checking the deadline and the driver's dead
+ * A wait follows the one wait policy (../transport/wait.h: spin, then sched_yield, the core
+ * going to whoever is runnable: with more ranks than cores, usually the peer waited for), then
+ * sleeps once on a futex, and returns how many peers are still missing; barrier.py loops over it, checking the deadline and the driver's dead
  * peers between calls (every ~1-2 ms), so every wait stays bounded.
  *
  * Small slotted calls (staged.py: data published at epoch e lies in slot e & 1 of each rank's
@@ -45,6 +45,8 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <linux/futex.h>
+
+#include "../transport/wait.h"
 
 enum { S_EPOCH = 0, S_SIG0 = 1, S_PROGRESS = 3, S_SLEEP = 4, S_ADDR = 5 };
 enum { K_ALLREDUCE = 0, K_BCAST = 1, K_ALLGATHER = 2, K_REDUCE_SCATTER = 3 };
@@ -88,8 +90,8 @@ typedef struct {
 } Entry;
 
 struct Fast {
-    double spin_s, yield_s;
-    int use_futex, nent, next, pending, pc_locked;    /* (pending: pc.cma, its phase) */
+    pc_wait_policy wait;        /* the caller thread's wait policy (arm's) */
+    int nent, next, pending, pc_locked;    /* (pending: pc.cma, its phase) */
     PyObject *ndarray, *in_place, *acquire, *release, *jobs;
     Entry ent[NENT];
     Call pc;                    /* the pending call: its buffers, and the run lock, held */
@@ -103,8 +105,8 @@ typedef void (*fold_fn)(char *, char **, int, Py_ssize_t);
 extern unsigned long long n_waits, n_polls, n_yields, n_sleeps;
 int missing_of(Bar *b, int only, int slot, uint64_t target, int *first);
 void publish(Bar *b, int slot, uint64_t value);
-int wait_slot(Bar *b, int only, int slot, uint64_t target, double spin_s, double yield_s,
-              double sleep_s, int use_futex);
+int wait_slot(Bar *b, int only, int slot, uint64_t target, const pc_wait_policy *p,
+              double sleep_s);
 int sigs_equal(Bar *b, uint64_t e);
 
 /* _symm_fold.c */

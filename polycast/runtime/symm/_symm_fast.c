@@ -43,20 +43,20 @@ void fast_free(Bar *b) {
     PyMem_Free(f);
 }
 
-/* arm(ndarray, IN_PLACE, lock.acquire, lock.release, jobs, spin_s, yield_s, use_futex) */
+/* arm(ndarray, IN_PLACE, lock.acquire, lock.release, jobs, policy) (policy:
+ * WaitPolicy.c_args, the calling threads') */
 PyObject *Bar_arm(Bar *self, PyObject *args) {
-    PyObject *o[5];
-    double spin, yld;
-    int fx;
-    if (!PyArg_ParseTuple(args, "O!OOOOddp", &PyType_Type, &o[0], &o[1], &o[2], &o[3], &o[4],
-                          &spin, &yld, &fx))
+    PyObject *o[5], *pol;
+    pc_wait_policy p;
+    if (!PyArg_ParseTuple(args, "O!OOOOO!", &PyType_Type, &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &PyTuple_Type, &pol) || !pc_wait_policy_parse(pol, &p))
         return NULL;
     fast_free(self);        /* (without slots, only single-copy calls can be added) */
     struct Fast *f = PyMem_Calloc(1, sizeof(struct Fast));
     if (!f) return PyErr_NoMemory();
     PyObject **dst[5] = {&f->ndarray, &f->in_place, &f->acquire, &f->release, &f->jobs};
     for (int i = 0; i < 5; i++) *dst[i] = Py_NewRef(o[i]);
-    f->spin_s = spin; f->yield_s = yld; f->use_futex = fx;
+    f->wait = p;
     self->fast = f;
     Py_RETURN_NONE;
 }
@@ -170,9 +170,8 @@ static PyObject *run_fast(Bar *b, Entry *en, Call *c, int nonblocking) {
     copy_in(b, c);
     __atomic_store_n(&b->ctrl[b->rank][S_SIG0 + (e & 1)], (uint64_t)en->sig, __ATOMIC_RELAXED);
     publish(b, S_EPOCH, e);
-    int n = nonblocking
-        ? wait_slot(b, -1, S_EPOCH, e, f->spin_s < NB_SPIN_S ? f->spin_s : NB_SPIN_S, 0.0, 0.0, 0)
-        : wait_slot(b, -1, S_EPOCH, e, f->spin_s, f->yield_s, 0.0, f->use_futex);
+    pc_wait_policy nb = {f->wait.spin_s < NB_SPIN_S ? f->wait.spin_s : NB_SPIN_S, 0, 0, 0, 0};
+    int n = wait_slot(b, -1, S_EPOCH, e, nonblocking ? &nb : &f->wait, 0.0);
     if (n > 0) {
         f->pc = *c;
         f->pc.cma = 0;

@@ -91,7 +91,7 @@ PyObject *cma_rest(Bar *b, Call *c) {
         f->last_e = e;
         __atomic_store_n(&b->ctrl[b->rank][S_SIG0 + (e & 1)], 0, __ATOMIC_RELAXED);
         publish(b, S_EPOCH, e);
-        int n = wait_slot(b, -1, S_EPOCH, e, f->spin_s, f->yield_s, 0.0, f->use_futex);
+        int n = wait_slot(b, -1, S_EPOCH, e, &f->wait, 0.0);
         if (n > 0) {
             hold_pending(f, c, 2);
             return PyLong_FromLong(n);
@@ -123,7 +123,7 @@ PyObject *run_cma(Bar *b, Entry *en, Call *c) {
     }
     __atomic_store_n(&b->ctrl[b->rank][S_SIG0 + (e & 1)], (uint64_t)en->sig, __ATOMIC_RELAXED);
     publish(b, S_EPOCH, e);
-    int n = wait_slot(b, -1, S_EPOCH, e, f->spin_s, f->yield_s, 0.0, f->use_futex);
+    int n = wait_slot(b, -1, S_EPOCH, e, &f->wait, 0.0);
     if (n > 0) {
         hold_pending(f, c, 1);
         return PyLong_FromLong(n);

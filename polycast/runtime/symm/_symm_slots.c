@@ -110,17 +110,17 @@ static Py_ssize_t call_nbytes(Bar *b, Call *c) {
     return (c->has_src ? c->src.len : 0) + (c->has_dst ? c->dst.len : 0) * (c->kind == K_ALLREDUCE ? b->size : 1);
 }
 
-/* start(kind, epoch, sig, src, dst, root, dtype, op, spin_s, yield_s, use_futex) ->
+/* start(kind, epoch, sig, src, dst, root, dtype, op, policy) -> (policy: WaitPolicy.c_args)
  *   0: done; -1: done waiting but the descriptors differ (nothing copied out: raise);
  *   n > 0: n peers still missing after the spin and the yields (wait, then finish()). */
 PyObject *Bar_start(Bar *self, PyObject *args) {
     Call c;
     unsigned long long e, sig;
     PyObject *src, *dst;
-    double spin, yld;
-    int fx;
-    if (!PyArg_ParseTuple(args, "iKKOOiiiddp", &c.kind, &e, &sig, &src, &dst, &c.root, &c.t,
-                          &c.op, &spin, &yld, &fx))
+    PyObject *pol;
+    pc_wait_policy p;
+    if (!PyArg_ParseTuple(args, "iKKOOiiiO!", &c.kind, &e, &sig, &src, &dst, &c.root, &c.t,
+                          &c.op, &PyTuple_Type, &pol) || !pc_wait_policy_parse(pol, &p))
         return NULL;
     c.e = e;
     if (parse_call(self, src, dst, &c) < 0) return NULL;
@@ -130,7 +130,7 @@ PyObject *Bar_start(Bar *self, PyObject *args) {
     __atomic_store_n(&self->ctrl[self->rank][S_SIG0 + (e & 1)], (uint64_t)sig, __ATOMIC_RELAXED);
     publish(self, S_EPOCH, e);
     if (ts) PyEval_RestoreThread(ts);
-    int n = wait_slot(self, -1, S_EPOCH, e, spin, yld, 0.0, fx);
+    int n = wait_slot(self, -1, S_EPOCH, e, &p, 0.0);
     if (n == 0) {
         if (!sigs_equal(self, e)) n = -1;
         else {

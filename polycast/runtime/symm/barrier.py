@@ -10,25 +10,26 @@ after either, the ranks' epochs disagree, so the barrier refuses further calls
 (``broken``). Stores to the control segment are ordered after the data stores by x86-64's
 total store order (the shm rings' assumption).
 
-How a wait waits (:meth:`EpochBarrier.wait_for`): it polls the peers' slots for a few
-microseconds (a peer running on another core arrives within them), then yields the core
-(to whoever is runnable, with more ranks than cores usually the peer waited for) for up to
-YIELD_SECONDS, then sleeps on the first missing peer's slot with a futex (:mod:`..futex`).
-A rank that
-publishes a slot wakes the futex when a peer has said it sleeps (its SLEEP slot). A
-wake-up lost to a store/load reordering between those two costs one SLEEP_CHECK_SECONDS
-sleep, never a hang. Without futexes (not Linux, the futex=0 test hook) it naps instead.
+How a wait waits (:meth:`EpochBarrier.wait_for`): as the one wait policy says
+(:mod:`..transport.wait`): it polls the peers' slots for a few microseconds (a peer running
+on another core arrives within them), then yields the core (to whoever is runnable, with
+more ranks than cores usually the peer waited for), then sleeps on the first missing peer's
+slot with a futex (:mod:`..futex`), a slice at a time. A rank that publishes a slot wakes
+the futex when a peer has said it sleeps (its SLEEP slot). A wake-up lost to a store/load
+reordering between those two costs one slice, never a hang. Without futexes (not Linux, the
+futex=0 test hook) it naps instead.
 
 The compiled helper (``_symm*.c``, its parts listed in ``_symm.h``; built by pip where a C
 compiler exists; the native=0 test hook turns it off) runs the same protocol with release/acquire
 ordering and fenced sleep flags: the publish, the poll/yield/sleep of a wait (returning to
-this module's loop every SLEEP_CHECK_SECONDS at most, so the deadline and dead peers are
+this module's loop every sleep slice at most, so the deadline and dead peers are
 still checked), and whole small slotted calls (:meth:`EpochBarrier.run_small`). Its layout
 is this one: a compiled rank and a Python rank interoperate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -36,6 +37,7 @@ import os
 import time
 
 from ..transport import futex, native
+from ..transport.wait import Waiter, policy as wait_policy
 from ..driver import Request
 
 from ...errors import CollectiveTimeout, MismatchError, PeerLost, PolycastError
@@ -48,20 +50,8 @@ SLEEP = 4                       # slot: non-zero while this rank sleeps on a pee
 ADDR = 5                        # slot: where a single-copy call's data lies in our memory
 ADDR2 = 6                       # slot: and its second array (allreduce: recvbuf)
 BAD_SIG = (1 << 64) - 1         # a rank that cannot take part (e.g. a non-symmetric buffer)
-# Poll this long before yielding. A peer on another core arrives within it; with more ranks
-# than cores, or another process holding a core, the peer waited for is usually waiting for
-# ours, and a longer poll only delays it (2 ranks, 8 B Allreduce while a busy loop holds one
-# core: ~90-155 us a call with a 50 us poll, ~6-35 us with 3 us; the same ~0.7 us either
-# way with both cores free: sched_yield returns at once then).
-SPIN_SECONDS = 3e-6
-# A futex sleep re-checks the deadline and the driver's dead peers this often.
-SLEEP_CHECK_SECONDS = 2e-3
-# Then sched_yield until this long after the start: the core stays busy, so a peer's
-# arrival is seen at once. Sleeping earlier costs a wake-up, which on this (virtual)
-# machine is slow: 4 ranks on 2 cores, 8 B allreduce 107 us yielding vs 430 us sleeping.
-YIELD_SECONDS = 1e-3
-# Then a futex sleep, or without futexes a nap (growing to MAX_NAP_SECONDS).
-MAX_NAP_SECONDS = 1e-3
+# Without futexes a wait naps, from this long, doubling up to the policy's sleep slice.
+FIRST_NAP_SECONDS = 20e-6
 
 
 # The compiled helper, or None and why not (chosen once, at import).
@@ -118,12 +108,13 @@ class EpochBarrier:
         # After a barrier timed out or lost a peer, the ranks' epochs no longer agree: a
         # late rank could pass a barrier on a stale epoch and read a buffer in use.
         self._broken: str | None = None
-        # How long a wait polls, then yields, before it sleeps (0 on a worker thread: see
-        # :mod:`.queue`).
-        self.spin_seconds = SPIN_SECONDS
-        self.yield_seconds = YIELD_SECONDS
+        # How a wait polls, yields, then sleeps (passive on a worker thread: see
+        # :mod:`.queue`); futex sleeps where they work here.
         hooks = comm.config.hooks
         self.use_futex = ctrl is not None and hooks.futex and futex.available()
+        self.policy = wait_policy(comm.config)
+        if self.policy.futex != self.use_futex:
+            self.policy = dataclasses.replace(self.policy, futex=self.use_futex)
         self._waitsets: dict = {}           # (rank, slot) -> futex.WaitSet on that slot
         # The compiled hot path (None: this module's Python); it holds the control blocks'
         # addresses, so it is dropped when they are unmapped (SymmState.free).
@@ -298,7 +289,7 @@ class EpochBarrier:
         e = self.epoch
         try:
             rc = self.native.start(kind, e, sig, src, dst, root, dtype_code, op_code,
-                                   self.spin_seconds, self.yield_seconds, self.use_futex)
+                                   self.policy.c_args)
         except Exception:           # buffers refused before anything was published
             self.epoch -= 1
             raise
@@ -319,26 +310,28 @@ class EpochBarrier:
         bounded by the timeout and watching the driver's dead-peer list."""
         ctrl = self.ctrl
         native = self.native
+        policy = self.policy
         start = time.monotonic()
         if native is not None:
             # Spin and yields in C; then this loop's checks between bounded sleeps.
             # (callers wait for one peer, or for every other rank)
             only = pending[0] if len(pending) == 1 else -1
-            if not native.wait(only, slot, target, self.spin_seconds, self.yield_seconds,
-                               0.0, self.use_futex):
+            if not native.wait(only, slot, target, policy.c_args, 0.0):
                 return
+            asleep = policy.passive().c_args
+            waiter = None
         else:
-            pending = [p for p in pending if int(ctrl[p][slot]) < target]
-            if not pending:
-                return
-            spin_until = start + self.spin_seconds
-            while time.monotonic() < spin_until:
+            waiter = Waiter(policy, start)
+            while True:
                 pending = [p for p in pending if int(ctrl[p][slot]) < target]
                 if not pending:
                     return
+                if waiter.idle():
+                    break
         down = getattr(self.comm._driver, "peer_down", None)
         deadline = start + self.comm.timeout_seconds
-        nap = 20e-6
+        slice_ = policy.sleep_slice_seconds
+        nap = min(FIRST_NAP_SECONDS, slice_)
         while True:
             pending = [p for p in pending if int(ctrl[p][slot]) < target]
             if not pending:
@@ -355,20 +348,14 @@ class EpochBarrier:
                     f"{self.comm.timeout_seconds:g} s (did every rank call it, with "
                     "symmetric buffers?)" + self._notes(pending))
             if native is not None:
-                if self.use_futex:
-                    native.wait(only, slot, target, 0.0, 0.0,
-                                min(deadline - now, SLEEP_CHECK_SECONDS), True)
-                else:
-                    native.wait(only, slot, target, 0.0, 0.0, nap, False)
-                    nap = min(MAX_NAP_SECONDS, nap * 2)
-            elif now - start < self.yield_seconds:
-                os.sched_yield()
-            elif self.use_futex:
-                self._sleep(pending[0], slot, target, min(deadline - now,
-                                                          SLEEP_CHECK_SECONDS))
+                native.wait(only, slot, target, asleep,
+                            min(deadline - now, slice_) if policy.futex else nap)
+            elif policy.futex:
+                self._sleep(pending[0], slot, target, min(deadline - now, slice_))
             else:
                 time.sleep(nap)
-                nap = min(MAX_NAP_SECONDS, nap * 2)
+            if not policy.futex:
+                nap = min(slice_, nap * 2)
 
     def _sleep(self, p: int, slot: int, target: int, seconds: float) -> None:
         """Sleep until rank ``p``'s ``slot`` changes (a futex on its low 32 bits), a wake-up,

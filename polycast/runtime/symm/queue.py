@@ -25,8 +25,8 @@ BURST_SECONDS of the last), the worker looks every LAZY_SECONDS instead of sleep
 WORKER_IDLE_SECONDS, so a small job nobody waits for starts within LAZY_SECONDS +
 HANDOFF_SECONDS. A large job, or the first post after a quiet spell, wakes it at once.
 
-The worker's barrier waits sleep rather than spin (``EpochBarrier.spin_seconds`` and
-``yield_seconds`` = 0): a spinning worker would take a core, and the GIL, from the
+The worker's barrier waits sleep rather than spin (the passive form of the wait policy,
+``EpochBarrier.policy``): a spinning worker would take a core, and the GIL, from the
 computation it overlaps with. While it runs a job the GIL switch interval is short
 (:mod:`..gil`): each return from a copy or a sleep takes the GIL back from the computing
 thread within SWITCH_SECONDS instead of CPython's default interval.
@@ -114,9 +114,9 @@ class JobQueue:
         except IndexError:
             return False
         bar = self._st.bar
-        saved = bar.spin_seconds, bar.yield_seconds
+        saved = bar.policy
         if on_worker:
-            bar.spin_seconds = bar.yield_seconds = 0.0
+            bar.policy = saved.passive()
         try:
             with gil.short_switch(self._st.comm.config.gil_switch_us * 1e-6) if on_worker \
                     else contextlib.nullcontext():
@@ -126,7 +126,7 @@ class JobQueue:
         else:
             req._finish()
         finally:
-            bar.spin_seconds, bar.yield_seconds = saved
+            bar.policy = saved
         if self._drivers:           # read after _finish: see drive()
             with self._cv:
                 self._cv.notify_all()

@@ -176,7 +176,7 @@ def _keep_fast(st: SymmState, key: tuple, entry: tuple, cma: bool = False) -> No
             from ...buffers import IN_PLACE
             q = st.queue
             native.arm(np.ndarray, IN_PLACE, q._run_lock.acquire, q._run_lock.release,
-                       q._jobs, bar.spin_seconds, bar.yield_seconds, bar.use_futex)
+                       q._jobs, bar.policy.c_args)
             if comm.config.debug_level >= debug.INFO:
                 debug.info(comm.rank, "symm: repeated calls of a kept shape (small ones; "
                            "large Allgather and Bcast single-copy) take the compiled "
