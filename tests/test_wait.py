@@ -22,7 +22,7 @@ def test_the_policy_is_built_once_from_the_configuration():
     p = policy(cfg)
     assert p is policy(config.load({}))             # one per configuration
     assert (p.spin_seconds, p.yield_seconds, p.yield_wall_seconds, p.futex) == \
-        (pytest.approx(3e-6), pytest.approx(50e-6), pytest.approx(1e-3), True)
+        (pytest.approx(3e-6), pytest.approx(50e-6), pytest.approx(200e-6), True)
     q = policy(config.load({"POLYCAST_WAIT_SPIN_US": "200",
                             "POLYCAST_TEST_HOOKS": "wait_busy_us=0,wait_yield_wall_us=5000,"
                                                    "futex=0"}))

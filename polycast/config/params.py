@@ -55,7 +55,7 @@ class Hooks:
                               "policy naps, the rings ring doorbells)")
     wait_busy_us: float = _hook(3.0, "a waiter looks without yielding this long first (the "
                                      "wait policy, runtime/transport/wait.py)")
-    wait_yield_wall_us: float = _hook(1000.0, "a waiter's yielding is bounded by this much "
+    wait_yield_wall_us: float = _hook(200.0, "a waiter's yielding is bounded by this much "
                                               "wall time, then it sleeps")
     replay_step_limit: int = _hook(-1, ">= 0: every replay stops after this many steps")
     replay_wait_us: float = _hook(2000.0, "a replay with no input for this long hands over")

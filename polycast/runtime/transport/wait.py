@@ -18,7 +18,10 @@ same way, in three phases:
 
 Sleeping earlier costs a wake-up later (a futex wake and a scheduling round, tens of
 microseconds in a VM); yielding longer costs CPU the peers or the caller's computation
-could use. A user whose ranks share cores with other work sets
+could use: with more ranks than cores a yield does not always hand the core to the peer
+waited for, so the yield phase is short (a millisecond of it made 4-rank replayed calls
+on 2 cores slower than 200 microseconds did; ``polycast bench -n 4 allreduce --algo ring
+--sizes 8B`` measures it). A user whose ranks share cores with other work sets
 ``POLYCAST_WAIT_SPIN_US=0`` (sleep at once); the other numbers are test hooks.
 
 :class:`WaitPolicy` is built once per configuration (:func:`policy`) and handed to every
@@ -49,7 +52,7 @@ class WaitPolicy:
 
     spin_seconds: float = 3e-6          # busy looks before the first yield
     yield_seconds: float = 50e-6        # own CPU spent looking and yielding, then sleep
-    yield_wall_seconds: float = 1e-3    # the yield phase's bound in wall time
+    yield_wall_seconds: float = 200e-6  # the yield phase's bound in wall time
     sleep_slice_seconds: float = 1e-3   # the longest sleep before the waiter looks again
     futex: bool = True                  # sleep on futexes (the futex=0 test hook: naps)
 
