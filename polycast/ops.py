@@ -147,7 +147,7 @@ class Op:
             if res is not None and res is not b:
                 b[...] = res
         else:
-            self.combine(a, b, b)
+            self.combine(a, b, out=b)       # (np.maximum/minimum: out by keyword)
 
     def check(self, dtype: np.dtype, where: str = "") -> None:
         """InvalidArgument unless this op can combine elements of ``dtype``."""

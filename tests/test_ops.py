@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -104,3 +105,48 @@ def test_ops_on_python_objects():
     assert ops.SUM(2, 3) == 5 and ops.MAX("a", "b") == "b" and ops.BXOR(6, 3) == 5
     assert ops.MAXLOC((1.0, 3), (1.0, 2)) == (1.0, 2)
     assert ops.MINLOC((0.5, 3), (1.0, 2)) == (0.5, 3)
+
+
+# -- Op.Reduce_local (mpi4py's), in this process ------------------------------------------------
+
+def test_reduce_local_builtin_op_combines_inbuf_into_inoutbuf():
+    a = np.array([1, 5, 3], dtype=np.int64)
+    b = np.array([4, 2, 6], dtype=np.int64)
+    ops.SUM.Reduce_local(a, b)
+    assert b.tolist() == [5, 7, 9] and a.tolist() == [1, 5, 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # np.maximum takes out= by keyword
+        ops.MAX.Reduce_local([a, 2], [b, 2])                   # message specs: the first 2 elements
+        assert b.tolist() == [5, 7, 9]
+        ops.MAX.Reduce_local(np.array([9, 0]), [b, (2, 1)])    # (count, displacement)
+        assert b.tolist() == [5, 9, 9]
+
+
+def test_reduce_local_user_op_result_lands_in_inoutbuf_whether_returned_or_written():
+    returned = ops.Op.Create(lambda x, y, dt: x * 10 + y, commute=False)
+    in_place = ops.Op.Create(lambda x, y, dt: np.subtract(y, x, out=y))
+    b = np.array([1.0, 2.0])
+    returned.Reduce_local(np.array([3.0, 4.0]), b)
+    assert b.tolist() == [31.0, 42.0]
+    in_place.Reduce_local(np.array([1.0, 2.0]), b)
+    assert b.tolist() == [30.0, 40.0]
+    returned.Free()
+    in_place.Free()
+
+
+def test_reduce_local_refuses_buffers_that_do_not_match():
+    with pytest.raises(InvalidArgument, match=r"Reduce_local: inbuf \(3 x int64\) and "
+                                              r"inoutbuf \(2 x int64\) must match"):
+        ops.SUM.Reduce_local(np.zeros(3, np.int64), np.zeros(2, np.int64))
+    with pytest.raises(InvalidArgument, match="must match"):
+        ops.SUM.Reduce_local(np.zeros(2, np.int32), np.zeros(2, np.int64))
+    with pytest.raises(InvalidArgument, match="inoutbuf is read-only"):
+        ops.SUM.Reduce_local(np.zeros(2), _ro())
+    with pytest.raises(InvalidArgument, match="Reduce_local: "):
+        ops.SUM.Reduce_local(np.zeros(2, bool), np.zeros(2, bool))   # sum has no booleans
+
+
+def _ro():
+    r = np.zeros(2)
+    r.flags.writeable = False
+    return r

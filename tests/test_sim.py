@@ -367,3 +367,25 @@ def test_oversubscribed_fabric_multicast_wins_in_time():
     assert linear.time_s < ring.time_s
     with pytest.raises(UnknownName, match="random"):
         simulate("allgather", "ring", 4, MIB, "switch", placement="scattered")
+
+
+def test_sweep_auto_is_the_planners_choice_simulated(tmp_path):
+    import json
+    from polycast.collectives import Collective
+    from polycast.planner import choose_on_topology
+    from polycast.sim.simulate import resolve_topology
+    from polycast.sim.sweep import Point, grid, run_grid, run_point, write_table
+    pt = Point("allgather", "auto", 8, MIB, "switch", "400Gbps")
+    row = run_point(pt)
+    coll = Collective.parse("allgather")
+    want = choose_on_topology(coll, 8 * MIB, resolve_topology("switch", 8, "400Gbps",
+                                                             pt.framing))
+    assert row["algorithm"] == f"auto({want.algorithm})" and row["error"] == ""
+    same = run_point(Point("allgather", want.algorithm, 8, MIB, "switch", "400Gbps",
+                           nchunks=want.nchunks))
+    assert row["time_s"] == same["time_s"] > 0
+    with pytest.raises(InvalidArgument, match="workers must be >= 1, got -1"):
+        run_grid(grid("allgather", ["ring"], [4], [MIB], ["switch"]), workers=-1)
+    path = tmp_path / "s.json"
+    write_table([row], str(path))
+    assert json.loads(path.read_text())[0]["algorithm"] == row["algorithm"]

@@ -1,4 +1,4 @@
-"""What the fast path's modes share (polycast/sim/fast.py's walk, fast_stream.py): a
+"""What the fast path's modes share (polycast/sim/fast_walk.py, fast_stream.py): a
 multicast stream's shape as the engine's pacer sends it, the contention check on links,
 and the quantisation of times by which channel order is judged."""
 
