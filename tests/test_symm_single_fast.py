@@ -163,7 +163,7 @@ def _rank_main(suite: str) -> int:
     # the closing one (the broadcast's root writes P - 1 tails while the others read one
     # head each, so they wait for it there). Exact, and both counted somewhere.
     policy_of = B.wait_policy
-    B.wait_policy = lambda cfg: policy_of(cfg).passive()
+    B.wait_policy = lambda cfg, *host: policy_of(cfg, *host).passive()
     try:
         comm3 = comm.Dup()
         allgather(50, comm3)

@@ -12,7 +12,8 @@ import pytest
 from polycast import config
 from polycast.errors import InvalidArgument
 from polycast.runtime.symm import barrier as B
-from polycast.runtime.transport.wait import SLEEP, SPIN, YIELD, Waiter, WaitPolicy, policy
+from polycast.runtime.transport.wait import (SLEEP, SPIN, YIELD, Waiter, WaitPolicy, policy,
+                                             usable_cores)
 
 from test_runtime_helpers import rank_results, spawn_ranks
 
@@ -25,7 +26,7 @@ def test_the_policy_is_built_once_from_the_configuration():
         (0.0, pytest.approx(50e-6), pytest.approx(200e-6), True)
     q = policy(config.load({"POLYCAST_WAIT_SPIN_US": "200",
                             "POLYCAST_TEST_HOOKS": "wait_busy_us=5,wait_yield_wall_us=5000,"
-                                                   "futex=0"}))
+                                                   "futex=0"}), ranks_on_host=1)
     assert (q.spin_seconds, q.yield_seconds, q.yield_wall_seconds, q.futex) == \
         (pytest.approx(5e-6), pytest.approx(200e-6), pytest.approx(5e-3), False)
     # 0: sleep at once, no spin and no yields either
@@ -34,6 +35,22 @@ def test_the_policy_is_built_once_from_the_configuration():
     assert z == p.passive()
     assert p.c_args == (p.spin_seconds, p.yield_seconds, p.yield_wall_seconds,
                         p.sleep_slice_seconds, True)
+
+
+def test_only_ranks_that_fit_the_cores_spin_before_yielding():
+    """The symmetric-memory barrier names its ranks on the host: as many as the cores (or
+    fewer), it spins first (a peer answers within microseconds, a yield would only add its
+    system call); more ranks than cores, or a waiter that does not say, yields at once."""
+    cfg = config.load({})
+    cores = usable_cores()
+    assert policy(cfg, ranks_on_host=cores).spin_seconds == pytest.approx(3e-6)
+    assert policy(cfg, ranks_on_host=1).spin_seconds == pytest.approx(3e-6)
+    assert policy(cfg, ranks_on_host=cores + 1).spin_seconds == 0.0
+    assert policy(cfg).spin_seconds == 0.0
+    # the other phases do not depend on it; POLYCAST_WAIT_SPIN_US=0 still sleeps at once
+    assert policy(cfg, ranks_on_host=1).yield_seconds == policy(cfg).yield_seconds
+    z = policy(config.load({"POLYCAST_WAIT_SPIN_US": "0"}), ranks_on_host=1)
+    assert (z.spin_seconds, z.yield_seconds, z.yield_wall_seconds) == (0.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("var", ["POLYCAST_DRIVE_SPIN_US", "POLYCAST_REPLAY_SPIN_WALL_US",

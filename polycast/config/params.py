@@ -53,8 +53,9 @@ class Hooks:
     cma_pull: bool = _hook(True, "large local messages pulled by the receiver (else RTS/CTS)")
     futex: bool = _hook(True, "futex sleeps and wake-ups between local ranks (0: the wait "
                               "policy naps, the rings ring doorbells)")
-    wait_busy_us: float = _hook(0.0, "a waiter looks without yielding this long first (the "
-                                     "wait policy, runtime/transport/wait.py)")
+    wait_busy_us: float = _hook(3.0, "a symmetric-memory waiter whose ranks fit the host's "
+                                     "cores looks without yielding this long first (the wait "
+                                     "policy, runtime/transport/wait.py)")
     wait_yield_wall_us: float = _hook(200.0, "a waiter's yielding is bounded by this much "
                                               "wall time, then it sleeps")
     replay_step_limit: int = _hook(-1, ">= 0: every replay stops after this many steps")

@@ -112,7 +112,7 @@ class EpochBarrier:
         # :mod:`.queue`); futex sleeps where they work here.
         hooks = comm.config.hooks
         self.use_futex = ctrl is not None and hooks.futex and futex.available()
-        self.policy = wait_policy(comm.config)
+        self.policy = wait_policy(comm.config, self.size)   # every member is on this host
         if self.policy.futex != self.use_futex:
             self.policy = dataclasses.replace(self.policy, futex=self.use_futex)
         self._waitsets: dict = {}           # (rank, slot) -> futex.WaitSet on that slot

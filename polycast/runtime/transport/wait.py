@@ -6,10 +6,14 @@ progress (runtime/driver/progress.py) watching its rings, the compiled replay of
 (runtime/symm/barrier.py and _symm_wait.c) watching peers' control slots. Each waits the
 same way, in three phases:
 
-1. **spin** (off by default): look again at once, without yielding; even 3 microseconds
-   of it made small calls slower at 2 and at 4 ranks on 2 cores than yielding from the
-   first look (``polycast bench -n 4 allreduce --sizes 8B`` with the ``wait_busy_us``
-   test hook shows it);
+1. **spin**: look again at once, without yielding, for a few microseconds (the
+   ``wait_busy_us`` test hook) — only where a peer can answer meanwhile: the symmetric-
+   memory barrier of ranks that fit the host's cores (:func:`policy` with
+   ``ranks_on_host``). With as many ranks as cores a peer answers within the spin and a
+   yield's system call would only add to the latency of a small call; with more ranks than
+   cores the peer is usually not running and spinning takes its core
+   (``polycast bench -n 2`` and ``-n 4 allreduce --sizes 8B`` on 2 cores, with the hook at
+   0 and 3, show both);
 2. **yield**: look, then ``sched_yield`` (with more ranks than cores the task that runs
    is usually the peer waited for), until the looks whose yield came straight back (the
    core was ours alone: our own CPU) add up to ``yield_seconds``, or until
@@ -52,23 +56,23 @@ SPIN, YIELD, SLEEP = 0, 1, 2        # the phases (wait.h's PC_SPIN, PC_YIELD, PC
 class WaitPolicy:
     """The one wait policy (see the module's docstring for the phases)."""
 
-    spin_seconds: float = 0.0           # busy looks before the first yield (off: see above)
+    spin_seconds: float = 0.0           # busy looks before the first yield (see above)
     yield_seconds: float = 50e-6        # own CPU spent looking and yielding, then sleep
     yield_wall_seconds: float = 200e-6  # the yield phase's bound in wall time
     sleep_slice_seconds: float = 1e-3   # the longest sleep before the waiter looks again
     futex: bool = True                  # sleep on futexes (the futex=0 test hook: naps)
 
     @classmethod
-    def from_config(cls, cfg) -> "WaitPolicy":
+    def from_config(cls, cfg, spin: bool = False) -> "WaitPolicy":
         """The policy ``cfg`` (a :class:`polycast.config.Config`) asks for:
-        POLYCAST_WAIT_SPIN_US and the wait_busy_us, wait_yield_wall_us and futex test
-        hooks; POLYCAST_WAIT_SPIN_US=0 sleeps at once."""
+        POLYCAST_WAIT_SPIN_US and the wait_busy_us (when ``spin``), wait_yield_wall_us and
+        futex test hooks; POLYCAST_WAIT_SPIN_US=0 sleeps at once."""
         hooks = cfg.hooks
         own = cfg.wait_spin_us * 1e-6
         if own <= 0:
             return cls(0.0, 0.0, 0.0, futex=hooks.futex)
-        return cls(max(0.0, hooks.wait_busy_us) * 1e-6, own,
-                   max(0.0, hooks.wait_yield_wall_us) * 1e-6, futex=hooks.futex)
+        busy = max(0.0, hooks.wait_busy_us) * 1e-6 if spin else 0.0
+        return cls(busy, own, max(0.0, hooks.wait_yield_wall_us) * 1e-6, futex=hooks.futex)
 
     def passive(self) -> "WaitPolicy":
         """This policy without spinning or yielding: sleep at once (a worker thread whose
@@ -84,10 +88,21 @@ class WaitPolicy:
                 self.sleep_slice_seconds, self.futex)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @functools.lru_cache(maxsize=16)
-def policy(cfg) -> WaitPolicy:
-    """The wait policy of configuration ``cfg``, built once per configuration."""
-    return WaitPolicy.from_config(cfg)
+def policy(cfg, ranks_on_host: int | None = None) -> WaitPolicy:
+    """The wait policy of configuration ``cfg``, built once per configuration (and host
+    size). A waiter that names ``ranks_on_host`` (the symmetric-memory barrier) spins
+    first when those ranks fit the cores; the others start by yielding."""
+    fits = ranks_on_host is not None and ranks_on_host <= usable_cores()
+    return WaitPolicy.from_config(cfg, spin=fits)
 
 
 class Waiter:
