@@ -359,6 +359,26 @@ class _Routes:
     def append(self, links: np.ndarray) -> None:
         self.trees.append(links)
 
+    def gather(self, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The links of routes ``r`` one after another (each route's in its order), and
+        how many each route has."""
+        r = np.asarray(r, dtype=np.int64)
+        uni = r < self._n
+        lens = np.empty(len(r), np.int64)
+        ru = r[uni]
+        lens[uni] = self.ptr[ru + 1] - self.ptr[ru]
+        rt = r[~uni].tolist()
+        lens[~uni] = [len(self.trees[x - self._n]) for x in rt]
+        out = np.empty(int(lens.sum()), np.int64)
+        first = np.cumsum(lens) - lens
+        lu = lens[uni]
+        k = np.arange(int(lu.sum())) - np.repeat(np.cumsum(lu) - lu, lu)
+        out[np.repeat(first[uni], lu) + k] = self.flat[np.repeat(self.ptr[ru], lu) + k]
+        for x, at in zip(rt, first[~uni].tolist()):
+            tree = self.trees[x - self._n]
+            out[at:at + len(tree)] = tree
+        return out, lens
+
 
 def _routes(sim, src: np.ndarray, dst: np.ndarray) -> tuple[_Routes, np.ndarray]:
     """:meth:`~polycast.sim.driver.Simulation._route` of many (src, dst) rank pairs at once:
