@@ -268,7 +268,6 @@ class Walk:
         sim.datagrams += self.ndatagrams
         # completion per (request, member)
         tmax = 0.0
-        key = self.q * (1 << 32) + self.local
         steps = np.arange(g.nsteps)
         for q, (sched, _, comm, n, base, starts, pt) in enumerate(g.reqs):
             sel = steps[g.q == q] if len(g.reqs) > 1 else steps

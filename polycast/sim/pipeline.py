@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from ..algorithms import build, get
 from ..collectives import Collective
 from ..errors import InvalidArgument
-from ..workload.graph import COLLECTIVE, COMPUTE, NOOP, RECV, SEND, WORLD, Workload, validate
+from ..workload.graph import COLLECTIVE, COMPUTE, NOOP, RECV, SEND, Workload, validate
 from .driver import SimConfig, Simulation, pacing_gbps_for
 from .topology import LAYERS
 
