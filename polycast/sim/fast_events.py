@@ -52,7 +52,8 @@ class _EventRun:
         self.nbytes = plan.nbytes.tolist()
         self.lat = plan.lat.tolist()
         self.route = plan.route.tolist()
-        self.route_links = plan.route_links
+        rl = plan.route_links                  # unicast routes flat, then the trees
+        self.rflat, self.rptr, self.nuni, self.trees = rl.flat, rl._ptr, rl._n, rl.trees
         self.t_eos = plan.t_eos.tolist()
         self.t_next = plan.t_next.tolist()
         self.mcap = plan.mcap.tolist()
@@ -74,6 +75,7 @@ class _EventRun:
         self.mbase = np.concatenate([[0], np.cumsum(self.nmem)[:-1]]).astype(np.int64).tolist()
         M = sum(self.nmem)
         mem = np.asarray(self.mbase, np.int64)[plan.q] + plan.local
+        self.mem = mem.tolist()                          # member of every node
         self.mq = np.repeat(np.arange(len(self.nmem)), self.nmem).tolist()
         # per member: the steps its post starts (in program order), its steps and MRECVs
         # left, whether it sends a FIN, the bytes of its MCAST and MRECV steps (rto)
@@ -181,22 +183,24 @@ class _EventRun:
         self.events += 1
         _, _, kind, a, b = e
         if kind == _ARR:                      # message of node a arrived
-            if self.kind[a] == FIN:                   # at the member's ring successor
+            r = self.recv_of_send[a]
+            if r >= 0:
+                self.arrived[r] = True
+                if self.started[r]:
+                    self._complete_step(r)
+            else:                                     # a FIN, at the member's ring successor
                 q, i = self.q[a], self.local[a]
                 m = self.mbase[q] + (i + 1) % self.nmem[q]
                 self.fin_in[m] = True
                 self._maybe_complete(m)
-            else:
-                r = self.recv_of_send[a]
-                self.arrived[r] = True
-                if self.started[r]:
-                    self._complete_step(r)
         elif kind == _MARR:                   # stream a arrived at nodes b
+            arrived, started, done_t = self.arrived, self.started, self.done_t
             for x in b:
-                self.arrived[x] = True
-                if self.started[x] and self.done_t[x] != self.done_t[x]:    # not done
+                arrived[x] = True
+                if started[x] and done_t[x] != done_t[x]:    # not done
                     self._stream_complete(x)
-                    self._flush()
+                    if self.kick:
+                        self._flush()
             return
         elif kind == _SENDDONE:
             if self.kind[a] == FIN:
@@ -214,21 +218,27 @@ class _EventRun:
             self._post(a, b)
         elif kind == _EOS:                    # a spaced end-of-stream repeat (its timer)
             self._emit((self.ep[a], -1), ("eos", a, self.now))
-        self._flush()
+        if self.kick:
+            self._flush()
 
     # -- the engine's steps -------------------------------------------------------------
     def _post(self, q: int, i: int) -> None:
         m = self.mbase[q] + i
-        self._pump(deque(self.roots[m]))
+        self._pump(list(self.roots[m]))
         if self.mfin[m] and not self.mrecv_left[m]:
             self._send_fin(q, i)
         self._maybe_complete(m)
 
-    def _pump(self, ready: deque) -> None:
-        while ready:
-            self._start(ready.popleft(), ready)
+    def _pump(self, ready: list) -> None:
+        """Start ``ready`` in order, and the steps each start releases after them (a
+        FIFO: ``ready`` grows while it is read)."""
+        start = self._start
+        i = 0
+        while i < len(ready):
+            start(ready[i], ready)
+            i += 1
 
-    def _start(self, n: int, ready: deque) -> None:
+    def _start(self, n: int, ready: list) -> None:
         self.started[n] = True
         self.start_t[n] = self.now
         k = self.kind[n]
@@ -245,7 +255,7 @@ class _EventRun:
             if self.arrived[n] or not self.nbytes[n]:
                 self._stream_complete(n, ready)
 
-    def _start_mcast(self, n: int, ready: deque) -> None:
+    def _start_mcast(self, n: int, ready: list) -> None:
         now, ep = self.now, self.ep[n]
         t0 = max(now, self.pacer.get(ep, 0.0)) if self.paced else now
         key = (ep, -1)
@@ -276,30 +286,38 @@ class _EventRun:
         return eos_delays(ecfg.eos_repeats, rto, span)
 
     def _member(self, n: int) -> int:
-        return self.mbase[self.q[n]] + self.local[n]
+        return self.mem[n]
 
-    def _step_done(self, n: int, ready: deque) -> None:
+    def _step_done(self, n: int, ready: list) -> None:
         self.done_t[n] = self.now
         sp, left = self.sptr, self.deps_left
-        for s in self.succ[sp[n]:sp[n + 1]]:
+        a, b = sp[n], sp[n + 1]
+        if b - a == 1:                        # the common case: one successor
+            s = self.succ[a]
             left[s] -= 1
             if not left[s]:
                 ready.append(s)
-        self.steps_left[self.mbase[self.q[n]] + self.local[n]] -= 1
+        elif b > a:
+            for s in self.succ[a:b]:
+                left[s] -= 1
+                if not left[s]:
+                    ready.append(s)
+        self.steps_left[self.mem[n]] -= 1
 
     def _complete_step(self, n: int) -> None:
         """A step done by an event (message, send done, pacing): successors, completion."""
-        ready: deque = deque()
+        ready: list = []
         self._step_done(n, ready)
-        self._pump(ready)
-        self._maybe_complete(self._member(n))
+        if ready:
+            self._pump(ready)
+        self._maybe_complete(self.mem[n])
 
-    def _stream_complete(self, n: int, ready: deque | None = None) -> None:
+    def _stream_complete(self, n: int, ready: list | None = None) -> None:
         outer = ready is None
         if outer:
-            ready = deque()
+            ready = []
         self._step_done(n, ready)
-        m = self._member(n)
+        m = self.mem[n]
         self.mrecv_left[m] -= 1
         if self.mrecv_left[m] == 0:
             self._send_fin(self.q[n], self.local[n])
@@ -315,7 +333,7 @@ class _EventRun:
 
     def _maybe_complete(self, m: int) -> None:
         """Member ``m`` completes once its steps are done (and its FIN out and in)."""
-        if self.completed[m] is not None or self.steps_left[m]:
+        if self.steps_left[m] or self.completed[m] is not None:
             return
         if self.mfin[m] and not (self.fin_out[m] and self.fin_in[m]):
             return
@@ -354,7 +372,7 @@ class _EventRun:
                     return
                 if w:
                     cap = math.inf if self.nic is None else self.rx_cap * w / self.nbytes[n]
-                    self.net.add_flow(self.route_links[self.route[n]], w, now, ("msg", key, n),
+                    self.net.add_flow(self._links(n), w, now, ("msg", key, n),
                                       cap=cap, goodput=self.goodput[n])
                     self.busy.add(key)
                     return
@@ -362,7 +380,7 @@ class _EventRun:
                 self._push(now + self.lat[n], _ARR, n)
                 continue
             if w:
-                f = self.net.add_flow(self.route_links[self.route[n]], w, now,
+                f = self.net.add_flow(self._links(n), w, now,
                                       ("mcast", key, n), cap=self.mcap[n],
                                       goodput=self.goodput[n])
                 if self.nic is not None:
@@ -371,6 +389,15 @@ class _EventRun:
                 return
             self._mcast_arrivals(n, now, None)
         self.busy.discard(key)
+
+    def _links(self, n: int) -> np.ndarray:
+        """The links of node n's flow: its route (a view of the plan's flat array) or its
+        multicast tree."""
+        r = self.route[n]
+        if r < self.nuni:
+            ptr = self.rptr
+            return self.rflat[ptr[r]:ptr[r + 1]]
+        return self.trees[r - self.nuni]
 
     def _combine_send(self, key, n: int) -> None:
         """In-network reduction (the driver's _combine_send): the messages of one

@@ -119,7 +119,7 @@ class _Plan(Walk):
         ns = g.nsteps
         kind = g.kind
         # FIN nodes: one per (request, member) of a request that multicasts.
-        fin_q, fin_local, fin_ep, fin_rank, fin_post, fin_idx = [], [], [], [], [], []
+        fin_q, fin_local, fin_ep, fin_rank, fin_post = [], [], [], [], []
         self.fin_base = ns
         fin_of = {}
         for q, (sched, _, comm, n, base, starts, pt) in enumerate(g.reqs):
@@ -136,7 +136,7 @@ class _Plan(Walk):
                 fin_post.append(pt[i])
         nf = len(fin_q)
         self.fin_of = fin_of
-        self.N = N = ns + nf
+        self.N = ns + nf
         def cat(steps, fins, dtype=np.int64):      # the graph's own array when no FIN
             return np.concatenate([steps, np.asarray(fins, dtype)]) if nf else steps
         self.kind = cat(kind, np.full(nf, FIN))
