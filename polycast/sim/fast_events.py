@@ -131,6 +131,7 @@ class _EventRun:
         self.kick: list = []
         self.heap: list = []
         self.seq = 0
+        self.open: dict[float, tuple] = {}     # time -> the last entry pushed for it
         self.events = 0
         self.now = 0.0
         hb = sim.net.host_bw
@@ -150,8 +151,25 @@ class _EventRun:
 
     # -- the loop -------------------------------------------------------------------
     def _push(self, t, kind, a, b=None) -> None:
+        self.open.pop(t, None)
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+
+    def _push_msg(self, t, kind, n: int) -> None:
+        """Push a message's _SENDDONE or _ARR of node n. Such events of one kind pushed
+        one after another for the same time share one heap entry (a list of nodes, handled
+        in push order): the heap orders events by (time, push order), so nothing pushed
+        between them for another time runs between them, and an entry still queued for
+        this time would have run before them anyway. Any other push for time ``t``
+        closes the entry (:meth:`_push`), as does taking it off the heap."""
+        g = self.open.get(t)
+        if g is not None and g[0] == kind:
+            g[1].append(n)
+            return
+        nodes = [n]
+        self.open[t] = (kind, nodes)
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, nodes, None))
 
     def run(self) -> None:
         heap, net = self.heap, self.net
@@ -180,20 +198,25 @@ class _EventRun:
                     self._start_next(key)
 
     def _event(self, e) -> None:
+        t, _, kind, a, b = e
+        if kind == _ARR or kind == _SENDDONE:          # nodes a (_push_msg)
+            g = self.open.get(t)
+            if g is not None and g[1] is a:
+                del self.open[t]
+            self.events += len(a)
+            if kind == _ARR:
+                for x in a:
+                    self._arrived(x)
+                    if self.kick:
+                        self._flush()
+            else:
+                for x in a:
+                    self._send_done(x)
+                    if self.kick:
+                        self._flush()
+            return
         self.events += 1
-        _, _, kind, a, b = e
-        if kind == _ARR:                      # message of node a arrived
-            r = self.recv_of_send[a]
-            if r >= 0:
-                self.arrived[r] = True
-                if self.started[r]:
-                    self._complete_step(r)
-            else:                                     # a FIN, at the member's ring successor
-                q, i = self.q[a], self.local[a]
-                m = self.mbase[q] + (i + 1) % self.nmem[q]
-                self.fin_in[m] = True
-                self._maybe_complete(m)
-        elif kind == _MARR:                   # stream a arrived at nodes b
+        if kind == _MARR:                   # stream a arrived at nodes b
             arrived, started, done_t = self.arrived, self.started, self.done_t
             for x in b:
                 arrived[x] = True
@@ -202,13 +225,6 @@ class _EventRun:
                     if self.kick:
                         self._flush()
             return
-        elif kind == _SENDDONE:
-            if self.kind[a] == FIN:
-                m = self._member(a)
-                self.fin_out[m] = True
-                self._maybe_complete(m)
-            else:
-                self._complete_step(a)
         elif kind == _PACE:
             self._complete_step(a)
         elif kind == _KICK:
@@ -220,6 +236,28 @@ class _EventRun:
             self._emit((self.ep[a], -1), ("eos", a, self.now))
         if self.kick:
             self._flush()
+
+    def _arrived(self, a: int) -> None:
+        """The message of node a arrived."""
+        r = self.recv_of_send[a]
+        if r >= 0:
+            self.arrived[r] = True
+            if self.started[r]:
+                self._complete_step(r)
+        else:                                     # a FIN, at the member's ring successor
+            q, i = self.q[a], self.local[a]
+            m = self.mbase[q] + (i + 1) % self.nmem[q]
+            self.fin_in[m] = True
+            self._maybe_complete(m)
+
+    def _send_done(self, a: int) -> None:
+        """The message of node a has left its sender."""
+        if self.kind[a] == FIN:
+            m = self.mem[a]
+            self.fin_out[m] = True
+            self._maybe_complete(m)
+        else:
+            self._complete_step(a)
 
     # -- the engine's steps -------------------------------------------------------------
     def _post(self, q: int, i: int) -> None:
@@ -376,8 +414,8 @@ class _EventRun:
                                       cap=cap, goodput=self.goodput[n])
                     self.busy.add(key)
                     return
-                self._push(now, _SENDDONE, n)
-                self._push(now + self.lat[n], _ARR, n)
+                self._push_msg(now, _SENDDONE, n)
+                self._push_msg(now + self.lat[n], _ARR, n)
                 continue
             if w:
                 f = self.net.add_flow(self._links(n), w, now,
@@ -438,15 +476,15 @@ class _EventRun:
         if what == "innet":
             waiting, lat = n
             for _, x in waiting:
-                self._push(now, _SENDDONE, x)
-                self._push(now + lat, _ARR, x)
+                self._push_msg(now, _SENDDONE, x)
+                self._push_msg(now + lat, _ARR, x)
             for k, _ in waiting:
                 self.busy.discard(k)
                 self._start_next(k)
             return
         if what == "msg":
-            self._push(now, _SENDDONE, n)
-            self._push(now + self.lat[n], _ARR, n)
+            self._push_msg(now, _SENDDONE, n)
+            self._push_msg(now + self.lat[n], _ARR, n)
         else:
             self._mcast_arrivals(n, now, f.fid)
         self.busy.discard(key)
