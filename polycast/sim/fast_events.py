@@ -67,8 +67,18 @@ class _EventRun:
         src, dst = src[o], dst[o]
         ptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(src, minlength=N), out=ptr[1:])
-        self.sptr = ptr.tolist()
-        self.succ = dst.tolist()
+        # per node its successors: None, one node, or a list
+        nsucc = np.diff(ptr)
+        succ_of = np.where(nsucc == 1, dst[np.minimum(ptr[:-1], max(len(dst) - 1, 0))],
+                           -1).astype(object) if len(dst) else np.full(N, -1, object)
+        succ_of[nsucc == 0] = None
+        dl = dst.tolist()
+        pl = ptr.tolist()
+        for x in np.flatnonzero(nsucc > 1).tolist():
+            succ_of[x] = dl[pl[x]:pl[x + 1]]
+        self.succ_of = succ_of.tolist()
+        # a channel (sender endpoint, peer: -1 for a multicast stream) as an int key
+        self.W = int(plan.peer.max(initial=0)) + 2
         self.deps_left = np.concatenate([g.dep_counts, np.zeros(N - ns, np.int64)]).tolist()
         # members: (request, local rank) numbered request by request
         self.nmem = [r[3] for r in g.reqs]
@@ -126,7 +136,7 @@ class _EventRun:
         self.fin_in = [False] * M
         self.completed = [None] * M
         self.pacer: dict[int, float] = {}
-        self.channels: dict[tuple, deque] = {}
+        self.channels: dict[int, deque] = {}     # by channel key (self.chan)
         self.busy: set = set()
         self.kick: list = []
         self.heap: list = []
@@ -233,7 +243,7 @@ class _EventRun:
         elif kind == _POST:
             self._post(a, b)
         elif kind == _EOS:                    # a spaced end-of-stream repeat (its timer)
-            self._emit((self.ep[a], -1), ("eos", a, self.now))
+            self._emit(self.ep[a] * self.W, ("eos", a, self.now))
         if self.kick:
             self._flush()
 
@@ -269,34 +279,33 @@ class _EventRun:
 
     def _pump(self, ready: list) -> None:
         """Start ``ready`` in order, and the steps each start releases after them (a
-        FIFO: ``ready`` grows while it is read)."""
-        start = self._start
+        FIFO: ``ready`` grows while it is read): the engine's pump."""
+        started, start_t, kind, arrived = self.started, self.start_t, self.kind, self.arrived
+        now = self.now
         i = 0
         while i < len(ready):
-            start(ready[i], ready)
+            n = ready[i]
             i += 1
-
-    def _start(self, n: int, ready: list) -> None:
-        self.started[n] = True
-        self.start_t[n] = self.now
-        k = self.kind[n]
-        if k == SEND:
-            self._emit((self.ep[n], self.peer[n]), ("msg", n))
-        elif k == RECV:
-            if self.arrived[n]:
+            started[n] = True
+            start_t[n] = now
+            k = kind[n]
+            if k == SEND:                     # a message (an int) on its channel
+                self._emit(self._chan(n), n)
+            elif k == RECV:
+                if arrived[n]:
+                    self._step_done(n, ready)
+            elif k == COPY:
                 self._step_done(n, ready)
-        elif k == COPY:
-            self._step_done(n, ready)
-        elif k == MCAST:
-            self._start_mcast(n, ready)
-        elif k == MRECV:
-            if self.arrived[n] or not self.nbytes[n]:
-                self._stream_complete(n, ready)
+            elif k == MCAST:
+                self._start_mcast(n, ready)
+            elif k == MRECV:
+                if arrived[n] or not self.nbytes[n]:
+                    self._stream_complete(n, ready)
 
     def _start_mcast(self, n: int, ready: list) -> None:
         now, ep = self.now, self.ep[n]
         t0 = max(now, self.pacer.get(ep, 0.0)) if self.paced else now
-        key = (ep, -1)
+        key = ep * self.W                          # the endpoint's stream channel
         self._emit(key, ("mcast", n, t0))
         self._emit(key, ("eos", n, t0 + self.t_eos[n]))
         if self.nic is not None:
@@ -328,18 +337,18 @@ class _EventRun:
 
     def _step_done(self, n: int, ready: list) -> None:
         self.done_t[n] = self.now
-        sp, left = self.sptr, self.deps_left
-        a, b = sp[n], sp[n + 1]
-        if b - a == 1:                        # the common case: one successor
-            s = self.succ[a]
-            left[s] -= 1
-            if not left[s]:
-                ready.append(s)
-        elif b > a:
-            for s in self.succ[a:b]:
+        s = self.succ_of[n]
+        if s is not None:
+            left = self.deps_left
+            if type(s) is int:                # the common case: one successor
                 left[s] -= 1
                 if not left[s]:
                     ready.append(s)
+            else:
+                for x in s:
+                    left[x] -= 1
+                    if not left[x]:
+                        ready.append(x)
         self.steps_left[self.mem[n]] -= 1
 
     def _complete_step(self, n: int) -> None:
@@ -367,7 +376,7 @@ class _EventRun:
 
     def _send_fin(self, q: int, i: int) -> None:
         f = self.fin_of[q] + i
-        self._emit((self.ep[f], self.peer[f]), ("msg", f))
+        self._emit(self._chan(f), f)
 
     def _maybe_complete(self, m: int) -> None:
         """Member ``m`` completes once its steps are done (and its FIN out and in)."""
@@ -379,6 +388,10 @@ class _EventRun:
         self.pending -= 1
 
     # -- channels and flows -------------------------------------------------------------
+    def _chan(self, n: int) -> int:
+        """The channel of message node n (SEND or FIN): (its endpoint, its peer)."""
+        return self.ep[n] * self.W + self.peer[n] + 1
+
     def _emit(self, key, item) -> None:
         ch = self.channels.get(key)
         if ch is None:
@@ -387,12 +400,31 @@ class _EventRun:
         if key not in self.busy and key not in self.kick:
             self.kick.append(key)
 
-    def _start_next(self, key) -> None:
+    def _start_next(self, key: int) -> None:
+        """Start what channel ``key`` holds: a message (node n, an int) or a stream's
+        data or end marker (("mcast" | "eos", node, not before)), until one flows."""
         ch = self.channels.get(key)
         now = self.now
         while ch:
             item = ch[0]
-            if item[0] != "msg" and item[2] > same_time_bound(now):
+            if type(item) is int:                   # a message: SEND or FIN node
+                ch.popleft()
+                n = item
+                w = self.wire[n]
+                if w:
+                    if n in self.innet_expect:
+                        self._combine_send(key, n)
+                        self.busy.add(key)
+                        return
+                    cap = math.inf if self.nic is None else self.rx_cap * w / self.nbytes[n]
+                    self.net.add_flow(self._links(n), w, now, n,
+                                      cap=cap, goodput=self.goodput[n])
+                    self.busy.add(key)
+                    return
+                self._push_msg(now, _SENDDONE, n)
+                self._push_msg(now + self.lat[n], _ARR, n)
+                continue
+            if item[2] > same_time_bound(now):
                 self.busy.add(key)
                 self._push(item[2], _KICK, key)
                 return
@@ -403,20 +435,6 @@ class _EventRun:
                     self.nic.take(None, self.ep[n], np.zeros(1, np.int64))
                 continue
             w = self.wire[n]
-            if item[0] == "msg":
-                if w and n in self.innet_expect:
-                    self._combine_send(key, n)
-                    self.busy.add(key)
-                    return
-                if w:
-                    cap = math.inf if self.nic is None else self.rx_cap * w / self.nbytes[n]
-                    self.net.add_flow(self._links(n), w, now, ("msg", key, n),
-                                      cap=cap, goodput=self.goodput[n])
-                    self.busy.add(key)
-                    return
-                self._push_msg(now, _SENDDONE, n)
-                self._push_msg(now + self.lat[n], _ARR, n)
-                continue
             if w:
                 f = self.net.add_flow(self._links(n), w, now,
                                       ("mcast", key, n), cap=self.mcap[n],
@@ -471,8 +489,16 @@ class _EventRun:
                 self._push(t + lat + x, _MARR, m, [y for y, e in zip(nodes, d) if e == x])
 
     def _drained(self, f) -> None:
-        what, key, n = f.data
+        data = f.data
         now = self.now
+        if type(data) is int:                        # a message's flow (node data)
+            self._push_msg(now, _SENDDONE, data)
+            self._push_msg(now + self.lat[data], _ARR, data)
+            key = self._chan(data)
+            self.busy.discard(key)
+            self._start_next(key)
+            return
+        what, key, n = data
         if what == "innet":
             waiting, lat = n
             for _, x in waiting:
@@ -482,11 +508,7 @@ class _EventRun:
                 self.busy.discard(k)
                 self._start_next(k)
             return
-        if what == "msg":
-            self._push_msg(now, _SENDDONE, n)
-            self._push_msg(now + self.lat[n], _ARR, n)
-        else:
-            self._mcast_arrivals(n, now, f.fid)
+        self._mcast_arrivals(n, now, f.fid)                # ("mcast", key, n)
         self.busy.discard(key)
         self._start_next(key)
 
