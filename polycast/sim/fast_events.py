@@ -214,14 +214,26 @@ class _EventRun:
             if g is not None and g[1] is a:
                 del self.open[t]
             self.events += len(a)
-            if kind == _ARR:
+            complete = self._complete_step
+            if kind == _ARR:                  # the messages of nodes a arrived
+                recv_of_send, arrived, started = self.recv_of_send, self.arrived, self.started
                 for x in a:
-                    self._arrived(x)
+                    r = recv_of_send[x]
+                    if r >= 0:
+                        arrived[r] = True
+                        if started[r]:
+                            complete(r)
+                    else:
+                        self._fin_arrived(x)
                     if self.kick:
                         self._flush()
-            else:
+            else:                             # the messages of nodes a left their senders
+                kinds = self.kind
                 for x in a:
-                    self._send_done(x)
+                    if kinds[x] == FIN:
+                        self._fin_sent(x)
+                    else:
+                        complete(x)
                     if self.kick:
                         self._flush()
             return
@@ -247,27 +259,17 @@ class _EventRun:
         if self.kick:
             self._flush()
 
-    def _arrived(self, a: int) -> None:
-        """The message of node a arrived."""
-        r = self.recv_of_send[a]
-        if r >= 0:
-            self.arrived[r] = True
-            if self.started[r]:
-                self._complete_step(r)
-        else:                                     # a FIN, at the member's ring successor
-            q, i = self.q[a], self.local[a]
-            m = self.mbase[q] + (i + 1) % self.nmem[q]
-            self.fin_in[m] = True
-            self._maybe_complete(m)
+    def _fin_arrived(self, a: int) -> None:
+        """FIN node a arrived at its member's ring successor."""
+        q, i = self.q[a], self.local[a]
+        m = self.mbase[q] + (i + 1) % self.nmem[q]
+        self.fin_in[m] = True
+        self._maybe_complete(m)
 
-    def _send_done(self, a: int) -> None:
-        """The message of node a has left its sender."""
-        if self.kind[a] == FIN:
-            m = self.mem[a]
-            self.fin_out[m] = True
-            self._maybe_complete(m)
-        else:
-            self._complete_step(a)
+    def _fin_sent(self, a: int) -> None:
+        m = self.mem[a]
+        self.fin_out[m] = True
+        self._maybe_complete(m)
 
     # -- the engine's steps -------------------------------------------------------------
     def _post(self, q: int, i: int) -> None:
@@ -369,7 +371,8 @@ class _EventRun:
         if self.mrecv_left[m] == 0:
             self._send_fin(self.q[n], self.local[n])
         if outer:
-            self._pump(ready)
+            if ready:
+                self._pump(ready)
             self._maybe_complete(m)
         # else: in the middle of a pump (the MRECV started with its data held): the pump
         # goes on with the steps it released, and its caller checks completion
