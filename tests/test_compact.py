@@ -26,6 +26,20 @@ def test_compact_columns_equal_the_generator(collective, algo):
                 assert comp.uses_multicast == full.uses_multicast
 
 
+def test_compact_columns_over_hosts_equal_the_generator():
+    # hierarchical algorithms: hosts of R ranks, leaders' token ring over the hosts
+    for H, R in ((2, 2), (3, 4), (5, 3), (4, 8), (7, 2)):
+        for roots in (1, 2, 3):
+            for count in (5, 64):
+                opts = dict(hosts=H, ranks_per_host=R, roots=roots)
+                full = build("allgather", "hmcast", H * R, count, **opts)
+                comp = build("allgather", "hmcast", H * R, count, compact=True, **opts)
+                assert comp.form is not None and comp.form.ranks_per_host == R
+                assert comp.nsteps == full.nsteps, (H, R, roots)
+                assert comp.columns.same_as(columns_of(full)), (H, R, roots, count)
+                assert comp.options == full.options
+
+
 def test_compact_expands_to_the_ordinary_schedule():
     comp = build("allgather", "mcast", 6, 12, nchunks=2, compact=True, roots=3)
     assert "programs" not in vars(comp)

@@ -170,7 +170,7 @@ STREAMED = [("allgather", "ring"), ("reduce_scatter", "ring"), ("allreduce", "ri
 
 
 def _stream_and_walk(coll, algo, P, count, topology, nchunks=1, at=0.0, comm_of=None,
-                     contended=False):
+                     contended=False, **opts):
     """The same request timed by the stream mode and by the walk (its columns built first,
     which the stream mode leaves to the walk): equal bit for bit; where the walk finds
     flows contending (multicast streams that overlap; ``contended``: it must), against
@@ -179,7 +179,7 @@ def _stream_and_walk(coll, algo, P, count, topology, nchunks=1, at=0.0, comm_of=
     for mode in ("stream", "events" if contended else "walk or events"):
         topo = parse_topology(topology, P)
         n = P if comm_of is None else len(comm_of)
-        s = build(coll, algo, n, count, nchunks=nchunks, compact=True)
+        s = build(coll, algo, n, count, nchunks=nchunks, compact=True, **opts)
         assert s.form is not None
         if mode != "stream":
             s.columns
@@ -224,6 +224,55 @@ def test_stream_of_overlapping_streams_equals_the_events_mode():
     _stream_and_walk("allgather", "mcast", 64, 2048, "fattree:radix=8", contended=True)
     _stream_and_walk("allgather", "mcast", 48, 2048, "leafspine:hosts_per_leaf=8,oversub=2",
                      contended=True)
+
+
+GPUS = "ranks_per_host={R},nvlink=3600Gbps,nics={nics}"
+
+
+def test_stream_over_hosts_equals_the_walk_and_the_events_mode():
+    # hmcast: the locals' shards to their leader (R - 1 flows sharing the leader's port),
+    # then the leaders' token ring; one stream at a time and R = 2: nothing contends, the
+    # walk's numbers bit for bit
+    gpus = GPUS.format(R=2, nics=2)
+    _stream_and_walk("allgather", "hmcast", 32, 4096, f"fattree:radix=8,{gpus}",
+                     hosts=16, ranks_per_host=2, roots=1)
+    _stream_and_walk("allgather", "hmcast", 24, 999, f"switch:{gpus}", hosts=12,
+                     ranks_per_host=2, roots=1)
+    # R = 8: seven flows into each leader, and two streams sharing each host's NIC
+    gpus = GPUS.format(R=8, nics=8)
+    _stream_and_walk("allgather", "hmcast", 64, 65536, f"fattree:radix=8,{gpus}",
+                     contended=True, hosts=8, ranks_per_host=8)
+    _stream_and_walk("allgather", "hmcast", 96, 1000, f"leafspine:hosts_per_leaf=4,"
+                     f"oversub=2,{GPUS.format(R=4, nics=2)}", contended=True, hosts=24,
+                     ranks_per_host=4, roots=3)
+
+
+def test_stream_over_hosts_refuses_what_it_does_not_model():
+    # posts far apart: a host still gathers when the first streams start
+    topo = f"fattree:radix=8,{GPUS.format(R=8, nics=8)}"
+    P = 64
+    posts = [0.0] * (P - 1) + [1e-3]
+    for path in ("engine", "auto"):
+        t = parse_topology(topo, P)
+        s = build("allgather", "hmcast", P, 65536, compact=True, hosts=8, ranks_per_host=8)
+        eng = {"line_rate_gbps": 400.0, "pacing_gbps": pacing_gbps_for([s], 400.0, t.framing)}
+        sim = Simulation(t, SimConfig(engine=eng, path=path))
+        q = sim.post(s, 4, at=posts)
+        sim.run()
+        if path == "engine":
+            ref = sim.completion_time(q)
+            continue
+        assert sim.path == "fast" and sim.fast_mode != "stream"
+        assert "gathers" in sim.fast_stream_refused
+        assert sim.completion_time(q) == pytest.approx(ref, rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_stream_over_hosts_equals_the_events_mode_1024_gpus():
+    _stream_and_walk("allgather", "hmcast", 1024, 16384,
+                     f"fattree:radix=32,{GPUS.format(R=8, nics=8)}", contended=True,
+                     hosts=128, ranks_per_host=8)
 
 
 @pytest.mark.slow

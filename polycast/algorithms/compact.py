@@ -147,6 +147,71 @@ def _mcast_columns(spec: Spec, roots: int, firsts, part) -> Columns:
                    np.array(dep_flat, dtype=np.int64), options={"roots": roots})
 
 
+@register_compact("allgather", "hmcast", template=True)
+def hmcast_allgather(spec: Spec) -> TokenMulticast:
+    """Hosts of R ranks (rank = host * R + local): every local sends its shard to its host's
+    leader (local 0); the leaders then run :func:`mcast_allgather`'s token ring, each
+    multicasting its host's R shards, which every rank receives (its own leader's too):
+    a :class:`TokenMulticast` over the H leaders, its columns built by
+    :func:`_hmcast_columns`."""
+    from .hierarchical import grid
+    from .phases import parse_roots
+    H, R = grid(spec)
+    opts = {"hosts": H, "ranks_per_host": R, "roots": parse_roots(spec)}
+    roots = min(opts["roots"], H)
+    firsts = np.zeros(H + 1, bool)
+    firsts[[g * H // roots for g in range(roots)]] = True
+    firsts[H] = True
+    part = np.full(H, R * spec.count, np.int64)
+    return TokenMulticast(spec.nranks, R * spec.count, part, firsts,
+                          lambda: _hmcast_columns(spec, H, R, firsts), opts,
+                          ranks_per_host=R, gather_nelems=spec.count)
+
+
+def _hmcast_columns(spec: Spec, H: int, R: int, firsts) -> Columns:
+    """The columns of :func:`hmcast_allgather`: a leader copies, receives its locals'
+    shards, takes the token, multicasts (after all of those), passes the token; a local
+    copies and sends its shard to the leader; then every rank receives every other
+    leader's stream in host order (a local's from its own leader after its copy, which
+    wrote one of that stream's blocks)."""
+    P, n = spec.nranks, spec.count
+    kinds, peers, nels, deps = [], [], [], []
+    for r in range(P):
+        h, j = divmod(r, R)
+        k = [_COPY]
+        pe = [-1]
+        ne = [n]
+        de = [()]
+        if j == 0:
+            for i in range(1, R):
+                k.append(_RECV), pe.append(r + i), ne.append(n), de.append(())
+            if not firsts[h]:
+                k.append(_RECV), pe.append(r - R), ne.append(0), de.append(())
+            k.append(_MCAST), pe.append(-1), ne.append(R * n)
+            de.append(tuple(range(len(de))))
+            if not firsts[h + 1]:
+                k.append(_SEND), pe.append(r + R), ne.append(0), de.append((len(de) - 1,))
+        else:
+            k.append(_SEND), pe.append(h * R), ne.append(n), de.append(())
+        for h2 in range(H):
+            if h2 * R != r:
+                k.append(_MRECV), pe.append(h2 * R), ne.append(R * n)
+                de.append((0,) if h2 == h else ())
+        kinds.append(k), peers.append(pe), nels.append(ne), deps.append(de)
+    L = np.array([len(k) for k in kinds], np.int64)
+    starts = np.concatenate([[0], np.cumsum(L)[:-1]])
+    dep_counts = np.array([len(d) for de in deps for d in de], np.int32)
+    dep_flat = np.fromiter((int(starts[r]) + x for r, de in enumerate(deps) for d in de
+                            for x in d), np.int64, int(dep_counts.sum()))
+    kind = np.fromiter((x for k in kinds for x in k), np.int8, int(L.sum()))
+    tag = np.where(kind == _COPY, -1, 0).astype(np.int32)
+    return Columns(P, kind, np.repeat(np.arange(P, dtype=np.int32), L),
+                   np.fromiter((x for p in peers for x in p), np.int32, int(L.sum())), tag,
+                   np.fromiter((x for e in nels for x in e), np.int64, int(L.sum())),
+                   dep_counts, dep_flat,
+                   options={"hosts": H, "ranks_per_host": R, "roots": int(firsts[:H].sum())})
+
+
 @register_compact("alltoall", "pairwise")
 def pairwise_alltoall(spec: Spec) -> Columns:
     """copy of r's own part; then per round i: send part r+i to r+i (after round i-1's

@@ -185,29 +185,41 @@ class Template:
 
 @dataclass(eq=False)
 class TokenMulticast:
-    """A token-ring multicast allgather (``mcast``): rank r copies its part, takes the
-    token from r-1 unless it starts a sequence (``firsts[r]``), multicasts ``mcast_nelems``
-    elements, passes the token to r+1 unless r+1 starts one (``firsts[P]`` is set), then
-    receives every other rank's stream (``parts[root]`` elements each). P^2 steps held as
-    O(P) numbers; ``columns()`` builds them (the algorithm's vectorised generator)."""
+    """A token-ring multicast allgather over hosts of ``ranks_per_host`` (R) ranks, rank =
+    host * R + local; its roots are the hosts' leaders (local 0). R = 1 is ``mcast``: rank
+    r copies its part, takes the token from r-1 unless it starts a sequence
+    (``firsts[r]``), multicasts ``mcast_nelems`` elements, passes the token to r+1 unless
+    r+1 starts one (``firsts[P]`` is set), then receives every other rank's stream
+    (``parts[root]`` elements each). R > 1 is ``hmcast``: every local first sends its
+    ``gather_nelems`` to its leader, the leaders run that token ring (``firsts`` and
+    ``parts`` per host) once their locals' shards are in, and every rank but a stream's
+    root receives it. P x H steps held as O(P) numbers; ``columns()`` builds them (the
+    algorithm's vectorised generator)."""
     nranks: int
     mcast_nelems: int
-    parts: np.ndarray         # (P,) elements of each root's stream as its receivers count
-    firsts: np.ndarray        # (P + 1,) bool
+    parts: np.ndarray         # (H,) elements of each root's stream as its receivers count
+    firsts: np.ndarray        # (H + 1,) bool
     build: object             # () -> Columns
     options: dict = field(default_factory=dict)
+    ranks_per_host: int = 1
+    gather_nelems: int = 0    # elements each local sends its leader (R > 1)
     uses_multicast = True
 
     @property
+    def nhosts(self) -> int:
+        return self.nranks // self.ranks_per_host
+
+    @property
     def nsteps(self) -> int:
-        P = self.nranks
-        return 2 * P + int((~self.firsts[:P]).sum()) + int((~self.firsts[1:]).sum()) \
-            + P * (P - 1)
+        P, H = self.nranks, self.nhosts
+        tokens = int((~self.firsts[:H]).sum()) + int((~self.firsts[1:]).sum())
+        # copies, the gather's sends and receives, multicasts, tokens, every rank's MRECVs
+        return P + 2 * (P - H) + H + tokens + P * H - H
 
     def held_per_rank(self) -> int:
-        """8-byte values per rank held at once: the topology keeps every root's tree
-        (about P links and P latencies each)."""
-        return 2 * self.nranks
+        """8-byte values per rank held at once: a dozen P-wide arrays, and the trees of
+        the streams in flight (the stream mode drops each tree once its stream is out)."""
+        return 16
 
     def columns(self) -> Columns:
         return self.build()

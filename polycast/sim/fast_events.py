@@ -145,7 +145,7 @@ class _EventRun:
         self.events = 0
         self.now = 0.0
         hb = sim.net.host_bw
-        self.net = Network(sim.topo, host_bw=hb)
+        self.net = Network(sim.topo, host_bw=hb, native=sim.net.native)
         # receivers behind a NIC (SimConfig.nic): the driver's queues, run here until one
         # drops a datagram (recovery: the engines)
         self.nic, self.rx_cap = None, math.inf

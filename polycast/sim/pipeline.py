@@ -84,7 +84,9 @@ class PipelineResult:
         return 100.0 * self.bubble_s / self.step_s if self.step_s > 0 else 0.0
 
     def to_json(self) -> dict:
-        out = {k: v for k, v in asdict(self).items()
+        # (without the simulation: asdict would deep-copy all of it; simulate.SimResult's)
+        light = replace(self, timelines=[], workload=None, simulation=None)
+        out = {k: v for k, v in asdict(light).items()
                if k not in ("timelines", "workload", "simulation", "rank_end_s",
                             "rank_compute_s", "rank_exposed_s")}
         out["bubble_pct"] = self.bubble_pct
