@@ -259,3 +259,31 @@ def test_bad_flows_are_refused():
     f = net.add_flow([int(l) for l in t.route(0, 1)[0]], 10, 0.0, None)   # a list works
     net.settle(0.0)
     assert f.rate == pytest.approx(1e9) and net.flows_started == 1
+
+
+@pytest.mark.parametrize("path", ["engine", "auto"])
+def test_whole_runs_agree_between_the_models(path):
+    """Every registered algorithm at 8 ranks on an oversubscribed leaf-spine with the host
+    model, on the engines and on the fast path: the compiled and the Python model give
+    the same completion times and link bytes (the module docstring's one model twice)."""
+    _model(True)
+    from polycast import config
+    from polycast.algorithms import algorithms
+    from polycast.sim.simulate import simulate
+    P, topo = 8, "leafspine:hosts_per_leaf=4,oversub=4"
+    cases = [(a.collective, a.name) for a in algorithms() if a.unsupported_reason(P) is None]
+    assert len(cases) > 20
+    for coll, algo in cases:
+        runs = []
+        for native in (True, False):
+            with config.override(hooks={"sim_native": native}):
+                r = simulate(coll, algo, P, 48 * 1024 * P + 4, topo, path=path,
+                             host_gbps=100.0, host_latency_s=2e-6)
+            assert r.simulation.net.native == native
+            runs.append(r)
+        a, b = runs
+        where = f"{coll} {algo} {path}"
+        assert a.time_s == pytest.approx(b.time_s, rel=1e-9), where
+        assert a.rank_times_s == pytest.approx(b.rank_times_s, rel=1e-9), where
+        assert (a.link_bytes, a.link_bytes_by_layer, a.events) == \
+            (b.link_bytes, b.link_bytes_by_layer, b.events), where
