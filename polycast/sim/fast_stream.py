@@ -63,12 +63,15 @@ def walk_fits(sim, why: str) -> None:
 
 
 def run(sim, form) -> str:
-    """Time ``sim``'s one request (``form``: a template or a token multicast) and commit
-    its results as the walk would; returns ``"stream"``. Raises Refused before changing
-    anything."""
-    from ..schedule.compact import TokenMulticast
+    """Time ``sim``'s one request (``form``: a template, a token multicast or a host
+    ring) and commit its results as the walk would; returns ``"stream"``. Raises Refused
+    before changing anything."""
+    from ..schedule.compact import HostRing, TokenMulticast
     if isinstance(form, TokenMulticast):
         return _run_token_multicast(sim, form)
+    if isinstance(form, HostRing):
+        from .fast_host_ring import run_host_ring
+        return run_host_ring(sim, form)
     return _run_template(sim, form)
 
 
