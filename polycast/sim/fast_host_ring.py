@@ -30,6 +30,7 @@ import heapq
 
 import numpy as np
 
+from .fast_checks import commit, links_fit, post_times
 from .fast_kinds import Refused
 
 _NEG = -np.inf
@@ -208,8 +209,6 @@ def _host_routes(sim, H: int, R: int):
 def run_host_ring(sim, form) -> str:
     """Time ``sim``'s one ``hring`` allgather request (see the module's docstring) and
     commit its results as the walk would. Raises Refused before changing anything."""
-    from .fast_checks import links_fit
-    from .fast_stream import _commit, _post_times
     _, itemsize, comm = sim._reqs[0]
     if comm:
         raise Refused("the stream mode times a hierarchical ring on the world "
@@ -225,7 +224,7 @@ def run_host_ring(sim, form) -> str:
     nb = int(form.nelems) * itemsize
     B = R * nb
     wB = wire_of(B)
-    post = _post_times(sim, comm, P)
+    post = post_times(sim, comm, P)
     PH = post.reshape(H, R)
     lg, ld, lat_g, lat_b, ring_links, lat_r = _host_routes(sim, H, R)
     # 1. start-up, once per pattern of posts
@@ -369,6 +368,6 @@ def run_host_ring(sim, form) -> str:
             np.add.at(lb, lk[lk < nlinks], float((H - 1) * wB))
     sim.net.flows_started += flows
     group = np.arange(P, dtype=np.int64)
-    _commit(sim, group, post, comp.ravel(), form.nsteps, 1 + (R - 1) + 3 * H,
+    commit(sim, group, post, comp.ravel(), form.nsteps, 1 + (R - 1) + 3 * H,
             {"messages_out": msgs, "message_bytes_out": mbytes, "datagrams_out": 0})
     return "stream"
