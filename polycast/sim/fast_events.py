@@ -23,6 +23,7 @@ from collections import deque
 
 import numpy as np
 
+from . import fast_events_native
 from .errors import SimulationError
 from .fast_kinds import COPY, FIN, MCAST, MRECV, RECV, SEND, Refused
 from .network import Network, run_batch, same_time_bound
@@ -77,6 +78,7 @@ class _EventRun:
         for x in np.flatnonzero(nsucc > 1).tolist():
             succ_of[x] = dl[pl[x]:pl[x + 1]]
         self.succ_of = succ_of.tolist()
+        self._succ = (ptr, dst)
         # a channel (sender endpoint, peer: -1 for a multicast stream) as an int key
         self.W = int(plan.peer.max(initial=0)) + 2
         self.deps_left = np.concatenate([g.dep_counts, np.zeros(N - ns, np.int64)]).tolist()
@@ -93,6 +95,8 @@ class _EventRun:
         self.roots: list[list] = [[] for _ in range(M)]
         for x, m in zip(rt.tolist(), mem[rt].tolist()):
             self.roots[m].append(x)
+        o = np.argsort(mem[rt], kind="stable")
+        self._roots = (rt[o], mem[rt][o])
         self.steps_left = np.bincount(mem[:ns], minlength=M).tolist()
         mr = plan.mrecvs
         self.mrecv_left = np.bincount(mem[mr], minlength=M).tolist()
@@ -182,6 +186,9 @@ class _EventRun:
         heapq.heappush(self.heap, (t, self.seq, kind, nodes, None))
 
     def run(self) -> None:
+        if fast_events_native.why_not(self) is None:
+            self._run_native()
+            return
         heap, net = self.heap, self.net
         cfg = self.sim.cfg
         while self.pending:
@@ -198,6 +205,25 @@ class _EventRun:
             if self.events > cfg.max_events:
                 raise SimulationError(f"more than {cfg.max_events} events; raise "
                                       "SimConfig.max_events for a bigger run")
+
+    def _run_native(self) -> None:
+        """The same loop in C (fast_events_native), from the same start: the POST events
+        queued in __init__ are its first pushes, in the same order."""
+        a = fast_events_native.arrays(self, *self._succ, *self._roots)
+        status, now, pending, self.events = fast_events_native.run(self, a)
+        self.now, self.pending = now, pending
+        self.done_t, self.start_t = a["done_t"], a["start_t"]
+        self.completed = a["completed"].tolist()
+        cfg = self.sim.cfg
+        if status == 1:
+            raise SimulationError(f"deadlock: {pending} (rank, request) pairs "
+                                  f"incomplete at t={now:.6g}s (fast path)")
+        if status == 2:
+            raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
+                                  f"with {pending} (rank, request) pairs incomplete")
+        if status == 3:
+            raise SimulationError(f"more than {cfg.max_events} events; raise "
+                                  "SimConfig.max_events for a bigger run")
 
     def _flush(self) -> None:
         """Start the channels the last engine call queued messages on (the driver's _do)."""
