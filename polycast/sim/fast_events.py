@@ -90,9 +90,9 @@ class _EventRun:
         # per member: the steps its post starts (in program order), its steps and MRECVs
         # left, whether it sends a FIN, the bytes of its MCAST and MRECV steps (rto)
         rt = np.flatnonzero(g.dep_counts == 0)
-        self.roots: list[list] = [[] for _ in range(M)]
-        for x, m in zip(rt.tolist(), mem[rt].tolist()):
-            self.roots[m].append(x)
+        o = np.argsort(mem[rt], kind="stable")          # by member, each in node order
+        cuts = np.cumsum(np.bincount(mem[rt], minlength=M))[:-1]
+        self.roots: list[list] = [a.tolist() for a in np.split(rt[o], cuts)]
         self.steps_left = np.bincount(mem[:ns], minlength=M).tolist()
         mr = plan.mrecvs
         self.mrecv_left = np.bincount(mem[mr], minlength=M).tolist()
@@ -108,16 +108,23 @@ class _EventRun:
         self.mgroups: dict[int, list] = {}
         mm = plan.mrecv_mcast
         if len(mr):
-            by_m: dict[int, list] = {}
-            for x in mr.tolist():
-                by_m.setdefault(int(mm[x]), []).append(x)
-            for m, xs in by_m.items():
-                ep_of = {self.ep[x]: x for x in xs}
+            # the MRECVs by (MCAST, endpoint); per group of the root's receivers, the
+            # MRECV node of each receiver that has one, in the group's order
+            src, eps_r = mm[mr], plan.ep[mr]
+            o = np.lexsort((eps_r, src))
+            src, eps_r, nodes_r = src[o], eps_r[o], mr[o]
+            um, first = np.unique(src, return_index=True)
+            bounds = np.r_[first, len(o)].tolist()
+            for j, m in enumerate(um.tolist()):
+                e_seg = eps_r[bounds[j]:bounds[j + 1]]
+                n_seg = nodes_r[bounds[j]:bounds[j + 1]]
                 groups = []
                 for lat, eps in sim._groups(self.ep[m]):
-                    nodes = [ep_of[e] for e in eps.tolist() if e in ep_of]
-                    if nodes:
-                        groups.append((lat, nodes))
+                    pos = np.searchsorted(e_seg, eps, "right") - 1
+                    hit = pos >= 0
+                    hit[hit] = e_seg[pos[hit]] == eps[hit]
+                    if hit.any():
+                        groups.append((lat, n_seg[pos[hit]].tolist()))
                 self.mgroups[m] = groups
         # in-network reduction: SEND node -> senders expected to its (destination, tag)
         self.innet_expect: dict[int, int] = {}
@@ -184,18 +191,22 @@ class _EventRun:
     def run(self) -> None:
         heap, net = self.heap, self.net
         cfg = self.sim.cfg
+        max_time_s, max_events = cfg.max_time_s, cfg.max_events
+        next_time, nic, drained, event = net.next_time, self.nic, self._drained, self._event
+        inf = math.inf
         while self.pending:
-            t_ev = heap[0][0] if heap else math.inf
-            t = min(t_ev, net.next_time())
-            if t == math.inf:
+            t = next_time()
+            if heap and heap[0][0] < t:
+                t = heap[0][0]
+            if t == inf:
                 raise SimulationError(f"deadlock: {self.pending} (rank, request) pairs "
                                       f"incomplete at t={self.now:.6g}s (fast path)")
-            if t > cfg.max_time_s:
+            if t > max_time_s:
                 raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
                                       f"with {self.pending} (rank, request) pairs incomplete")
             self.now = t
-            run_batch(t, net, heap, self.nic, self._drained, self._event)
-            if self.events > cfg.max_events:
+            run_batch(t, net, heap, nic, drained, event)
+            if self.events > max_events:
                 raise SimulationError(f"more than {cfg.max_events} events; raise "
                                       "SimConfig.max_events for a bigger run")
 
@@ -292,7 +303,7 @@ class _EventRun:
             start_t[n] = now
             k = kind[n]
             if k == SEND:                     # a message (an int) on its channel
-                self._emit(self._chan(n), n)
+                self._emit(self.ep[n] * self.W + self.peer[n] + 1, n)
             elif k == RECV:
                 if arrived[n]:
                     self._step_done(n, ready)
@@ -420,7 +431,9 @@ class _EventRun:
                         self.busy.add(key)
                         return
                     cap = math.inf if self.nic is None else self.rx_cap * w / self.nbytes[n]
-                    self.net.add_flow(self._links(n), w, now, n,
+                    r = self.route[n]                 # a route: a view of the flat array
+                    ptr = self.rptr
+                    self.net.add_flow(self.rflat[ptr[r]:ptr[r + 1]], w, now, n,
                                       cap=cap, goodput=self.goodput[n])
                     self.busy.add(key)
                     return
@@ -497,9 +510,12 @@ class _EventRun:
         if type(data) is int:                        # a message's flow (node data)
             self._push_msg(now, _SENDDONE, data)
             self._push_msg(now + self.lat[data], _ARR, data)
-            key = self._chan(data)
-            self.busy.discard(key)
-            self._start_next(key)
+            key = self.ep[data] * self.W + self.peer[data] + 1
+            if self.channels[key]:
+                self.busy.discard(key)
+                self._start_next(key)
+            else:                             # nothing queued (_start_next's end)
+                self.busy.discard(key)
             return
         what, key, n = data
         if what == "innet":
