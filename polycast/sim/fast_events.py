@@ -370,7 +370,9 @@ class _EventRun:
         self._step_done(n, ready)
         if ready:
             self._pump(ready)
-        self._maybe_complete(self.mem[n])
+        m = self.mem[n]
+        if not self.steps_left[m]:              # else _maybe_complete has nothing to do
+            self._maybe_complete(m)
 
     def _stream_complete(self, n: int, ready: list | None = None) -> None:
         outer = ready is None
