@@ -287,3 +287,81 @@ def test_whole_runs_agree_between_the_models(path):
         assert a.rank_times_s == pytest.approx(b.rank_times_s, rel=1e-9), where
         assert (a.link_bytes, a.link_bytes_by_layer, a.events) == \
             (b.link_bytes, b.link_bytes_by_layer, b.events), where
+
+
+class _Links:
+    """A topology of ``n`` links of one capacity and nothing else (the network model reads
+    only these fields)."""
+
+    def __init__(self, n: int, nranks: int = 2):
+        self.nlinks, self.nranks = n, nranks
+        self.bandwidth = np.full(n, 1e9)
+        self.layer_index = np.zeros(n, np.int64)
+
+
+@pytest.mark.parametrize("native", _NATIVE)
+def test_empty_and_huge_link_sets_and_flows_without_links(native):
+    """No links at all, a flow without links or with an unknown link: a clear ValueError
+    and nothing left behind; two million links: a flow on the last one runs."""
+    _model(native)
+    net = Network(_Links(0), native=native)
+    with pytest.raises(ValueError, match="at least one link"):
+        net.add_flow(np.zeros(0, np.int64), 10, 0.0, None)
+    net.settle(0.0)
+    assert not net.flows and net.flows_started == 0 and net.next_time() == math.inf
+    n = 2_000_000 if native else 100_000        # (the Python model makes two sets a link)
+    big = Network(_Links(n), native=native)
+    with pytest.raises(ValueError, match="at least one link"):
+        big.add_flow(np.zeros(0, np.int64), 10, 0.0, None)
+    with pytest.raises((ValueError, IndexError)):
+        big.add_flow(np.array([n]), 10, 0.0, None)
+    f = big.add_flow(np.array([n - 1, 0]), 10**6, 0.0, "last")
+    big.settle(0.0)
+    assert big.next_time() == pytest.approx(1e-3) and f.rate == pytest.approx(1e9)
+    assert [g.data for g in big.pop_drained(same_time_bound(1e-3))] == ["last"]
+    assert big.link_bytes[n - 1] == 10**6 and big.flows_started == 1
+
+
+def test_interrupted_runs_leave_nothing_behind():
+    """KeyboardInterrupt at any point of a run (here: from another thread, wherever the
+    main thread is) leaves no crash, and the next run gives the same answer as a fresh one;
+    a network dropped with flows in flight is freed."""
+    _model(True)
+    import _thread
+    import gc
+    import threading
+
+    from polycast.sim.simulate import simulate
+
+    def run():
+        return simulate("alltoall", "pairwise", 32, "4MiB", "fattree:radix=8", "400Gbps")
+
+    want = run()
+    interrupted = 0
+    for delay in (0.01, 0.05, 0.1, 0.2):
+        timer = threading.Timer(delay, _thread.interrupt_main)
+        timer.start()
+        try:
+            for _ in range(50):                 # (bounded: the timer fires during one)
+                run()
+        except KeyboardInterrupt:
+            interrupted += 1
+        finally:
+            timer.cancel()
+        gc.collect()
+    assert interrupted == 4
+    again = run()
+    assert (again.time_s, again.link_bytes) == (want.time_s, want.link_bytes)
+    t = fat_tree(16, radix=4, link="100Gbps")
+    net = Network(t, native=True)
+    tag = object()
+    for s in range(16):
+        net.add_flow(t.route(s, 15 - s)[0], 10**6, 0.0, tag)
+    net.settle(0.0)
+    net.pop_drained(same_time_bound(net.next_time()))
+    before = len(net.flows)
+    assert before > 0
+    del net
+    gc.collect()
+    import sys
+    assert sys.getrefcount(tag) == 2            # (the name and the call's argument)

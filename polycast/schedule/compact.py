@@ -12,6 +12,8 @@ per step its kind, rank, peer, tag (the message ordinal), element count and depe
   ring): one row per program position, O(P + L) memory for P^2 steps; its columns on demand.
   The simulator's fast path times it position by position without the columns
   (:mod:`polycast.sim.fast_stream`).
+* :class:`TokenMulticast`, :class:`HostRing` -- the multicast allgathers (over ranks or
+  hosts' leaders) and the hierarchical ring allgather, each held as a few numbers.
 * :class:`CompactSchedule` -- a schedule whose columns come from a vectorised generator
   (registered beside the algorithm's own, :func:`polycast.algorithms.registry.register_compact`)
   and whose ``programs`` are built by the algorithm's own generator only when something
@@ -225,14 +227,50 @@ class TokenMulticast:
         return self.build()
 
 
+@dataclass(eq=False)
+class HostRing:
+    """A hierarchical ring allgather (``hring``, one piece) over H hosts of R ranks, rank =
+    host * R + local, every shard ``nelems`` elements: local j passes its shard and those
+    it got from j+1 on to j-1 (the gather); the leaders (local 0) run a ring allgather of
+    whole host blocks (R shards); local j-1 passes local j first its own host's shards
+    0..j-1, then every block in the order the ring brings it (the broadcast). Every host
+    runs one program up to a shift of R ranks: held as a few numbers, its P x (R + H)
+    steps built by ``columns()`` (the algorithm's vectorised generator)."""
+    nranks: int
+    ranks_per_host: int
+    nelems: int
+    build: object             # () -> Columns
+    options: dict = field(default_factory=dict)
+    uses_multicast = False
+
+    @property
+    def nhosts(self) -> int:
+        return self.nranks // self.ranks_per_host
+
+    @property
+    def nsteps(self) -> int:
+        P, H, R = self.nranks, self.nhosts, self.ranks_per_host
+        # copies; per host the gather's R(R-1)/2 messages, the ring's H-1 out of the
+        # leader, the broadcast's H per hop; each a SEND and a RECV
+        return P + 2 * H * (R * (R - 1) // 2 + (H - 1) + (R - 1) * H)
+
+    def held_per_rank(self) -> int:
+        """8-byte values per rank the stream mode holds at once: each rank's few channel,
+        arrival and completion times (a dozen H-wide rows per local rank)."""
+        return 16
+
+    def columns(self) -> Columns:
+        return self.build()
+
+
 class CompactSchedule(Schedule):
     """A :class:`Schedule` given by its columns or by a form that holds them in O(P)
-    (``form``: a :class:`Template` or :class:`TokenMulticast`, else None; its columns then
-    built on first use); ``programs`` (the Step objects) are built by ``expand()`` -- the
-    algorithm's own generator -- on first use."""
+    (``form``: a :class:`Template`, :class:`TokenMulticast` or :class:`HostRing`, else
+    None; its columns then built on first use); ``programs`` (the Step objects) are built
+    by ``expand()`` -- the algorithm's own generator -- on first use."""
 
     def __init__(self, collective, algorithm, nranks, root, count, options,
-                 columns: "Columns | Template | TokenMulticast", expand) -> None:
+                 columns: "Columns | Template | TokenMulticast | HostRing", expand) -> None:
         form = None if isinstance(columns, Columns) else columns
         for k, v in (("collective", collective), ("algorithm", algorithm), ("nranks", nranks),
                      ("root", root), ("count", count), ("options", options),

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import SimulationError
+from .fast_checks import commit, post_times
 from .fast_kinds import COPY, RECV, SEND, Refused
 
 _NEG = -np.inf
@@ -63,22 +64,16 @@ def walk_fits(sim, why: str) -> None:
 
 
 def run(sim, form) -> str:
-    """Time ``sim``'s one request (``form``: a template or a token multicast) and commit
-    its results as the walk would; returns ``"stream"``. Raises Refused before changing
-    anything."""
-    from ..schedule.compact import TokenMulticast
+    """Time ``sim``'s one request (``form``: a template, a token multicast or a host
+    ring) and commit its results as the walk would; returns ``"stream"``. Raises Refused
+    before changing anything."""
+    from ..schedule.compact import HostRing, TokenMulticast
     if isinstance(form, TokenMulticast):
         return _run_token_multicast(sim, form)
+    if isinstance(form, HostRing):
+        from .fast_host_ring import run_host_ring
+        return run_host_ring(sim, form)
     return _run_template(sim, form)
-
-
-def _post_times(sim, comm: int, P: int) -> np.ndarray:
-    eps = sim._comm_eps[comm]
-    local_of = {e: i for i, e in enumerate(eps)}
-    post = np.full(P, np.nan)
-    for ev in sim._heap:                                # (t, seq, _POST, endpoint, req, _)
-        post[local_of[ev[3]]] = ev[0]
-    return post
 
 
 def _order_holds(late_pairs: list, emit_max: float) -> bool:
@@ -92,21 +87,6 @@ def _order_holds(late_pairs: list, emit_max: float) -> bool:
     n = lp.shape[1]
     q = _quantize(np.r_[lp[0], lp[1], emit_max])
     return bool((q[n:2 * n] >= q[:n]).all())
-
-
-def _commit(sim, group, post, comp, events: int, levels: int, stats: dict) -> None:
-    """Results into ``sim`` as the walk's commit leaves them (link bytes already added)."""
-    comp = np.maximum(comp, post)
-    for i, g in enumerate(group.tolist()):
-        tl = sim.timelines[g]
-        tl.posted[0] = float(post[i])
-        tl.completed[0] = float(comp[i])
-    sim._pending = 0
-    sim._heap.clear()
-    sim.now = float(comp.max())
-    sim.events = events
-    sim.fast_levels = levels
-    sim._fast_stats = {"completed": len(group), "failed": 0, "recovered_bytes": 0, **stats}
 
 
 def _shared_drains(st: np.ndarray, work: float, kc: np.ndarray) -> np.ndarray:
@@ -213,7 +193,7 @@ def _run_token_multicast(sim, form) -> str:
     P, R = form.nranks, form.ranks_per_host
     H = P // R
     roots = np.arange(H, dtype=np.int64) * R
-    post = _post_times(sim, comm, P)
+    post = post_times(sim, comm, P)
     group = np.arange(P, dtype=np.int64)
     ecfg = sim._ecfg
     topo = sim.topo
@@ -349,7 +329,7 @@ def _run_token_multicast(sim, form) -> str:
     ndg = H * (len(sizes) + 1)
     sim.datagrams += ndg
     ntok = int((~firsts[1:]).sum())
-    _commit(sim, group, post, comp, form.nsteps + P, P,
+    commit(sim, group, post, comp, form.nsteps + P, P,
             {"messages_out": ntok + P + (P - H), "message_bytes_out": (P - H) * g_nb,
              "datagrams_out": ndg})
     return "stream"
@@ -369,7 +349,7 @@ def _run_template(sim, t) -> str:
         raise SimulationError(f"more than {sim.cfg.max_events} events (program positions "
                               "of a template); raise SimConfig.max_events for a bigger run")
     group = np.asarray(sim._comm_group[comm], dtype=np.int64)
-    post = _post_times(sim, comm, P)
+    post = post_times(sim, comm, P)
     fr = sim.topo.framing
     cap = sim.net.capacity
     r = np.arange(P, dtype=np.int64)
@@ -509,7 +489,7 @@ def _run_template(sim, t) -> str:
                 np.add.at(lb, lk[lk < nlinks], float(w))
         flows += int(c["flows"].sum())
     sim.net.flows_started += flows
-    _commit(sim, group, post, comp, nsteps, L,
+    commit(sim, group, post, comp, nsteps, L,
             {"messages_out": messages, "message_bytes_out": message_bytes,
              "datagrams_out": 0})
     return "stream"

@@ -215,19 +215,10 @@ class Network:
             self.capacity = np.concatenate([self.capacity,
                                             np.full(2 * topology.nranks, float(host_bw))])
         n = len(self.capacity)
-        self._cap_list = self.capacity.tolist()
         self._sat = self.capacity * (1 - SAT_RTOL)     # a link at or above is saturated
         self.load = np.zeros(n)                        # sum of its flows' rates
         self._maxrate = np.zeros(n)                    # >= its fastest flow's rate
-        self._nby = np.zeros(n, np.int64)              # flows it is the bottleneck of
         self.link_bytes = np.zeros(self.nlinks, dtype=np.float64)
-        self.flows: dict[int, Flow] = {}
-        self._link_flows: list[set[int]] = [set() for _ in range(n)]
-        self._link_by: list[set[int]] = [set() for _ in range(n)]   # flows it stops
-        self._heap: list[tuple[float, int, int]] = []    # (finish, fid, version)
-        self._added: list[Flow] = []
-        self._freed: set[int] = set()                    # links a flow left
-        self._next_fid = 0
         self._recomputes = self._refills = self._components = self._flows_started = 0
         self.record = record
         self.records: list[FlowRecord] = []
@@ -242,6 +233,16 @@ class Network:
             self.add_flow, self.next_time = c.add_flow, c.next_time
             self.pop_drained = self._pop_recorded if record else c.pop_drained
             self.settle = self._settle_checked if self.check_rates else c.settle
+            return
+        self._cap_list = self.capacity.tolist()
+        self._nby = np.zeros(n, np.int64)              # flows it is the bottleneck of
+        self.flows: dict[int, Flow] = {}
+        self._link_flows: list[set[int]] = [set() for _ in range(n)]
+        self._link_by: list[set[int]] = [set() for _ in range(n)]   # flows it stops
+        self._heap: list[tuple[float, int, int]] = []    # (finish, fid, version)
+        self._added: list[Flow] = []
+        self._freed: set[int] = set()                    # links a flow left
+        self._next_fid = 0
 
     # -- flows -----------------------------------------------------------------------
     def send_port(self, rank: int) -> int:
@@ -258,9 +259,11 @@ class Network:
         ``goodput`` payload bytes per wire byte; its rate is set at ``settle``."""
         if nbytes <= 0:
             raise ValueError("flows carry at least one byte; the driver handles empty messages")
+        lst = links.tolist()
+        if not lst:
+            raise ValueError("a flow crosses at least one link")
         fid = self._next_fid
         self._next_fid += 1
-        lst = links.tolist()
         if len(lst) < _FEW:
             capl = self._cap_list
             solo = min(capl[l] for l in lst)
