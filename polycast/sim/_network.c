@@ -389,11 +389,31 @@ static PyObject *State_add_flow(State *s, PyObject *const *args, Py_ssize_t narg
     f->x = 0.0;
     f->xby = -1;
     PyObject_GC_Track(f);
+    /* Listed in the flows, the added list and on its links, or (a failed allocation)
+     * nowhere: each step undoes the ones before it. */
+    if (PyDict_SetItem(s->flows, key, (PyObject *)f) < 0) {
+        Py_DECREF(f);
+        return NULL;
+    }
+    PyObject *et, *ev, *tb;
+    if (flows_push(&s->added, f) < 0) {
+        PyErr_Fetch(&et, &ev, &tb);
+        PyDict_DelItem(s->flows, key);
+        PyErr_Restore(et, ev, tb);
+        Py_DECREF(f);
+        return NULL;
+    }
+    Py_INCREF(f);                       /* the added list's reference */
     double solo = INFINITY;
     for (int32_t k = 0; k < nl; k++) {
         IncList *v = &s->lf[lk[k]];
         if (v->n == v->cap && grow((void **)&v->a, &v->cap, v->n + 1, sizeof(Inc)) < 0) {
-            for (int32_t j = 0; j < k; j++) s->lf[lk[j]].n--;     /* (appended last) */
+            for (int32_t j = k - 1; j >= 0; j--) s->lf[lk[j]].n--;   /* (appended last) */
+            s->added.n--;
+            Py_DECREF(f);
+            PyErr_Fetch(&et, &ev, &tb);
+            PyDict_DelItem(s->flows, key);
+            PyErr_Restore(et, ev, tb);
             Py_DECREF(f);
             return NULL;
         }
@@ -402,11 +422,6 @@ static PyObject *State_add_flow(State *s, PyObject *const *args, Py_ssize_t narg
         if (s->cap[lk[k]] < solo) solo = s->cap[lk[k]];
     }
     f->solo = solo < cap ? solo : cap;
-    if (flows_push(&s->added, f) < 0 || PyDict_SetItem(s->flows, key, (PyObject *)f) < 0) {
-        /* (out of memory: the flow stays on its links' lists; the model is then unusable) */
-        return NULL;
-    }
-    Py_INCREF(f);                       /* the added list's reference */
     f->active = 1;
     for (int32_t k = 0; k < nl; k++)
         if (lk[k] < s->nnet) s->lb[lk[k]] += (double)nbytes;

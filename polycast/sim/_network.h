@@ -74,6 +74,6 @@ uint32_t next_epoch(uint32_t *epoch, uint32_t *arr, int32_t n);
 
 /* _network_settle.c */
 PyObject *State_settle(State *s, PyObject *arg);
-void set_by(State *s, FlowObject *f, int32_t l);
+int set_by(State *s, FlowObject *f, int32_t l);    /* l = -1 never fails */
 
 #endif

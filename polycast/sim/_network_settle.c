@@ -4,8 +4,13 @@
 #include "_network.h"
 #include <math.h>
 
-void set_by(State *s, FlowObject *f, int32_t l) {
-    if (f->by == l) return;
+int set_by(State *s, FlowObject *f, int32_t l) {
+    if (f->by == l) return 0;
+    if (l >= 0) {                       /* (room first: a failure changes nothing) */
+        FlowList *v = &s->lby[l];
+        if (v->n == v->cap && grow((void **)&v->a, &v->cap, v->n + 1, sizeof(FlowObject *)) < 0)
+            return -1;
+    }
     if (f->by >= 0) {
         FlowList *v = &s->lby[f->by];
         FlowObject *last = v->a[--v->n];
@@ -18,11 +23,10 @@ void set_by(State *s, FlowObject *f, int32_t l) {
     f->bypos = -1;
     if (l >= 0) {
         FlowList *v = &s->lby[l];
-        /* (a failed allocation leaves the flow without a listed bottleneck: the checks then
-         * only see less, and Python's MemoryError is raised by the caller's next call) */
-        if (flows_push(v, f) == 0) f->bypos = v->n - 1;
-        else { PyErr_Clear(); f->by = -1; }
+        f->bypos = v->n;
+        v->a[v->n++] = f;
     }
+    return 0;
 }
 
 static int resize(void *pp, int32_t n, size_t size) {
@@ -355,7 +359,7 @@ static int apply(State *s, double now) {
             if (f->remaining < 0) f->remaining = 0.0;
         }
         f->t_last = now;
-        set_by(s, f, rate < f->solo * (1 - 1e-12) ? f->xby : -1);
+        if (set_by(s, f, rate < f->solo * (1 - 1e-12) ? f->xby : -1) < 0) return -1;
         if (f->finish != INFINITY && fabs(rate - old) <= old * 1e-13)
             continue;                   /* unchanged: keep the drain time (no drift) */
         f->rate = rate;

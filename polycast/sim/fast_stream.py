@@ -244,18 +244,18 @@ def _run_token_multicast(sim, form) -> str:
         raise Refused("a stream starts while a host still gathers its shards")
     # 2. the streams' flows in start order
     last_in = np.full(P, _NEG)           # per receiver: its latest stream arrival
-    late = False
     flows = g_flows
     lat_of: dict[int, np.ndarray] = {}
     active: list[list] = []              # [root, bytes left, solo rate, narrowest, links]
     on_narrow = np.zeros(len(cap), np.int64)   # active streams per narrowest link
     now = _NEG
+    ident = bool((node == group).all())
 
     def arrived(root: int, dr: float) -> None:
-        nonlocal late
-        arr = dr + (lat_of.pop(root)[node] + host_lat)
+        lat = lat_of.pop(root)
+        lat = lat if ident else lat[node]
+        arr = dr + (lat + host_lat) if host_lat else dr + lat
         arr[root] = _NEG
-        late = late or bool((np.maximum(post, arr) - post > SILENT_RTO * rto).any())
         np.maximum(last_in, arr, out=last_in)
 
     def advance(until: float) -> None:
@@ -277,7 +277,7 @@ def _run_token_multicast(sim, form) -> str:
             now = t_end
             for a in [a for a in active if a[1] <= w * 1e-12]:
                 active.remove(a)
-                np.subtract.at(on_narrow, a[4], 1)
+                on_narrow[a[4]] -= 1                 # (a tree crosses a link once)
                 arrived(a[0], t_end)
 
     for i in np.argsort(t0, kind="stable").tolist():
@@ -292,21 +292,23 @@ def _run_token_multicast(sim, form) -> str:
         if not nbm:                                   # nothing to drain: arrives at t0
             arrived(r, start)
             continue
-        np.add.at(lb, links[links < nlinks], float(w))
+        lb[links if sim.net.host_bw is None else links[links < nlinks]] += float(w)
         flows += 1
-        kc = float(cap[links].min())
-        narrow = links[cap[links] == kc]
+        cap_l = cap[links]
+        kc = float(cap_l.min())
+        narrow = links[cap_l == kc]
         advance(start)
         now = start
         active.append([r, float(w), min(kc, c), kc, narrow])
-        np.add.at(on_narrow, narrow, 1)
+        on_narrow[narrow] += 1
         n = len(active)
         if n > 1 and not (all(a[3] == kc for a in active)
                           and bool((on_narrow[narrow] == n).any())):
             raise Refused("multicast streams overlap without a narrowest link that all of "
                           "them cross (max-min would not share evenly)")
     advance(np.inf)
-    if late:
+    # (the latest arrival decides: an MRECV starts at its post)
+    if (np.maximum(post, last_in) - post > SILENT_RTO * rto).any():
         raise Refused("a stream arrives later than the engines' recovery timeout")
     # FIN to r+1 after every stream arrived (after the token on the same channel: R = 1)
     mrecv_done = np.maximum(post, last_in)
