@@ -1,13 +1,14 @@
 """Builds the optional compiled helpers: the shared-memory rings' (polycast/runtime/transport/_ring.c,
 with the compiled replay of a memoized small call, polycast/runtime/driver/_replay.c), the
-multicast datagram path's (polycast/runtime/transport/_dgram*.c, parts listed in _dgram.h)
-and the symm barrier's and kept calls' (polycast/runtime/symm/_symm*.c, parts listed in
-_symm.h).
+multicast datagram path's (polycast/runtime/transport/_dgram*.c, parts listed in _dgram.h),
+the symm barrier's and kept calls' (polycast/runtime/symm/_symm*.c, parts listed in
+_symm.h), and the simulator's network model (polycast/sim/_network*.c, parts listed in
+_network.h).
 
 Everything else is declared in pyproject.toml. ``optional=True``: where no C compiler (or no
 Python headers) is found, pip still installs polycast and the rings and the symm path run
 in pure Python (runtime/transport/native.py and runtime/symm/barrier.py say which is in use at
-POLYCAST_DEBUG=INFO).
+POLYCAST_DEBUG=INFO; so does the simulator, for its network model).
 """
 import sys
 
@@ -37,5 +38,14 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
                                  # (its parts share names like publish and release: not exported)
                                  extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],
                                  optional=True))
+
+# The simulator's network model (polycast/sim/_network*.c; network.py runs the same model in
+# Python without it). Portable C: built on every platform.
+ext_modules.append(Extension("polycast.sim._network",
+                             ["polycast/sim/_network.c", "polycast/sim/_network_settle.c"],
+                             depends=["polycast/sim/_network.h"],
+                             extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"]
+                             if sys.platform != "win32" else [],
+                             optional=True))
 
 setup(ext_modules=ext_modules)

@@ -9,6 +9,8 @@ import resource
 import subprocess
 import sys
 
+import pytest
+
 from polycast import config
 from polycast.cli.main import main as cli_main
 from polycast.tools import doctor
@@ -27,14 +29,14 @@ def test_every_check_runs_and_every_problem_says_what_to_change():
     res = _doctor("--json", "--iface", "lo", "--probe")
     checks = json.loads(res.stdout)
     names = [c["name"] for c in checks]
-    assert names == ["shared memory", "shm rings", "multicast on loopback", "multicast on lo",
-                     "net.core.rmem_max", "net.core.wmem_max", "open files"]
+    assert names == ["shared memory", "shm rings", "sim network model", "multicast on loopback",
+                     "multicast on lo", "net.core.rmem_max", "net.core.wmem_max", "open files"]
     for c in checks:
         assert c["status"] in ("ok", "warn", "FAIL"), c
         assert bool(c["change"]) == (c["status"] != "ok"), c
     assert res.returncode == (1 if any(c["status"] == "FAIL" for c in checks) else 0)
     # the test suite's multicast tests run on loopback: here the probe must succeed
-    assert checks[2]["status"] == "ok" and "came back" in checks[2]["found"], checks[2]
+    assert checks[3]["status"] == "ok" and "came back" in checks[3]["found"], checks[3]
 
 
 def test_a_low_open_file_limit_is_flagged_with_the_fix():
@@ -64,15 +66,30 @@ def test_bad_input_is_one_line_and_status_2(capsys):
     assert "--probe needs --iface" in capsys.readouterr().err
 
 
-def test_the_rings_check_says_which_rings_run_and_how_to_get_the_compiled_ones(monkeypatch):
+
+
+def _rings():
     from polycast.runtime.transport import native
-    c = doctor.check_rings()
-    if native.ring is not None:
+    return doctor.check_rings, native, "ring", "native", "unset POLYCAST_TEST_HOOKS"
+
+
+def _sim_network():
+    from polycast.sim import network
+    return doctor.check_sim_network, network, "compiled", "sim_native", "unset POLYCAST_TEST_HOOKS"
+
+
+@pytest.mark.parametrize("which", [_rings, _sim_network], ids=["shm rings", "sim network"])
+def test_a_compiled_helper_check_says_what_runs_and_how_to_get_the_compiled_one(which,
+                                                                               monkeypatch):
+    check, module, attr, hook, fix = which()
+    c = check()
+    if getattr(module, attr) is not None:
         assert c.status == "ok" and "compiled" in c.found
-        with config.override(hooks={"native": False}):
-            c = doctor.check_rings()
-        assert c.status == "warn" and "unset POLYCAST_TEST_HOOKS" in c.change
-    monkeypatch.setattr(native, "ring", None)
-    monkeypatch.setattr(native, "why_not", "the compiled helper is not built (...)")
-    c = doctor.check_rings()
+        with config.override(hooks={hook: False}):
+            c = check()
+        assert c.status == "warn" and fix in c.change
+    monkeypatch.setattr(module, attr, None)
+    monkeypatch.setattr(module, "why_not", "the compiled helper is not built (...)")
+    c = check()
     assert c.status == "warn" and "not built" in c.found and "C compiler" in c.change
+    assert c.name in [x.name for x in doctor.run_checks()]

@@ -206,6 +206,48 @@ def test_multi_rank_hosts_use_intra_host_links():
     assert r.link_bytes_by_layer["intra-host"] > r.link_bytes_by_layer["host-leaf"]
 
 
+@pytest.mark.parametrize("topo", [
+    single_switch(12), single_switch(16, ranks_per_host=4, nics=2),
+    leaf_spine(64, hosts_per_leaf=8, oversub=2.0),
+    leaf_spine(96, hosts_per_leaf=4, oversub=3.0, ranks_per_host=2, nics=3),
+    fat_tree(128, radix=8), fat_tree(256, radix=8, ranks_per_host=4, nics=2),
+], ids=lambda t: t.description)
+def test_routes_of_many_pairs_are_route_bit_for_bit(topo):
+    """Topology.routes (all pairs at once, arrays) == route() pair by pair: links and
+    latency sums, on every topology kind (ECMP over spines, cores and parallel NICs)."""
+    P = topo.nranks
+    src, dst = np.nonzero(~np.eye(P, dtype=bool))
+    order = np.random.default_rng(1).permutation(len(src))      # any order of pairs
+    src, dst = src[order], dst[order]
+    ptr, links, lat = topo.routes(src, dst)
+    assert len(ptr) == len(src) + 1
+    for i, (s, d) in enumerate(zip(src.tolist(), dst.tolist())):
+        want, want_lat = topo.route(s, d)
+        assert np.array_equal(links[ptr[i]:ptr[i + 1]], want), (s, d)
+        assert lat[i] == want_lat, (s, d)
+    with pytest.raises(InvalidArgument, match="no route 3 -> 3"):
+        topo.routes(np.array([0, 3]), np.array([1, 3]))
+
+
+@pytest.mark.parametrize("cfg", [dict(host_gbps=200.0), dict(host_latency_s=2e-6),
+                                 dict(host_gbps=100.0, host_latency_s=1e-6), {}])
+def test_plan_routes_are_the_drivers(cfg):
+    """The fast path's routes of many rank pairs (with the host model's ports and latency)
+    are the engine loop's _route, pair by pair, with ranks placed on other nodes."""
+    from polycast.sim import SimConfig, Simulation
+    from polycast.sim.fast_plan import _routes
+    topo = leaf_spine(32, hosts_per_leaf=4, oversub=2.0, ranks_per_host=2, nics=2)
+    P = topo.nranks
+    placement = tuple(np.random.default_rng(2).permutation(P).tolist())
+    sim = Simulation(topo, SimConfig(placement=placement, **cfg))
+    src, dst = np.nonzero(~np.eye(P, dtype=bool))
+    routes, lat = _routes(sim, src, dst)
+    assert len(routes) == len(src)
+    for i, (s, d) in enumerate(zip(src.tolist(), dst.tolist())):
+        want, want_lat = sim._route(s, d)
+        assert np.array_equal(routes[i], want) and lat[i] == want_lat, (s, d)
+
+
 @pytest.mark.parametrize("text,match", [
     ("fattree:radix=8", "radix >= 10"),            # 200 hosts > 128 ports
     ("torus", "fattree"),

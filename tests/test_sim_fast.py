@@ -170,7 +170,7 @@ STREAMED = [("allgather", "ring"), ("reduce_scatter", "ring"), ("allreduce", "ri
 
 
 def _stream_and_walk(coll, algo, P, count, topology, nchunks=1, at=0.0, comm_of=None,
-                     contended=False):
+                     contended=False, **opts):
     """The same request timed by the stream mode and by the walk (its columns built first,
     which the stream mode leaves to the walk): equal bit for bit; where the walk finds
     flows contending (multicast streams that overlap; ``contended``: it must), against
@@ -179,7 +179,7 @@ def _stream_and_walk(coll, algo, P, count, topology, nchunks=1, at=0.0, comm_of=
     for mode in ("stream", "events" if contended else "walk or events"):
         topo = parse_topology(topology, P)
         n = P if comm_of is None else len(comm_of)
-        s = build(coll, algo, n, count, nchunks=nchunks, compact=True)
+        s = build(coll, algo, n, count, nchunks=nchunks, compact=True, **opts)
         assert s.form is not None
         if mode != "stream":
             s.columns
@@ -226,6 +226,73 @@ def test_stream_of_overlapping_streams_equals_the_events_mode():
                      contended=True)
 
 
+GPUS = "ranks_per_host={R},nvlink=3600Gbps,nics={nics}"
+
+
+def test_stream_over_hosts_equals_the_walk_and_the_events_mode():
+    # hmcast: the locals' shards to their leader (R - 1 flows sharing the leader's port),
+    # then the leaders' token ring; one stream at a time and R = 2: nothing contends, the
+    # walk's numbers bit for bit
+    gpus = GPUS.format(R=2, nics=2)
+    _stream_and_walk("allgather", "hmcast", 32, 4096, f"fattree:radix=8,{gpus}",
+                     hosts=16, ranks_per_host=2, roots=1)
+    _stream_and_walk("allgather", "hmcast", 24, 999, f"switch:{gpus}", hosts=12,
+                     ranks_per_host=2, roots=1)
+    # R = 8: seven flows into each leader, and two streams sharing each host's NIC
+    gpus = GPUS.format(R=8, nics=8)
+    _stream_and_walk("allgather", "hmcast", 64, 65536, f"fattree:radix=8,{gpus}",
+                     contended=True, hosts=8, ranks_per_host=8)
+    _stream_and_walk("allgather", "hmcast", 96, 1000, f"leafspine:hosts_per_leaf=4,"
+                     f"oversub=2,{GPUS.format(R=4, nics=2)}", contended=True, hosts=24,
+                     ranks_per_host=4, roots=3)
+    # hring: the gather and the broadcast's first messages share the ranks' ports, then
+    # each block leaves the leader beside the ring's next flow (max-min: the events mode)
+    _stream_and_walk("allgather", "hring", 64, 16384, f"fattree:radix=8,{gpus}",
+                     contended=True, hosts=8, ranks_per_host=8)
+    _stream_and_walk("allgather", "hring", 48, 999, f"leafspine:hosts_per_leaf=4,"
+                     f"oversub=2,{GPUS.format(R=4, nics=2)}", contended=True, hosts=12,
+                     ranks_per_host=4)
+    _stream_and_walk("allgather", "hring", 32, 777, f"fattree:radix=8,"
+                     f"{GPUS.format(R=4, nics=4)}", at=[(i % 4) * 3e-7 for i in range(32)],
+                     contended=True, hosts=8, ranks_per_host=4)
+    _stream_and_walk("allgather", "hring", 8, 4096, f"switch:{gpus}", contended=True,
+                     hosts=1, ranks_per_host=8)
+    # one rank per host: a ring of one-shard blocks, nothing shared (the walk's numbers)
+    _stream_and_walk("allgather", "hring", 16, 4096, "fattree:radix=4", hosts=16,
+                     ranks_per_host=1)
+
+
+def test_stream_over_hosts_refuses_what_it_does_not_model():
+    # ranks posting late: a host still gathers when the first streams start (hmcast) or
+    # when its ring or broadcast starts (hring); the path taken still gives the answer
+    for algo, P, R, posts in (("hmcast", 64, 8, [0.0] * 63 + [1e-3]),
+                              ("hring", 24, 3, [i * 1e-7 for i in range(24)])):
+        topo = f"fattree:radix=8,{GPUS.format(R=R, nics=R)}"
+        for path in ("engine", "auto"):
+            t = parse_topology(topo, P)
+            s = build("allgather", algo, P, 4096, compact=True, ranks_per_host=R)
+            eng = {"line_rate_gbps": 400.0,
+                   "pacing_gbps": pacing_gbps_for([s], 400.0, t.framing)}
+            sim = Simulation(t, SimConfig(engine=eng, path=path))
+            q = sim.post(s, 4, at=posts)
+            sim.run()
+            if path == "engine":
+                ref = sim.completion_time(q)
+                continue
+            assert sim.path == "fast" and sim.fast_mode != "stream", algo
+            assert "gathers" in sim.fast_stream_refused, algo
+            assert sim.completion_time(q) == pytest.approx(ref, rel=1e-3), algo
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("algo", ["hmcast", "hring"])
+def test_stream_over_hosts_equals_the_events_mode_1024_gpus(algo):
+    _stream_and_walk("allgather", algo, 1024, 16384,
+                     f"fattree:radix=32,{GPUS.format(R=8, nics=8)}", contended=True,
+                     hosts=128, ranks_per_host=8)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("coll,algo", STREAMED)
@@ -256,8 +323,8 @@ def test_stream_refused_falls_to_the_walk_or_is_refused_for_memory():
     # an algorithm without a compact form, simulated: its Steps and the walk's columns and
     # graph on top of them
     from polycast.algorithms.estimate import estimate
-    walked = estimate("allgather", "hring", 4096, compact=True, hosts=512, ranks_per_host=8)
-    steps = estimate("allgather", "hring", 4096, hosts=512, ranks_per_host=8)
+    walked = estimate("allgather", "ring2d", 4096, compact=True, hosts=512, ranks_per_host=8)
+    steps = estimate("allgather", "ring2d", 4096, hosts=512, ranks_per_host=8)
     assert walked.walked and walked.nbytes > steps.nbytes
     # a template whose times would not fit memory: refused at build, the largest P named
     with override(max_schedule_gib=0.5):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedule.compact import Columns, Template, TokenMulticast, block_lengths
+from ..schedule.compact import Columns, HostRing, Template, TokenMulticast, block_lengths
 from ..schedule.ir import Kind, Layout
 from .registry import Spec, register_compact
 
@@ -145,6 +145,140 @@ def _mcast_columns(spec: Spec, roots: int, firsts, part) -> Columns:
     local = np.repeat(np.arange(P, dtype=np.int32), L)
     return Columns(P, kind, local, peer, tag, nel, dep_counts,
                    np.array(dep_flat, dtype=np.int64), options={"roots": roots})
+
+
+@register_compact("allgather", "hmcast", template=True)
+def hmcast_allgather(spec: Spec) -> TokenMulticast:
+    """Hosts of R ranks (rank = host * R + local): every local sends its shard to its host's
+    leader (local 0); the leaders then run :func:`mcast_allgather`'s token ring, each
+    multicasting its host's R shards, which every rank receives (its own leader's too):
+    a :class:`TokenMulticast` over the H leaders, its columns built by
+    :func:`_hmcast_columns`."""
+    from .hierarchical import grid
+    from .phases import parse_roots
+    H, R = grid(spec)
+    opts = {"hosts": H, "ranks_per_host": R, "roots": parse_roots(spec)}
+    roots = min(opts["roots"], H)
+    firsts = np.zeros(H + 1, bool)
+    firsts[[g * H // roots for g in range(roots)]] = True
+    firsts[H] = True
+    part = np.full(H, R * spec.count, np.int64)
+    return TokenMulticast(spec.nranks, R * spec.count, part, firsts,
+                          lambda: _hmcast_columns(spec, H, R, firsts), opts,
+                          ranks_per_host=R, gather_nelems=spec.count)
+
+
+def _hmcast_columns(spec: Spec, H: int, R: int, firsts) -> Columns:
+    """The columns of :func:`hmcast_allgather`: a leader copies, receives its locals'
+    shards, takes the token, multicasts (after all of those), passes the token; a local
+    copies and sends its shard to the leader; then every rank receives every other
+    leader's stream in host order (a local's from its own leader after its copy, which
+    wrote one of that stream's blocks)."""
+    P, n = spec.nranks, spec.count
+    kinds, peers, nels, deps = [], [], [], []
+    for r in range(P):
+        h, j = divmod(r, R)
+        k = [_COPY]
+        pe = [-1]
+        ne = [n]
+        de = [()]
+        if j == 0:
+            for i in range(1, R):
+                k.append(_RECV), pe.append(r + i), ne.append(n), de.append(())
+            if not firsts[h]:
+                k.append(_RECV), pe.append(r - R), ne.append(0), de.append(())
+            k.append(_MCAST), pe.append(-1), ne.append(R * n)
+            de.append(tuple(range(len(de))))
+            if not firsts[h + 1]:
+                k.append(_SEND), pe.append(r + R), ne.append(0), de.append((len(de) - 1,))
+        else:
+            k.append(_SEND), pe.append(h * R), ne.append(n), de.append(())
+        for h2 in range(H):
+            if h2 * R != r:
+                k.append(_MRECV), pe.append(h2 * R), ne.append(R * n)
+                de.append((0,) if h2 == h else ())
+        kinds.append(k), peers.append(pe), nels.append(ne), deps.append(de)
+    L = np.array([len(k) for k in kinds], np.int64)
+    starts = np.concatenate([[0], np.cumsum(L)[:-1]])
+    dep_counts = np.array([len(d) for de in deps for d in de], np.int32)
+    dep_flat = np.fromiter((int(starts[r]) + x for r, de in enumerate(deps) for d in de
+                            for x in d), np.int64, int(dep_counts.sum()))
+    kind = np.fromiter((x for k in kinds for x in k), np.int8, int(L.sum()))
+    tag = np.where(kind == _COPY, -1, 0).astype(np.int32)
+    return Columns(P, kind, np.repeat(np.arange(P, dtype=np.int32), L),
+                   np.fromiter((x for p in peers for x in p), np.int32, int(L.sum())), tag,
+                   np.fromiter((x for e in nels for x in e), np.int64, int(L.sum())),
+                   dep_counts, dep_flat,
+                   options={"hosts": H, "ranks_per_host": R, "roots": int(firsts[:H].sum())})
+
+
+@register_compact("allgather", "hring", template=True)
+def hring_allgather(spec: Spec) -> HostRing:
+    """The hierarchical ring allgather of one piece as a :class:`HostRing` (several pieces:
+    the algorithm's own schedule); its columns built by :func:`_hring_columns`."""
+    from .hierarchical import grid
+    H, R = grid(spec)
+    if spec.nchunks != 1:
+        raise NotImplementedError
+    return HostRing(spec.nranks, R, spec.count, lambda: _hring_columns(spec, H, R),
+                    {"hosts": H, "ranks_per_host": R})
+
+
+def _rows_to_columns(P: int, rows, options: dict) -> Columns:
+    """Columns from per-rank lists of (kind, peer, tag, nelems, deps) in program order."""
+    L = np.array([len(x) for x in rows], np.int64)
+    starts = np.concatenate([[0], np.cumsum(L)[:-1]])
+    steps = [st for x in rows for st in x]
+    n = len(steps)
+    dep_counts = np.fromiter((len(st[4]) for st in steps), np.int32, n)
+    dep_flat = np.fromiter((int(starts[r]) + d for r, x in enumerate(rows) for st in x
+                            for d in st[4]), np.int64, int(dep_counts.sum()))
+    col = lambda i, dt: np.fromiter((st[i] for st in steps), dt, n)    # noqa: E731
+    return Columns(P, col(0, np.int8), np.repeat(np.arange(P, dtype=np.int32), L),
+                   col(1, np.int32), col(2, np.int32), col(3, np.int64), dep_counts,
+                   dep_flat, options=options)
+
+
+def _hring_columns(spec: Spec, H: int, R: int) -> Columns:
+    """The columns of :func:`hring_allgather`, rank by rank: copy; the gather's receives
+    from j+1 (shards j+1..) and sends to j-1 (its own shard after the copy, each other
+    after its receive); a leader's ring (send after what it sends was written, receive);
+    the broadcast's receives from j-1 and sends to j+1 (its own host's shards first, after
+    the copy and that first receive; each block then after its receive)."""
+    P, n = spec.nranks, spec.count
+    rows = []
+    for r in range(P):
+        h, j = divmod(r, R)
+        x = [(_COPY, -1, -1, n, ())]
+        got = {}                                        # shard -> position of its RECV
+        for i, q in enumerate(range(j + 1, R)):
+            got[q] = len(x)
+            x.append((_RECV, r + 1, i, n, ()))
+        if j:
+            for i, q in enumerate(range(j, R)):
+                x.append((_SEND, r - 1, i, n, (0,) if q == j else (got[q],)))
+        ring = []                                       # position of each ring RECV
+        if j == 0 and H > 1:
+            nxt, prv = ((h + 1) % H) * R, ((h - 1) % H) * R
+            for t in range(H - 1):
+                x.append((_SEND, nxt, t, R * n,
+                          (0, *got.values()) if t == 0 else (ring[t - 1],)))
+                ring.append(len(x))
+                x.append((_RECV, prv, t, R * n, ()))
+        bcast = []                                      # position of each broadcast RECV
+        if j:
+            for t in range(H):
+                bcast.append(len(x))
+                x.append((_RECV, r - 1, t, (j if t == 0 else R) * n, ()))
+        if j < R - 1:
+            for t in range(H):
+                if t == 0:
+                    deps = (0, bcast[0]) if j else (0,)
+                else:
+                    deps = (bcast[t],) if j else (ring[t - 1],)
+                x.append((_SEND, r + 1, t, ((j + 1) if t == 0 else R) * n, deps))
+        rows.append(x)
+    return _rows_to_columns(P, rows, {"hosts": H, "ranks_per_host": R})
 
 
 @register_compact("alltoall", "pairwise")

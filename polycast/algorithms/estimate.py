@@ -161,7 +161,8 @@ def estimate(collective, algorithm: str, nranks: int, nchunks: int = 1, channels
             _, e_mem = grow(s1, s2)
             streamed = stream and (coll, algorithm) in _TEMPLATES
         if streamed:
-            l1, l2 = (_live(coll, algorithm, p, nchunks, tuple(sorted(options.items())))
+            l1, l2 = (_live(coll, algorithm, p, nchunks,
+                            tuple(sorted(_scaled(options, nranks, p).items())))
                       for p in (p1, p2))
             live, e_live = grow(l1, l2)
     walked = bool(asked) and not compact

@@ -130,10 +130,12 @@ def hring_allgather(spec: Spec):
     leaders = [h * R for h in range(H)]
     ring_allgather(fl, leaders, lambda i, s: chunk_blocks(range(i * R, i * R + R), k, s), k)
     # Broadcast: local j gets everything but the shards of its own locals j.. (which it
-    # gathered), host by host.
+    # gathered), host by host in the order the ring brings them to the leader (its own
+    # host's first), so every rank runs one program up to a shift of its host.
     for j in range(1, R):
         for h in range(H):
-            for h2 in range(H):
+            for t in range(H):
+                h2 = (h - t) % H
                 hi = h2 * R + (j if h2 == h else R)
                 for s in range(k):
                     fl.xfer(h * R + j - 1, h * R + j, chunk_blocks(range(h2 * R, hi), k, s))

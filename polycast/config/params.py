@@ -61,6 +61,8 @@ class Hooks:
     replay_step_limit: int = _hook(-1, ">= 0: every replay stops after this many steps")
     replay_wait_us: float = _hook(2000.0, "a replay with no input for this long hands over")
     cprofile: str = _hook("", "cProfile each progress thread into the file PATH.RANK")
+    sim_native: bool = _hook(True, "the simulator's compiled network model (when built; "
+                                   "polycast/sim/network.py)")
 
     @classmethod
     def parse(cls, text: str) -> "Hooks":

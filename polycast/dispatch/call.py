@@ -37,7 +37,7 @@ from .. import ops as _ops
 from ..algorithms import build
 from ..buffers import IN_PLACE, dtype_name
 from ..collectives import Collective
-from ..errors import InvalidArgument, PolycastError
+from ..errors import InvalidArgument
 from ..runtime.driver import Request
 from ..runtime.symm import SymmState
 from ..runtime.symm.common import _tell_peers

@@ -19,25 +19,6 @@ _STAGED = (Collective.ALLGATHER, Collective.REDUCE_SCATTER, Collective.ALLREDUCE
            Collective.BROADCAST)
 
 
-def wanted(d, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
-           in_place: bool) -> bool:
-    """Whether a call takes the SYMM path: asked for by name (``algorithm=`` or
-    POLYCAST_<COLLECTIVE>_ALGO), or ``auto`` when the buffers peers must read are symmetric
-    (the user opted in by allocating them so; every rank must do the same): the source of
-    reduce-scatter, the source or the whole recvbuf of allgather, the recvbuf of
-    allreduce."""
-    comm = d.comm
-    name = (algorithm or comm.config.algorithm(coll) or "auto").lower()
-    if name == NAME:
-        return True
-    if name != "auto" or not comm.config.symm:
-        return False
-    st = d.symm
-    if st is None or st.usable_reason or st.bar.broken or comm.size < 2:
-        return False
-    return _symmetric(st, coll, sendbuf, recvbuf, in_place)
-
-
 def _symmetric(st, coll: Collective, sendbuf, recvbuf, in_place: bool) -> bool:
     src = recvbuf if in_place else sendbuf
     if coll is Collective.REDUCE_SCATTER:
@@ -72,7 +53,9 @@ def members_on_one_host(d) -> bool:
 def route(d, coll: Collective, algorithm: str | None, sendbuf, recvbuf,
           in_place: bool) -> str | None:
     """Which symm path a call takes: SYMM (``algorithm="symm"``, or ``auto`` with the
-    user's symmetric buffers: :func:`wanted`), STAGED (``auto`` with ordinary arrays on
+    user's symmetric buffers, where every rank must have allocated the buffers peers
+    read so: the source of reduce-scatter, the source or the whole recvbuf of allgather, the
+    recvbuf of allreduce), STAGED (``auto`` with ordinary arrays on
     one host: :func:`auto_staged`), or None (the engine)."""
     comm = d.comm
     name = algorithm or comm.config.algorithm(coll) or "auto"

@@ -12,6 +12,8 @@ per step its kind, rank, peer, tag (the message ordinal), element count and depe
   ring): one row per program position, O(P + L) memory for P^2 steps; its columns on demand.
   The simulator's fast path times it position by position without the columns
   (:mod:`polycast.sim.fast_stream`).
+* :class:`TokenMulticast`, :class:`HostRing` -- the multicast allgathers (over ranks or
+  hosts' leaders) and the hierarchical ring allgather, each held as a few numbers.
 * :class:`CompactSchedule` -- a schedule whose columns come from a vectorised generator
   (registered beside the algorithm's own, :func:`polycast.algorithms.registry.register_compact`)
   and whose ``programs`` are built by the algorithm's own generator only when something
@@ -185,29 +187,77 @@ class Template:
 
 @dataclass(eq=False)
 class TokenMulticast:
-    """A token-ring multicast allgather (``mcast``): rank r copies its part, takes the
-    token from r-1 unless it starts a sequence (``firsts[r]``), multicasts ``mcast_nelems``
-    elements, passes the token to r+1 unless r+1 starts one (``firsts[P]`` is set), then
-    receives every other rank's stream (``parts[root]`` elements each). P^2 steps held as
-    O(P) numbers; ``columns()`` builds them (the algorithm's vectorised generator)."""
+    """A token-ring multicast allgather over hosts of ``ranks_per_host`` (R) ranks, rank =
+    host * R + local; its roots are the hosts' leaders (local 0). R = 1 is ``mcast``: rank
+    r copies its part, takes the token from r-1 unless it starts a sequence
+    (``firsts[r]``), multicasts ``mcast_nelems`` elements, passes the token to r+1 unless
+    r+1 starts one (``firsts[P]`` is set), then receives every other rank's stream
+    (``parts[root]`` elements each). R > 1 is ``hmcast``: every local first sends its
+    ``gather_nelems`` to its leader, the leaders run that token ring (``firsts`` and
+    ``parts`` per host) once their locals' shards are in, and every rank but a stream's
+    root receives it. P x H steps held as O(P) numbers; ``columns()`` builds them (the
+    algorithm's vectorised generator)."""
     nranks: int
     mcast_nelems: int
-    parts: np.ndarray         # (P,) elements of each root's stream as its receivers count
-    firsts: np.ndarray        # (P + 1,) bool
+    parts: np.ndarray         # (H,) elements of each root's stream as its receivers count
+    firsts: np.ndarray        # (H + 1,) bool
     build: object             # () -> Columns
     options: dict = field(default_factory=dict)
+    ranks_per_host: int = 1
+    gather_nelems: int = 0    # elements each local sends its leader (R > 1)
     uses_multicast = True
 
     @property
+    def nhosts(self) -> int:
+        return self.nranks // self.ranks_per_host
+
+    @property
     def nsteps(self) -> int:
-        P = self.nranks
-        return 2 * P + int((~self.firsts[:P]).sum()) + int((~self.firsts[1:]).sum()) \
-            + P * (P - 1)
+        P, H = self.nranks, self.nhosts
+        tokens = int((~self.firsts[:H]).sum()) + int((~self.firsts[1:]).sum())
+        # copies, the gather's sends and receives, multicasts, tokens, every rank's MRECVs
+        return P + 2 * (P - H) + H + tokens + P * H - H
 
     def held_per_rank(self) -> int:
-        """8-byte values per rank held at once: the topology keeps every root's tree
-        (about P links and P latencies each)."""
-        return 2 * self.nranks
+        """8-byte values per rank held at once: a dozen P-wide arrays, and the trees of
+        the streams in flight (the stream mode drops each tree once its stream is out)."""
+        return 16
+
+    def columns(self) -> Columns:
+        return self.build()
+
+
+@dataclass(eq=False)
+class HostRing:
+    """A hierarchical ring allgather (``hring``, one piece) over H hosts of R ranks, rank =
+    host * R + local, every shard ``nelems`` elements: local j passes its shard and those
+    it got from j+1 on to j-1 (the gather); the leaders (local 0) run a ring allgather of
+    whole host blocks (R shards); local j-1 passes local j first its own host's shards
+    0..j-1, then every block in the order the ring brings it (the broadcast). Every host
+    runs one program up to a shift of R ranks: held as a few numbers, its P x (R + H)
+    steps built by ``columns()`` (the algorithm's vectorised generator)."""
+    nranks: int
+    ranks_per_host: int
+    nelems: int
+    build: object             # () -> Columns
+    options: dict = field(default_factory=dict)
+    uses_multicast = False
+
+    @property
+    def nhosts(self) -> int:
+        return self.nranks // self.ranks_per_host
+
+    @property
+    def nsteps(self) -> int:
+        P, H, R = self.nranks, self.nhosts, self.ranks_per_host
+        # copies; per host the gather's R(R-1)/2 messages, the ring's H-1 out of the
+        # leader, the broadcast's H per hop; each a SEND and a RECV
+        return P + 2 * H * (R * (R - 1) // 2 + (H - 1) + (R - 1) * H)
+
+    def held_per_rank(self) -> int:
+        """8-byte values per rank the stream mode holds at once: each rank's few channel,
+        arrival and completion times (a dozen H-wide rows per local rank)."""
+        return 16
 
     def columns(self) -> Columns:
         return self.build()
@@ -215,12 +265,12 @@ class TokenMulticast:
 
 class CompactSchedule(Schedule):
     """A :class:`Schedule` given by its columns or by a form that holds them in O(P)
-    (``form``: a :class:`Template` or :class:`TokenMulticast`, else None; its columns then
-    built on first use); ``programs`` (the Step objects) are built by ``expand()`` -- the
-    algorithm's own generator -- on first use."""
+    (``form``: a :class:`Template`, :class:`TokenMulticast` or :class:`HostRing`, else
+    None; its columns then built on first use); ``programs`` (the Step objects) are built
+    by ``expand()`` -- the algorithm's own generator -- on first use."""
 
     def __init__(self, collective, algorithm, nranks, root, count, options,
-                 columns: "Columns | Template | TokenMulticast", expand) -> None:
+                 columns: "Columns | Template | TokenMulticast | HostRing", expand) -> None:
         form = None if isinstance(columns, Columns) else columns
         for k, v in (("collective", collective), ("algorithm", algorithm), ("nranks", nranks),
                      ("root", root), ("count", count), ("options", options),

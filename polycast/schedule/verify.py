@@ -340,7 +340,7 @@ class _Verifier:
                               f"{_show(exp, P)}", rank)
 
     def expected(self, lay_s: Layout | None, lay_r: Layout):
-        s, P, c, root = self.s, self.P, self.s.collective, self.s.root
+        P, c, root = self.P, self.s.collective, self.s.root
         full = (1 << P) - 1
         if lay_s is None:
             self.fail("has no send layout")

@@ -12,18 +12,24 @@ Every run is bounded by an event count and a simulated-time limit.
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import debug
+from ..config import current
 from .engine_loop import _CALL, _POST, EngineLoop
 from .errors import SimulationError
-from .network import Network
+from .network import Network, describe
 from .records import Interval, RankTimeline
 
 __all__ = ["Interval", "RankTimeline", "SimConfig", "Simulation", "SimulationError",
            "default_engine_config", "pacing_gbps_for"]
+
+
+_logged: set = set()                     # network models named at POLYCAST_DEBUG=INFO
 
 
 @dataclass
@@ -127,7 +133,12 @@ class Simulation(EngineLoop):
             raise SimulationError(f"host_gbps must be > 0 (or None), got {cfg.host_gbps!r}")
         if not cfg.host_latency_s >= 0:
             raise SimulationError(f"host_latency_s must be >= 0, got {cfg.host_latency_s!r}")
-        self.net = Network(topology, record=cfg.record,
+        settings = current()              # the test hooks and POLYCAST_DEBUG, read once here
+        native = settings.hooks.sim_native
+        if settings.debug_level >= debug.INFO and native not in _logged:
+            _logged.add(native)
+            print(f"polycast INFO {describe(native)}", file=sys.stderr, flush=True)
+        self.net = Network(topology, record=cfg.record, native=native,
                            host_bw=None if cfg.host_gbps is None else cfg.host_gbps * 1e9 / 8)
         self._host_links: dict = {}              # (src, dst|-1) -> links incl. host ports
         self._framing = topology.framing         # wire bytes per message / datagrams

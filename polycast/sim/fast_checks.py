@@ -1,6 +1,7 @@
-"""What the fast path's modes share (polycast/sim/fast_walk.py, fast_stream.py): a
-multicast stream's shape as the engine's pacer sends it, the contention check on links,
-and the quantisation of times by which channel order is judged."""
+"""What the fast path's modes share (polycast/sim/fast_walk.py, fast_stream.py,
+fast_host_ring.py): a multicast stream's shape as the engine's pacer sends it, the
+contention check on links, the quantisation of times by which channel order is judged,
+and the stream modes' post times and commit."""
 
 from __future__ import annotations
 
@@ -69,3 +70,27 @@ def _quantize(t: np.ndarray, quantum: float | None | bool = False) -> np.ndarray
     if q is None:
         return np.nan_to_num(t)
     return np.round(np.nan_to_num(t) / q)
+
+
+def post_times(sim, comm: int, P: int) -> np.ndarray:
+    eps = sim._comm_eps[comm]
+    local_of = {e: i for i, e in enumerate(eps)}
+    post = np.full(P, np.nan)
+    for ev in sim._heap:                                # (t, seq, _POST, endpoint, req, _)
+        post[local_of[ev[3]]] = ev[0]
+    return post
+
+
+def commit(sim, group, post, comp, events: int, levels: int, stats: dict) -> None:
+    """Results into ``sim`` as the walk's commit leaves them (link bytes already added)."""
+    comp = np.maximum(comp, post)
+    for i, g in enumerate(group.tolist()):
+        tl = sim.timelines[g]
+        tl.posted[0] = float(post[i])
+        tl.completed[0] = float(comp[i])
+    sim._pending = 0
+    sim._heap.clear()
+    sim.now = float(comp.max())
+    sim.events = events
+    sim.fast_levels = levels
+    sim._fast_stats = {"completed": len(group), "failed": 0, "recovered_bytes": 0, **stats}

@@ -52,7 +52,8 @@ class _EventRun:
         self.nbytes = plan.nbytes.tolist()
         self.lat = plan.lat.tolist()
         self.route = plan.route.tolist()
-        self.route_links = plan.route_links
+        rl = plan.route_links                  # unicast routes flat, then the trees
+        self.rflat, self.rptr, self.nuni, self.trees = rl.flat, rl._ptr, rl._n, rl.trees
         self.t_eos = plan.t_eos.tolist()
         self.t_next = plan.t_next.tolist()
         self.mcap = plan.mcap.tolist()
@@ -66,21 +67,32 @@ class _EventRun:
         src, dst = src[o], dst[o]
         ptr = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(src, minlength=N), out=ptr[1:])
-        self.sptr = ptr.tolist()
-        self.succ = dst.tolist()
+        # per node its successors: None, one node, or a list
+        nsucc = np.diff(ptr)
+        succ_of = np.where(nsucc == 1, dst[np.minimum(ptr[:-1], max(len(dst) - 1, 0))],
+                           -1).astype(object) if len(dst) else np.full(N, -1, object)
+        succ_of[nsucc == 0] = None
+        dl = dst.tolist()
+        pl = ptr.tolist()
+        for x in np.flatnonzero(nsucc > 1).tolist():
+            succ_of[x] = dl[pl[x]:pl[x + 1]]
+        self.succ_of = succ_of.tolist()
+        # a channel (sender endpoint, peer: -1 for a multicast stream) as an int key
+        self.W = int(plan.peer.max(initial=0)) + 2
         self.deps_left = np.concatenate([g.dep_counts, np.zeros(N - ns, np.int64)]).tolist()
         # members: (request, local rank) numbered request by request
         self.nmem = [r[3] for r in g.reqs]
         self.mbase = np.concatenate([[0], np.cumsum(self.nmem)[:-1]]).astype(np.int64).tolist()
         M = sum(self.nmem)
         mem = np.asarray(self.mbase, np.int64)[plan.q] + plan.local
+        self.mem = mem.tolist()                          # member of every node
         self.mq = np.repeat(np.arange(len(self.nmem)), self.nmem).tolist()
         # per member: the steps its post starts (in program order), its steps and MRECVs
         # left, whether it sends a FIN, the bytes of its MCAST and MRECV steps (rto)
         rt = np.flatnonzero(g.dep_counts == 0)
-        self.roots: list[list] = [[] for _ in range(M)]
-        for x, m in zip(rt.tolist(), mem[rt].tolist()):
-            self.roots[m].append(x)
+        o = np.argsort(mem[rt], kind="stable")          # by member, each in node order
+        cuts = np.cumsum(np.bincount(mem[rt], minlength=M))[:-1]
+        self.roots: list[list] = [a.tolist() for a in np.split(rt[o], cuts)]
         self.steps_left = np.bincount(mem[:ns], minlength=M).tolist()
         mr = plan.mrecvs
         self.mrecv_left = np.bincount(mem[mr], minlength=M).tolist()
@@ -96,16 +108,23 @@ class _EventRun:
         self.mgroups: dict[int, list] = {}
         mm = plan.mrecv_mcast
         if len(mr):
-            by_m: dict[int, list] = {}
-            for x in mr.tolist():
-                by_m.setdefault(int(mm[x]), []).append(x)
-            for m, xs in by_m.items():
-                ep_of = {self.ep[x]: x for x in xs}
+            # the MRECVs by (MCAST, endpoint); per group of the root's receivers, the
+            # MRECV node of each receiver that has one, in the group's order
+            src, eps_r = mm[mr], plan.ep[mr]
+            o = np.lexsort((eps_r, src))
+            src, eps_r, nodes_r = src[o], eps_r[o], mr[o]
+            um, first = np.unique(src, return_index=True)
+            bounds = np.r_[first, len(o)].tolist()
+            for j, m in enumerate(um.tolist()):
+                e_seg = eps_r[bounds[j]:bounds[j + 1]]
+                n_seg = nodes_r[bounds[j]:bounds[j + 1]]
                 groups = []
                 for lat, eps in sim._groups(self.ep[m]):
-                    nodes = [ep_of[e] for e in eps.tolist() if e in ep_of]
-                    if nodes:
-                        groups.append((lat, nodes))
+                    pos = np.searchsorted(e_seg, eps, "right") - 1
+                    hit = pos >= 0
+                    hit[hit] = e_seg[pos[hit]] == eps[hit]
+                    if hit.any():
+                        groups.append((lat, n_seg[pos[hit]].tolist()))
                 self.mgroups[m] = groups
         # in-network reduction: SEND node -> senders expected to its (destination, tag)
         self.innet_expect: dict[int, int] = {}
@@ -124,15 +143,16 @@ class _EventRun:
         self.fin_in = [False] * M
         self.completed = [None] * M
         self.pacer: dict[int, float] = {}
-        self.channels: dict[tuple, deque] = {}
+        self.channels: dict[int, deque] = {}     # by channel key (self.chan)
         self.busy: set = set()
         self.kick: list = []
         self.heap: list = []
         self.seq = 0
+        self.open: dict[float, tuple] = {}     # time -> the last entry pushed for it
         self.events = 0
         self.now = 0.0
         hb = sim.net.host_bw
-        self.net = Network(sim.topo, host_bw=hb)
+        self.net = Network(sim.topo, host_bw=hb, native=sim.net.native)
         # receivers behind a NIC (SimConfig.nic): the driver's queues, run here until one
         # drops a datagram (recovery: the engines)
         self.nic, self.rx_cap = None, math.inf
@@ -148,24 +168,45 @@ class _EventRun:
 
     # -- the loop -------------------------------------------------------------------
     def _push(self, t, kind, a, b=None) -> None:
+        self.open.pop(t, None)
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+
+    def _push_msg(self, t, kind, n: int) -> None:
+        """Push a message's _SENDDONE or _ARR of node n. Such events of one kind pushed
+        one after another for the same time share one heap entry (a list of nodes, handled
+        in push order): the heap orders events by (time, push order), so nothing pushed
+        between them for another time runs between them, and an entry still queued for
+        this time would have run before them anyway. Any other push for time ``t``
+        closes the entry (:meth:`_push`), as does taking it off the heap."""
+        g = self.open.get(t)
+        if g is not None and g[0] == kind:
+            g[1].append(n)
+            return
+        nodes = [n]
+        self.open[t] = (kind, nodes)
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, nodes, None))
 
     def run(self) -> None:
         heap, net = self.heap, self.net
         cfg = self.sim.cfg
+        max_time_s, max_events = cfg.max_time_s, cfg.max_events
+        next_time, nic, drained, event = net.next_time, self.nic, self._drained, self._event
+        inf = math.inf
         while self.pending:
-            t_ev = heap[0][0] if heap else math.inf
-            t = min(t_ev, net.next_time())
-            if t == math.inf:
+            t = next_time()
+            if heap and heap[0][0] < t:
+                t = heap[0][0]
+            if t == inf:
                 raise SimulationError(f"deadlock: {self.pending} (rank, request) pairs "
                                       f"incomplete at t={self.now:.6g}s (fast path)")
-            if t > cfg.max_time_s:
+            if t > max_time_s:
                 raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
                                       f"with {self.pending} (rank, request) pairs incomplete")
             self.now = t
-            run_batch(t, net, heap, self.nic, self._drained, self._event)
-            if self.events > cfg.max_events:
+            run_batch(t, net, heap, nic, drained, event)
+            if self.events > max_events:
                 raise SimulationError(f"more than {cfg.max_events} events; raise "
                                       "SimConfig.max_events for a bigger run")
 
@@ -178,33 +219,45 @@ class _EventRun:
                     self._start_next(key)
 
     def _event(self, e) -> None:
-        self.events += 1
-        _, _, kind, a, b = e
-        if kind == _ARR:                      # message of node a arrived
-            if self.kind[a] == FIN:                   # at the member's ring successor
-                q, i = self.q[a], self.local[a]
-                m = self.mbase[q] + (i + 1) % self.nmem[q]
-                self.fin_in[m] = True
-                self._maybe_complete(m)
-            else:
-                r = self.recv_of_send[a]
-                self.arrived[r] = True
-                if self.started[r]:
-                    self._complete_step(r)
-        elif kind == _MARR:                   # stream a arrived at nodes b
-            for x in b:
-                self.arrived[x] = True
-                if self.started[x] and self.done_t[x] != self.done_t[x]:    # not done
-                    self._stream_complete(x)
-                    self._flush()
+        t, _, kind, a, b = e
+        if kind == _ARR or kind == _SENDDONE:          # nodes a (_push_msg)
+            g = self.open.get(t)
+            if g is not None and g[1] is a:
+                del self.open[t]
+            self.events += len(a)
+            complete = self._complete_step
+            if kind == _ARR:                  # the messages of nodes a arrived
+                recv_of_send, arrived, started = self.recv_of_send, self.arrived, self.started
+                for x in a:
+                    r = recv_of_send[x]
+                    if r >= 0:
+                        arrived[r] = True
+                        if started[r]:
+                            complete(r)
+                    else:
+                        self._fin_arrived(x)
+                    if self.kick:
+                        self._flush()
+            else:                             # the messages of nodes a left their senders
+                kinds = self.kind
+                for x in a:
+                    if kinds[x] == FIN:
+                        self._fin_sent(x)
+                    else:
+                        complete(x)
+                    if self.kick:
+                        self._flush()
             return
-        elif kind == _SENDDONE:
-            if self.kind[a] == FIN:
-                m = self._member(a)
-                self.fin_out[m] = True
-                self._maybe_complete(m)
-            else:
-                self._complete_step(a)
+        self.events += 1
+        if kind == _MARR:                   # stream a arrived at nodes b
+            arrived, started, done_t = self.arrived, self.started, self.done_t
+            for x in b:
+                arrived[x] = True
+                if started[x] and done_t[x] != done_t[x]:    # not done
+                    self._stream_complete(x)
+                    if self.kick:
+                        self._flush()
+            return
         elif kind == _PACE:
             self._complete_step(a)
         elif kind == _KICK:
@@ -213,42 +266,59 @@ class _EventRun:
         elif kind == _POST:
             self._post(a, b)
         elif kind == _EOS:                    # a spaced end-of-stream repeat (its timer)
-            self._emit((self.ep[a], -1), ("eos", a, self.now))
-        self._flush()
+            self._emit(self.ep[a] * self.W, ("eos", a, self.now))
+        if self.kick:
+            self._flush()
+
+    def _fin_arrived(self, a: int) -> None:
+        """FIN node a arrived at its member's ring successor."""
+        q, i = self.q[a], self.local[a]
+        m = self.mbase[q] + (i + 1) % self.nmem[q]
+        self.fin_in[m] = True
+        self._maybe_complete(m)
+
+    def _fin_sent(self, a: int) -> None:
+        m = self.mem[a]
+        self.fin_out[m] = True
+        self._maybe_complete(m)
 
     # -- the engine's steps -------------------------------------------------------------
     def _post(self, q: int, i: int) -> None:
         m = self.mbase[q] + i
-        self._pump(deque(self.roots[m]))
+        self._pump(list(self.roots[m]))
         if self.mfin[m] and not self.mrecv_left[m]:
             self._send_fin(q, i)
         self._maybe_complete(m)
 
-    def _pump(self, ready: deque) -> None:
-        while ready:
-            self._start(ready.popleft(), ready)
-
-    def _start(self, n: int, ready: deque) -> None:
-        self.started[n] = True
-        self.start_t[n] = self.now
-        k = self.kind[n]
-        if k == SEND:
-            self._emit((self.ep[n], self.peer[n]), ("msg", n))
-        elif k == RECV:
-            if self.arrived[n]:
+    def _pump(self, ready: list) -> None:
+        """Start ``ready`` in order, and the steps each start releases after them (a
+        FIFO: ``ready`` grows while it is read): the engine's pump."""
+        started, start_t, kind, arrived = self.started, self.start_t, self.kind, self.arrived
+        now = self.now
+        i = 0
+        while i < len(ready):
+            n = ready[i]
+            i += 1
+            started[n] = True
+            start_t[n] = now
+            k = kind[n]
+            if k == SEND:                     # a message (an int) on its channel
+                self._emit(self.ep[n] * self.W + self.peer[n] + 1, n)
+            elif k == RECV:
+                if arrived[n]:
+                    self._step_done(n, ready)
+            elif k == COPY:
                 self._step_done(n, ready)
-        elif k == COPY:
-            self._step_done(n, ready)
-        elif k == MCAST:
-            self._start_mcast(n, ready)
-        elif k == MRECV:
-            if self.arrived[n] or not self.nbytes[n]:
-                self._stream_complete(n, ready)
+            elif k == MCAST:
+                self._start_mcast(n, ready)
+            elif k == MRECV:
+                if arrived[n] or not self.nbytes[n]:
+                    self._stream_complete(n, ready)
 
-    def _start_mcast(self, n: int, ready: deque) -> None:
+    def _start_mcast(self, n: int, ready: list) -> None:
         now, ep = self.now, self.ep[n]
         t0 = max(now, self.pacer.get(ep, 0.0)) if self.paced else now
-        key = (ep, -1)
+        key = ep * self.W                          # the endpoint's stream channel
         self._emit(key, ("mcast", n, t0))
         self._emit(key, ("eos", n, t0 + self.t_eos[n]))
         if self.nic is not None:
@@ -276,46 +346,57 @@ class _EventRun:
         return eos_delays(ecfg.eos_repeats, rto, span)
 
     def _member(self, n: int) -> int:
-        return self.mbase[self.q[n]] + self.local[n]
+        return self.mem[n]
 
-    def _step_done(self, n: int, ready: deque) -> None:
+    def _step_done(self, n: int, ready: list) -> None:
         self.done_t[n] = self.now
-        sp, left = self.sptr, self.deps_left
-        for s in self.succ[sp[n]:sp[n + 1]]:
-            left[s] -= 1
-            if not left[s]:
-                ready.append(s)
-        self.steps_left[self.mbase[self.q[n]] + self.local[n]] -= 1
+        s = self.succ_of[n]
+        if s is not None:
+            left = self.deps_left
+            if type(s) is int:                # the common case: one successor
+                left[s] -= 1
+                if not left[s]:
+                    ready.append(s)
+            else:
+                for x in s:
+                    left[x] -= 1
+                    if not left[x]:
+                        ready.append(x)
+        self.steps_left[self.mem[n]] -= 1
 
     def _complete_step(self, n: int) -> None:
         """A step done by an event (message, send done, pacing): successors, completion."""
-        ready: deque = deque()
+        ready: list = []
         self._step_done(n, ready)
-        self._pump(ready)
-        self._maybe_complete(self._member(n))
+        if ready:
+            self._pump(ready)
+        m = self.mem[n]
+        if not self.steps_left[m]:              # else _maybe_complete has nothing to do
+            self._maybe_complete(m)
 
-    def _stream_complete(self, n: int, ready: deque | None = None) -> None:
+    def _stream_complete(self, n: int, ready: list | None = None) -> None:
         outer = ready is None
         if outer:
-            ready = deque()
+            ready = []
         self._step_done(n, ready)
-        m = self._member(n)
+        m = self.mem[n]
         self.mrecv_left[m] -= 1
         if self.mrecv_left[m] == 0:
             self._send_fin(self.q[n], self.local[n])
         if outer:
-            self._pump(ready)
+            if ready:
+                self._pump(ready)
             self._maybe_complete(m)
         # else: in the middle of a pump (the MRECV started with its data held): the pump
         # goes on with the steps it released, and its caller checks completion
 
     def _send_fin(self, q: int, i: int) -> None:
         f = self.fin_of[q] + i
-        self._emit((self.ep[f], self.peer[f]), ("msg", f))
+        self._emit(self._chan(f), f)
 
     def _maybe_complete(self, m: int) -> None:
         """Member ``m`` completes once its steps are done (and its FIN out and in)."""
-        if self.completed[m] is not None or self.steps_left[m]:
+        if self.steps_left[m] or self.completed[m] is not None:
             return
         if self.mfin[m] and not (self.fin_out[m] and self.fin_in[m]):
             return
@@ -323,6 +404,10 @@ class _EventRun:
         self.pending -= 1
 
     # -- channels and flows -------------------------------------------------------------
+    def _chan(self, n: int) -> int:
+        """The channel of message node n (SEND or FIN): (its endpoint, its peer)."""
+        return self.ep[n] * self.W + self.peer[n] + 1
+
     def _emit(self, key, item) -> None:
         ch = self.channels.get(key)
         if ch is None:
@@ -331,12 +416,33 @@ class _EventRun:
         if key not in self.busy and key not in self.kick:
             self.kick.append(key)
 
-    def _start_next(self, key) -> None:
+    def _start_next(self, key: int) -> None:
+        """Start what channel ``key`` holds: a message (node n, an int) or a stream's
+        data or end marker (("mcast" | "eos", node, not before)), until one flows."""
         ch = self.channels.get(key)
         now = self.now
         while ch:
             item = ch[0]
-            if item[0] != "msg" and item[2] > same_time_bound(now):
+            if type(item) is int:                   # a message: SEND or FIN node
+                ch.popleft()
+                n = item
+                w = self.wire[n]
+                if w:
+                    if n in self.innet_expect:
+                        self._combine_send(key, n)
+                        self.busy.add(key)
+                        return
+                    cap = math.inf if self.nic is None else self.rx_cap * w / self.nbytes[n]
+                    r = self.route[n]                 # a route: a view of the flat array
+                    ptr = self.rptr
+                    self.net.add_flow(self.rflat[ptr[r]:ptr[r + 1]], w, now, n,
+                                      cap=cap, goodput=self.goodput[n])
+                    self.busy.add(key)
+                    return
+                self._push_msg(now, _SENDDONE, n)
+                self._push_msg(now + self.lat[n], _ARR, n)
+                continue
+            if item[2] > same_time_bound(now):
                 self.busy.add(key)
                 self._push(item[2], _KICK, key)
                 return
@@ -347,22 +453,8 @@ class _EventRun:
                     self.nic.take(None, self.ep[n], np.zeros(1, np.int64))
                 continue
             w = self.wire[n]
-            if item[0] == "msg":
-                if w and n in self.innet_expect:
-                    self._combine_send(key, n)
-                    self.busy.add(key)
-                    return
-                if w:
-                    cap = math.inf if self.nic is None else self.rx_cap * w / self.nbytes[n]
-                    self.net.add_flow(self.route_links[self.route[n]], w, now, ("msg", key, n),
-                                      cap=cap, goodput=self.goodput[n])
-                    self.busy.add(key)
-                    return
-                self._push(now, _SENDDONE, n)
-                self._push(now + self.lat[n], _ARR, n)
-                continue
             if w:
-                f = self.net.add_flow(self.route_links[self.route[n]], w, now,
+                f = self.net.add_flow(self._links(n), w, now,
                                       ("mcast", key, n), cap=self.mcap[n],
                                       goodput=self.goodput[n])
                 if self.nic is not None:
@@ -371,6 +463,15 @@ class _EventRun:
                 return
             self._mcast_arrivals(n, now, None)
         self.busy.discard(key)
+
+    def _links(self, n: int) -> np.ndarray:
+        """The links of node n's flow: its route (a view of the plan's flat array) or its
+        multicast tree."""
+        r = self.route[n]
+        if r < self.nuni:
+            ptr = self.rptr
+            return self.rflat[ptr[r]:ptr[r + 1]]
+        return self.trees[r - self.nuni]
 
     def _combine_send(self, key, n: int) -> None:
         """In-network reduction (the driver's _combine_send): the messages of one
@@ -406,22 +507,29 @@ class _EventRun:
                 self._push(t + lat + x, _MARR, m, [y for y, e in zip(nodes, d) if e == x])
 
     def _drained(self, f) -> None:
-        what, key, n = f.data
+        data = f.data
         now = self.now
+        if type(data) is int:                        # a message's flow (node data)
+            self._push_msg(now, _SENDDONE, data)
+            self._push_msg(now + self.lat[data], _ARR, data)
+            key = self.ep[data] * self.W + self.peer[data] + 1
+            if self.channels[key]:
+                self.busy.discard(key)
+                self._start_next(key)
+            else:                             # nothing queued (_start_next's end)
+                self.busy.discard(key)
+            return
+        what, key, n = data
         if what == "innet":
             waiting, lat = n
             for _, x in waiting:
-                self._push(now, _SENDDONE, x)
-                self._push(now + lat, _ARR, x)
+                self._push_msg(now, _SENDDONE, x)
+                self._push_msg(now + lat, _ARR, x)
             for k, _ in waiting:
                 self.busy.discard(k)
                 self._start_next(k)
             return
-        if what == "msg":
-            self._push(now, _SENDDONE, n)
-            self._push(now + self.lat[n], _ARR, n)
-        else:
-            self._mcast_arrivals(n, now, f.fid)
+        self._mcast_arrivals(n, now, f.fid)                # ("mcast", key, n)
         self.busy.discard(key)
         self._start_next(key)
 

@@ -119,7 +119,7 @@ class _Plan(Walk):
         ns = g.nsteps
         kind = g.kind
         # FIN nodes: one per (request, member) of a request that multicasts.
-        fin_q, fin_local, fin_ep, fin_rank, fin_post, fin_idx = [], [], [], [], [], []
+        fin_q, fin_local, fin_ep, fin_rank, fin_post = [], [], [], [], []
         self.fin_base = ns
         fin_of = {}
         for q, (sched, _, comm, n, base, starts, pt) in enumerate(g.reqs):
@@ -136,7 +136,7 @@ class _Plan(Walk):
                 fin_post.append(pt[i])
         nf = len(fin_q)
         self.fin_of = fin_of
-        self.N = N = ns + nf
+        self.N = ns + nf
         def cat(steps, fins, dtype=np.int64):      # the graph's own array when no FIN
             return np.concatenate([steps, np.asarray(fins, dtype)]) if nf else steps
         self.kind = cat(kind, np.full(nf, FIN))
@@ -225,12 +225,9 @@ class _Plan(Walk):
         self.msg = msg
         pairs = self.rank[msg] * sim.P + self.global_peer[msg]
         upairs, inv = _unique(pairs, sim.P * sim.P)
-        links, lats, rates = [], np.empty(len(upairs)), np.empty(len(upairs))
-        for j, pr in enumerate(upairs.tolist()):
-            lk, lat = sim._route(pr // sim.P, pr % sim.P)
-            links.append(lk)
-            lats[j] = lat
-            rates[j] = float(cap[lk].min())
+        links, lats = _routes(sim, upairs // sim.P, upairs % sim.P)
+        rates = np.minimum.reduceat(cap[links.flat], links.ptr[:-1]) if len(upairs) \
+            else np.zeros(0)
         self.route_links = links                       # per route id
         self.lat = np.zeros(N)
         self.lat[msg] = lats[inv]
@@ -339,6 +336,69 @@ class _Plan(Walk):
         """Free what only the walk reads (before the events mode)."""
         for name in ("dep_src", "dep_ptr", "arr_src", "indeg0", "succ", "succ_ptr"):
             setattr(self, name, None)
+
+
+class _Routes:
+    """The links of every route id: the unicast routes as one flat array with offsets
+    (``links[r]`` is a view), then the multicast trees, appended one by one."""
+
+    def __init__(self, ptr: np.ndarray, flat: np.ndarray) -> None:
+        self.ptr, self.flat = ptr, flat
+        self._ptr = ptr.tolist()
+        self._n = len(ptr) - 1
+        self.trees: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return self._n + len(self.trees)
+
+    def __getitem__(self, r: int) -> np.ndarray:
+        if r < self._n:
+            return self.flat[self._ptr[r]:self._ptr[r + 1]]
+        return self.trees[r - self._n]
+
+    def append(self, links: np.ndarray) -> None:
+        self.trees.append(links)
+
+    def gather(self, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The links of routes ``r`` one after another (each route's in its order), and
+        how many each route has."""
+        r = np.asarray(r, dtype=np.int64)
+        uni = r < self._n
+        lens = np.empty(len(r), np.int64)
+        ru = r[uni]
+        lens[uni] = self.ptr[ru + 1] - self.ptr[ru]
+        rt = r[~uni].tolist()
+        lens[~uni] = [len(self.trees[x - self._n]) for x in rt]
+        out = np.empty(int(lens.sum()), np.int64)
+        first = np.cumsum(lens) - lens
+        lu = lens[uni]
+        k = np.arange(int(lu.sum())) - np.repeat(np.cumsum(lu) - lu, lu)
+        out[np.repeat(first[uni], lu) + k] = self.flat[np.repeat(self.ptr[ru], lu) + k]
+        for x, at in zip(rt, first[~uni].tolist()):
+            tree = self.trees[x - self._n]
+            out[at:at + len(tree)] = tree
+        return out, lens
+
+
+def _routes(sim, src: np.ndarray, dst: np.ndarray) -> tuple[_Routes, np.ndarray]:
+    """:meth:`~polycast.sim.driver.Simulation._route` of many (src, dst) rank pairs at once:
+    the topology's routes (:meth:`~polycast.sim.topology.Topology.routes`) between the
+    ranks' nodes, then the hosts' send and receive ports and software latency with the
+    host model."""
+    node = np.asarray(sim._node, dtype=np.int64)
+    ptr, flat, lat = sim.topo.routes(node[src], node[dst])
+    if sim.net.host_bw is None and not sim.cfg.host_latency_s:
+        return _Routes(ptr, flat), lat
+    if sim.net.host_bw is not None:                 # [route..., send port, receive port]
+        lens = np.diff(ptr)
+        out = np.empty(len(flat) + 2 * len(src), np.int64)
+        ptr2 = ptr + 2 * np.arange(len(ptr))
+        at = np.repeat(ptr2[:-1] - ptr[:-1], lens) + np.arange(len(flat))
+        out[at] = flat
+        out[ptr2[1:] - 2] = sim.net.send_port(src)
+        out[ptr2[1:] - 1] = sim.net.recv_port(dst)
+        ptr, flat = ptr2, out
+    return _Routes(ptr, flat), lat + sim.cfg.host_latency_s
 
 
 def _unique(x: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import SimulationError
+from .fast_checks import commit, post_times
 from .fast_kinds import COPY, RECV, SEND, Refused
 
 _NEG = -np.inf
@@ -63,22 +64,16 @@ def walk_fits(sim, why: str) -> None:
 
 
 def run(sim, form) -> str:
-    """Time ``sim``'s one request (``form``: a template or a token multicast) and commit
-    its results as the walk would; returns ``"stream"``. Raises Refused before changing
-    anything."""
-    from ..schedule.compact import TokenMulticast
+    """Time ``sim``'s one request (``form``: a template, a token multicast or a host
+    ring) and commit its results as the walk would; returns ``"stream"``. Raises Refused
+    before changing anything."""
+    from ..schedule.compact import HostRing, TokenMulticast
     if isinstance(form, TokenMulticast):
         return _run_token_multicast(sim, form)
+    if isinstance(form, HostRing):
+        from .fast_host_ring import run_host_ring
+        return run_host_ring(sim, form)
     return _run_template(sim, form)
-
-
-def _post_times(sim, comm: int, P: int) -> np.ndarray:
-    eps = sim._comm_eps[comm]
-    local_of = {e: i for i, e in enumerate(eps)}
-    post = np.full(P, np.nan)
-    for ev in sim._heap:                                # (t, seq, _POST, endpoint, req, _)
-        post[local_of[ev[3]]] = ev[0]
-    return post
 
 
 def _order_holds(late_pairs: list, emit_max: float) -> bool:
@@ -94,39 +89,111 @@ def _order_holds(late_pairs: list, emit_max: float) -> bool:
     return bool((q[n:2 * n] >= q[:n]).all())
 
 
-def _commit(sim, group, post, comp, events: int, levels: int, stats: dict) -> None:
-    """Results into ``sim`` as the walk's commit leaves them (link bytes already added)."""
-    comp = np.maximum(comp, post)
-    for i, g in enumerate(group.tolist()):
-        tl = sim.timelines[g]
-        tl.posted[0] = float(post[i])
-        tl.completed[0] = float(comp[i])
-    sim._pending = 0
-    sim._heap.clear()
-    sim.now = float(comp.max())
-    sim.events = events
-    sim.fast_levels = levels
-    sim._fast_stats = {"completed": len(group), "failed": 0, "recovered_bytes": 0, **stats}
+def _shared_drains(st: np.ndarray, work: float, kc: np.ndarray) -> np.ndarray:
+    """Drain times of flows of ``work`` wire bytes each that start at ``st`` (H, m) and,
+    row by row, share one link of capacity ``kc`` (H,) evenly, the only narrowing of
+    their paths: n in flight move at kc/n each (max-min's answer). Equal work: they
+    finish in start order. One pass over the rows' events at once."""
+    H, m = st.shape
+    order = np.argsort(st, axis=1, kind="stable")
+    s = np.take_along_axis(st, order, 1)
+    left = np.full((H, m), float(work))
+    drain = np.full((H, m), np.nan)
+    rows = np.arange(H)
+    col = np.arange(m)[None, :]
+    t = s[:, 0].copy()
+    a = np.zeros(H, np.int64)             # flows [d, a) are in flight, [0, d) drained
+    d = np.zeros(H, np.int64)
+    tiny = float(work) * 1e-12
+    for _ in range(2 * m + 1):
+        n = a - d
+        if not (n > 0).any() and (a >= m).all():
+            break
+        ta = np.where(a < m, s[rows, np.minimum(a, m - 1)], np.inf)
+        rate = kc / np.maximum(n, 1)
+        tc = np.where(n > 0, t + left[rows, np.minimum(d, m - 1)] / rate, np.inf)
+        ev = np.minimum(ta, tc)
+        ev = np.where(np.isfinite(ev), ev, t)
+        fly = (col >= d[:, None]) & (col < a[:, None])
+        left = np.where(fly, left - ((ev - t) * rate)[:, None], left)
+        t = ev
+        done = fly & (tc <= ta)[:, None] & (left <= tiny)
+        drain = np.where(done, t[:, None], drain)
+        d = d + done.sum(axis=1)
+        a = a + ((ta < tc) | ((ta == tc) & np.isfinite(ta)))
+    out = np.empty_like(drain)
+    np.put_along_axis(out, order, drain, 1)
+    return out
+
+
+def _gather_to_leaders(sim, form, post, itemsize, lb):
+    """hmcast's first phase: every local's shard to its leader, all at once. Per host the
+    R - 1 flows must share one link that is the narrowest of all their paths (the
+    leader's port) and no link with another host's; then they drain as
+    :func:`_shared_drains` says. Returns (per leader: its last shard's RECV done, per
+    rank: its SEND's done (-inf for leaders), the latest drain, flows, wire bytes)."""
+    P, R = form.nranks, form.ranks_per_host
+    H = P // R
+    fr = sim.topo.framing
+    cap = sim.net.capacity
+    nb = int(form.gather_nelems) * itemsize
+    wire = fr.message_wire(nb) if nb else 0
+    srcs = np.flatnonzero(np.arange(P) % R)
+    lat = np.empty(len(srcs))
+    routes = []
+    for i, r in enumerate(srcs.tolist()):
+        lk, lat[i] = sim._route(r, r - r % R)
+        routes.append(lk)
+    st = post[srcs].reshape(H, R - 1)               # a SEND is ready at its post
+    if wire:
+        lens = np.array([len(x) for x in routes], np.int64)
+        lk = np.concatenate(routes)
+        host = np.repeat(srcs // R, lens)
+        pair = np.unique(host * len(cap) + lk)      # (host, link), once per host
+        if len(np.unique(pair % len(cap))) != len(pair):
+            raise Refused("two hosts' gathers cross one link")
+        kc = np.full(H, np.inf)
+        np.minimum.at(kc, host, cap[lk])
+        narrow = cap[lk] == kc[host]
+        key, use = np.unique(host[narrow] * len(cap) + lk[narrow], return_counts=True)
+        common = np.zeros(H, bool)
+        common[key[use == R - 1] // len(cap)] = True
+        if not common.all():
+            raise Refused("a host's gather flows do not share their narrowest link")
+        drain = _shared_drains(st, wire, kc)
+        for r_lk in routes:
+            np.add.at(lb, r_lk[r_lk < sim.net.nlinks], float(wire))
+    else:
+        drain = st.copy()
+    arrive = drain.ravel() + lat
+    got = np.maximum(post[srcs - srcs % R], arrive).reshape(H, R - 1).max(axis=1)
+    send_done = np.full(P, _NEG)
+    send_done[srcs] = drain.ravel()
+    return got, send_done, float(drain.max()), (len(srcs) if wire else 0), nb
 
 
 def _run_token_multicast(sim, form) -> str:
-    """A token-ring multicast allgather. Each rank's multicast waits for its token from
-    r-1 (rank order is a topological order) and passes it on when its pacer is done, so
-    the start of every stream follows from a scalar pass over the ranks, whatever the
-    network does. The streams' flows then drain in start order: alone at the solo rate
-    (the walk's numbers exactly); where streams of several token sequences overlap, each
-    at min(pacing cap, C/n) -- max-min's answer when every tree crosses, into every rank
-    but its root, a last link of the narrowest capacity C of any tree (checked per tree;
-    else refused), since then n concurrent flows share such a link and no link has more
-    of them. Every receiver's MRECVs reduce to the latest stream arriving there, taken
-    root by root (P-wide), so the P^2 MRECVs are never held."""
+    """A token-ring multicast allgather (over hosts' leaders when R > 1). Each root's
+    multicast waits for its token from the root before it (root order is a topological
+    order) and, over hosts, for its locals' shards (:func:`_gather_to_leaders`, all
+    drained before the first stream starts, else refused), and passes the token on when
+    its pacer is done, so the start of every stream follows from a scalar pass over the
+    roots, whatever the network does. The streams' flows then drain in start order:
+    alone at the solo rate (the walk's numbers exactly); where n streams overlap, each at
+    min(pacing cap, C/n) -- max-min's answer when all of them cross one link of the
+    narrowest capacity C of any of their links (checked as each stream starts; else
+    refused), since then that link shares C n ways and no link has more of them. Every
+    receiver's MRECVs reduce to the latest stream arriving there, taken root by root
+    (P-wide), so the P x H MRECVs are never held, nor a tree once its stream is out."""
     from .fast_checks import stream_shape
     from .fast_kinds import SILENT_RTO
     _, itemsize, comm = sim._reqs[0]
     if comm:
         raise Refused("the stream mode times a multicast on the world communicator only")
-    P = form.nranks
-    post = _post_times(sim, comm, P)
+    P, R = form.nranks, form.ranks_per_host
+    H = P // R
+    roots = np.arange(H, dtype=np.int64) * R
+    post = post_times(sim, comm, P)
     group = np.arange(P, dtype=np.int64)
     ecfg = sim._ecfg
     topo = sim.topo
@@ -139,42 +206,56 @@ def _run_token_multicast(sim, form) -> str:
     firsts = form.firsts
     nbm = int(form.mcast_nelems) * itemsize
     sizes, _, t_next, w, c = stream_shape(nbm, itemsize, ecfg.mtu_nbytes, pace, topo.framing)
-    # the token and the FIN go to r+1 without payload: no wire bytes, no duration
-    lat_next = np.array([sim._route(r, (r + 1) % P)[1] for r in range(P)])
+    # 0. over hosts: the locals' shards to their leaders
+    got, send_done, g_drain, g_flows, g_nb = np.full(H, _NEG), np.full(P, _NEG), _NEG, 0, 0
+    if R > 1:
+        got, send_done, g_drain, g_flows, g_nb = _gather_to_leaders(sim, form, post,
+                                                                    itemsize, lb)
+    # the token and the FIN go without payload: no wire bytes, no duration
+    lat_next = np.array([sim._route(int(x), int(roots[(i + 1) % H]))[1]
+                         for i, x in enumerate(roots.tolist())])
+    lat_fin = lat_next if R == 1 else np.array([sim._route(r, (r + 1) % P)[1]
+                                                for r in range(P)])
     # recovery timeout per member: every byte it multicasts or receives (as the walk's)
     rate_gbps = ecfg.pacing_gbps or ecfg.line_rate_gbps
     parts_b = form.parts.astype(np.int64) * itemsize
-    tot_r = (nbm + (parts_b.sum() - parts_b)).astype(np.float64)
+    own = np.zeros(P, np.int64)
+    own[roots] = parts_b
+    tot_r = (np.where(group % R == 0, nbm, 0) + parts_b.sum() - own).astype(np.float64)
     rto = ecfg.recovery_timeout_s + 2 * tot_r * 8 / (rate_gbps * 1e9)
     # 1. the token chain: every stream's start (t0) and its multicast step's done
-    t0 = np.empty(P)
-    tok_emit = np.full(P, _NEG)          # each token SEND's start (-inf: none)
+    t0 = np.empty(H)
+    tok_emit = np.full(H, _NEG)          # each token SEND's start (-inf: none)
     tok_arr = _NEG
-    post_l = post.tolist()
-    for r in range(P):
-        pt = post_l[r]
-        ready = max(pt, tok_arr) if not firsts[r] else pt   # the token RECV's done
-        t0[r] = ready
-        if not firsts[r + 1]:
+    post_l = post[roots].tolist()
+    got_l = got.tolist()
+    for i in range(H):
+        ready = max(post_l[i], got_l[i])
+        if not firsts[i]:
+            ready = max(ready, tok_arr)                     # the token RECV's done
+        t0[i] = ready
+        if not firsts[i + 1]:
             mdone = max(ready + t_next, ready) if pace else ready
-            tok_emit[r] = mdone
-            tok_arr = mdone + lat_next[r]
+            tok_emit[i] = mdone
+            tok_arr = mdone + lat_next[i]
     mdone = np.maximum(t0 + t_next, t0) if pace else t0.copy()
     emit_max = float(max(np.max(np.abs(post)), np.max(np.abs(t0)), np.max(np.abs(mdone))))
+    if nbm and g_drain > t0.min():
+        raise Refused("a stream starts while a host still gathers its shards")
     # 2. the streams' flows in start order
     last_in = np.full(P, _NEG)           # per receiver: its latest stream arrival
-    late = False
-    flows = 0
+    flows = g_flows
     lat_of: dict[int, np.ndarray] = {}
-    active: list[list] = []              # [root, bytes left, solo rate, narrow, evenly]
+    active: list[list] = []              # [root, bytes left, solo rate, narrowest, links]
+    on_narrow = np.zeros(len(cap), np.int64)   # active streams per narrowest link
     now = _NEG
-    link_dst = np.asarray(topo.link_dst)
+    ident = bool((node == group).all())
 
     def arrived(root: int, dr: float) -> None:
-        nonlocal late
-        arr = dr + (lat_of.pop(root)[node] + host_lat)
+        lat = lat_of.pop(root)
+        lat = lat if ident else lat[node]
+        arr = dr + (lat + host_lat) if host_lat else dr + lat
         arr[root] = _NEG
-        late = late or bool((np.maximum(post, arr) - post > SILENT_RTO * rto).any())
         np.maximum(last_in, arr, out=last_in)
 
     def advance(until: float) -> None:
@@ -196,52 +277,63 @@ def _run_token_multicast(sim, form) -> str:
             now = t_end
             for a in [a for a in active if a[1] <= w * 1e-12]:
                 active.remove(a)
+                on_narrow[a[4]] -= 1                 # (a tree crosses a link once)
                 arrived(a[0], t_end)
 
-    for r in np.argsort(t0, kind="stable").tolist():
+    for i in np.argsort(t0, kind="stable").tolist():
+        r = int(roots[i])
+        cached = int(node[r]) in topo._trees
         links = sim._tree(r)
         _, lat_of[r] = topo.mcast_tree(int(node[r]))
-        start = float(t0[r])
+        if not cached:                   # held only while its stream is in flight
+            topo._trees.pop(int(node[r]), None)
+            sim._host_links.pop((r, -1), None)
+        start = float(t0[i])
         if not nbm:                                   # nothing to drain: arrives at t0
             arrived(r, start)
             continue
-        np.add.at(lb, links[links < nlinks], float(w))
+        lb[links if sim.net.host_bw is None else links[links < nlinks]] += float(w)
         flows += 1
-        kc = float(cap[links].min())
-        net = links[links < nlinks]                   # (host ports: not judged here)
-        last = net[link_dst[net] < P]                 # the links into the receivers
-        evenly = len(net) == len(links) and len(last) == P - 1 and \
-            bool((cap[last] == kc).all())
+        cap_l = cap[links]
+        kc = float(cap_l.min())
+        narrow = links[cap_l == kc]
         advance(start)
         now = start
-        active.append([r, float(w), min(kc, c), kc, evenly])
-        if len(active) > 1 and not (len(active) < P and all(a[4] for a in active)
-                                    and all(a[3] == kc for a in active)):
-            raise Refused("multicast streams overlap on trees without a common narrowest "
-                          "last link into every receiver (max-min would not share evenly)")
+        active.append([r, float(w), min(kc, c), kc, narrow])
+        on_narrow[narrow] += 1
+        n = len(active)
+        if n > 1 and not (all(a[3] == kc for a in active)
+                          and bool((on_narrow[narrow] == n).any())):
+            raise Refused("multicast streams overlap without a narrowest link that all of "
+                          "them cross (max-min would not share evenly)")
     advance(np.inf)
-    if late:
+    # (the latest arrival decides: an MRECV starts at its post)
+    if (np.maximum(post, last_in) - post > SILENT_RTO * rto).any():
         raise Refused("a stream arrives later than the engines' recovery timeout")
-    # FIN to r+1 after every stream arrived (after the token on the same channel)
+    # FIN to r+1 after every stream arrived (after the token on the same channel: R = 1)
     mrecv_done = np.maximum(post, last_in)
     fin_ready = np.maximum(post, mrecv_done)
     emit_max = max(emit_max, float(np.max(np.abs(fin_ready))))
-    has_tok = np.isfinite(tok_emit)
-    bad = has_tok & (fin_ready < tok_emit)
-    if bad.any() and not _order_holds([np.stack([tok_emit[bad], fin_ready[bad]])],
-                                      emit_max):
-        raise Refused("a FIN would leave before its channel's token")
-    fin_st = np.maximum(fin_ready, tok_emit)       # after the token (it drains at once)
-    fin_arrive = fin_st + lat_next
-    comp = np.maximum(np.maximum(np.maximum(post, mdone), mrecv_done), fin_st)
+    fin_st = fin_ready
+    if R == 1:
+        has_tok = np.isfinite(tok_emit)
+        bad = has_tok & (fin_ready < tok_emit)
+        if bad.any() and not _order_holds([np.stack([tok_emit[bad], fin_ready[bad]])],
+                                          emit_max):
+            raise Refused("a FIN would leave before its channel's token")
+        fin_st = np.maximum(fin_ready, tok_emit)   # after the token (it drains at once)
+    fin_arrive = fin_st + lat_fin
+    comp = np.maximum(np.maximum(post, mrecv_done), np.maximum(fin_st, send_done))
+    comp[roots] = np.maximum(comp[roots], mdone)
     comp = np.maximum(comp, np.roll(fin_arrive, 1))
     sim.net.link_bytes += lb
     sim.net.flows_started += flows
-    sim.datagrams += P * (len(sizes) + 1)
+    ndg = H * (len(sizes) + 1)
+    sim.datagrams += ndg
     ntok = int((~firsts[1:]).sum())
-    _commit(sim, group, post, comp, form.nsteps + P, P,
-            {"messages_out": ntok + P, "message_bytes_out": 0,
-             "datagrams_out": P * (len(sizes) + 1)})
+    commit(sim, group, post, comp, form.nsteps + P, P,
+            {"messages_out": ntok + P + (P - H), "message_bytes_out": (P - H) * g_nb,
+             "datagrams_out": ndg})
     return "stream"
 
 
@@ -259,7 +351,7 @@ def _run_template(sim, t) -> str:
         raise SimulationError(f"more than {sim.cfg.max_events} events (program positions "
                               "of a template); raise SimConfig.max_events for a bigger run")
     group = np.asarray(sim._comm_group[comm], dtype=np.int64)
-    post = _post_times(sim, comm, P)
+    post = post_times(sim, comm, P)
     fr = sim.topo.framing
     cap = sim.net.capacity
     r = np.arange(P, dtype=np.int64)
@@ -399,7 +491,7 @@ def _run_template(sim, t) -> str:
                 np.add.at(lb, lk[lk < nlinks], float(w))
         flows += int(c["flows"].sum())
     sim.net.flows_started += flows
-    _commit(sim, group, post, comp, nsteps, L,
+    commit(sim, group, post, comp, nsteps, L,
             {"messages_out": messages, "message_bytes_out": message_bytes,
              "datagrams_out": 0})
     return "stream"

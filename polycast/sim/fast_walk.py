@@ -212,25 +212,20 @@ class Walk:
                         self.ep[flows] * (sim.P + 2) + 1 + self.peer[flows])
         # (channel, route) pairs -> links; links used by two channels or more are shared
         uc, ci = np.unique(chan, return_index=True)
-        r_of_c = route[ci]
-        lens = np.array([len(self.route_links[r]) for r in r_of_c.tolist()], np.int64)
-        if not lens.sum():
+        lk, _ = self.route_links.gather(route[ci])
+        if not len(lk):
             return
-        lk = np.concatenate([self.route_links[r] for r in r_of_c.tolist()])
         cnt = np.bincount(lk, minlength=len(cap))
         shared = cnt > 1
         if not shared.any():
             return
-        # flows on shared links: (link, time, +-rate) events
-        ur = np.unique(route)
-        rl_sh = {r: self.route_links[r][shared[self.route_links[r]]] for r in ur.tolist()}
-        per = np.array([len(rl_sh[r]) for r in route.tolist()], np.int64)
-        sel = per > 0
-        if not sel.any():
+        # flows on shared links: (link, time, +-rate) events, flow by flow
+        links, lens = self.route_links.gather(route)
+        on = shared[links]
+        if not on.any():
             return
-        f2, per = flows[sel], per[sel]
-        links = np.concatenate([rl_sh[r] for r in self.route[f2].tolist()])
-        fr = np.repeat(f2, per)
+        links = links[on]
+        fr = np.repeat(flows, lens)[on]
         links_fit(links, times["start"][fr], times["drain"][fr], self.rate[fr], cap)
 
     def check_recovery(self, times) -> None:
@@ -263,15 +258,16 @@ class Walk:
         per_route = np.bincount(self.route[flows], weights=self.wire[flows].astype(np.float64),
                                 minlength=len(self.route_links))
         lb = sim.net.link_bytes
-        for r, w in enumerate(per_route.tolist()):
-            if w:
-                lk = self.route_links[r]
-                np.add.at(lb, lk[lk < nlinks], w)
+        used = np.flatnonzero(per_route)
+        lk, lens = self.route_links.gather(used)
+        w = np.repeat(per_route[used], lens)
+        net = lk < nlinks                       # not the host ports
+        # whole bytes: float sums are exact (below 2**53), in any order
+        lb += np.bincount(lk[net], weights=w[net], minlength=nlinks)
         sim.net.flows_started += len(flows)
         sim.datagrams += self.ndatagrams
         # completion per (request, member)
         tmax = 0.0
-        key = self.q * (1 << 32) + self.local
         steps = np.arange(g.nsteps)
         for q, (sched, _, comm, n, base, starts, pt) in enumerate(g.reqs):
             sel = steps[g.q == q] if len(g.reqs) > 1 else steps

@@ -117,7 +117,9 @@ class FsdpResult:
         return 100.0 * (self.step_s - self.formula_step_s) / self.formula_step_s
 
     def to_json(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k not in ("pipeline", "spec")}
+        # (the pipeline holds its simulation: not deep-copied; simulate.SimResult's)
+        out = {k: v for k, v in asdict(replace(self, pipeline=None)).items()
+               if k not in ("pipeline", "spec")}
         out["bubble_pct"] = self.bubble_pct
         out["formula_diff_pct"] = self.formula_diff_pct
         return out

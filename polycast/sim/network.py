@@ -50,6 +50,17 @@ every other flow has one, so the result is the max-min allocation of all flows (
 ``SAT_RTOL``). ``Network.check_rates`` (a test hook) compares every settle with a
 water-filling of everything from scratch.
 
+Compiled
+--------
+The same state and algorithm run in C (``polycast/sim/_network*.c``, built by setup.py where
+a compiler exists): :class:`Network` hands its flows, links, drain heap and settle to it and
+stays the one class callers use; its flows are then ``_network.Flow`` objects with the same
+fields (read-only). Without the build, or with the ``sim_native=0`` test hook
+(:class:`polycast.config.Hooks`, read once per :class:`~polycast.sim.driver.Simulation`),
+the Python code below runs. Both give the max-min allocation to ``SAT_RTOL``; the steps
+differ only where ties between equal shares are broken (tests/test_sim_network.py drives
+both with the same flows).
+
 What is not modelled
 --------------------
 No packets, no queues or buffers, no switch buffer overflow, no congestion-control
@@ -68,6 +79,33 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+_ABI = 1                         # NETWORK_ABI in _network.h
+
+
+def _load_compiled():
+    """(the compiled model, None), or (None, why not): not built, or built from an older
+    interface than its source's (calling into it could crash)."""
+    try:
+        from . import _network as built
+    except ImportError as exc:
+        return None, f"not built ({exc}); reinstall with a C compiler"
+    if getattr(built, "ABI", None) != _ABI:
+        return None, (f"the build's interface is {getattr(built, 'ABI', 'unversioned')}, its "
+                      f"source's {_ABI} (rebuild: python setup.py build_ext --inplace)")
+    return built, None
+
+
+compiled, why_not = _load_compiled()
+
+
+def describe(native: bool = True) -> str:
+    """One line for POLYCAST_DEBUG=INFO: which network model a Network made with ``native``
+    runs."""
+    if native and compiled is not None:
+        return "sim network: compiled (polycast.sim._network)"
+    return f"sim network: pure Python ({why_not or 'test hook sim_native=0'})"
+
 
 #: Relative tolerance under which two event times are the same instant (float round-off of
 #: flows that start together, at the same rate, finish together).
@@ -131,19 +169,44 @@ class FlowRecord:
     layer_links: tuple[int, ...]     # links of the flow per topology layer
 
 
+class _Counter:
+    """A count kept by the compiled state when there is one (plus what callers added),
+    else by the Python code (in ``_<name>``)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name, self.slot = name, "_" + name
+
+    def __get__(self, net, owner=None):
+        if net is None:
+            return self
+        c = net._c
+        return getattr(net, self.slot) + (getattr(c, self.name) if c is not None else 0)
+
+    def __set__(self, net, value) -> None:
+        c = net._c
+        setattr(net, self.slot, value - (getattr(c, self.name) if c is not None else 0))
+
+
 class Network:
     """Active flows on a topology's links, their max-min fair rates and drain times."""
 
     #: a test hook: after every settle, compare every rate with a water-filling from scratch
+    #: (read when a Network is made)
     check_rates = False
     #: refills of one settle after which its region becomes its connected component
     #: (measured: 5 keeps pairwise alltoall incremental and multicast + ring RS cheap)
     refills_before_component = 5
+    recomputes = _Counter()          # regions water-filled
+    refills = _Counter()             # ... again after a check widened them
+    components = _Counter()          # ... as whole connected components (too many refills)
+    flows_started = _Counter()
 
-    def __init__(self, topology, record: bool = False, host_bw: float | None = None) -> None:
+    def __init__(self, topology, record: bool = False, host_bw: float | None = None,
+                 native: bool = True) -> None:
+        """``native``: run the compiled model when it is built (module docstring)."""
         self.topology = topology
         self.nlinks = topology.nlinks                    # network links (host ports follow)
-        self.capacity = topology.bandwidth               # bytes/s per directed link
+        self.capacity = np.ascontiguousarray(topology.bandwidth, dtype=np.float64)
         self.host_bw = host_bw
         if host_bw is not None:
             if not host_bw > 0:
@@ -152,12 +215,27 @@ class Network:
             self.capacity = np.concatenate([self.capacity,
                                             np.full(2 * topology.nranks, float(host_bw))])
         n = len(self.capacity)
-        self._cap_list = self.capacity.tolist()
         self._sat = self.capacity * (1 - SAT_RTOL)     # a link at or above is saturated
         self.load = np.zeros(n)                        # sum of its flows' rates
         self._maxrate = np.zeros(n)                    # >= its fastest flow's rate
-        self._nby = np.zeros(n, np.int64)              # flows it is the bottleneck of
         self.link_bytes = np.zeros(self.nlinks, dtype=np.float64)
+        self._recomputes = self._refills = self._components = self._flows_started = 0
+        self.record = record
+        self.records: list[FlowRecord] = []
+        self._c = None
+        self.native = native and compiled is not None
+        if self.native:
+            # The compiled state works on these arrays in place (capacity, load, link_bytes
+            # stay readable here); the calls go to it without a Python frame.
+            c = self._c = compiled.State(self.capacity, self._sat, self.load, self._maxrate,
+                                         self.link_bytes, self.refills_before_component)
+            self.flows = c.flows
+            self.add_flow, self.next_time = c.add_flow, c.next_time
+            self.pop_drained = self._pop_recorded if record else c.pop_drained
+            self.settle = self._settle_checked if self.check_rates else c.settle
+            return
+        self._cap_list = self.capacity.tolist()
+        self._nby = np.zeros(n, np.int64)              # flows it is the bottleneck of
         self.flows: dict[int, Flow] = {}
         self._link_flows: list[set[int]] = [set() for _ in range(n)]
         self._link_by: list[set[int]] = [set() for _ in range(n)]   # flows it stops
@@ -165,12 +243,6 @@ class Network:
         self._added: list[Flow] = []
         self._freed: set[int] = set()                    # links a flow left
         self._next_fid = 0
-        self.recomputes = 0          # regions water-filled
-        self.refills = 0             # ... again after a check widened them
-        self.components = 0          # ... as whole connected components (too many refills)
-        self.flows_started = 0
-        self.record = record
-        self.records: list[FlowRecord] = []
 
     # -- flows -----------------------------------------------------------------------
     def send_port(self, rank: int) -> int:
@@ -187,9 +259,11 @@ class Network:
         ``goodput`` payload bytes per wire byte; its rate is set at ``settle``."""
         if nbytes <= 0:
             raise ValueError("flows carry at least one byte; the driver handles empty messages")
+        lst = links.tolist()
+        if not lst:
+            raise ValueError("a flow crosses at least one link")
         fid = self._next_fid
         self._next_fid += 1
-        lst = links.tolist()
         if len(lst) < _FEW:
             capl = self._cap_list
             solo = min(capl[l] for l in lst)
@@ -206,7 +280,7 @@ class Network:
             self.link_bytes[links] += nbytes
         else:
             self.link_bytes[links[links < self.nlinks]] += nbytes
-        self.flows_started += 1
+        self._flows_started += 1
         return f
 
     def next_time(self) -> float:
@@ -248,6 +322,18 @@ class Network:
             out.append(f)
         return out
 
+    def _pop_recorded(self, bound: float) -> list:
+        """The compiled pop_drained, recording each flow (``record``)."""
+        out = self._c.pop_drained(bound)
+        for f in out:
+            self._record(f)
+        return out
+
+    def _settle_checked(self, now: float) -> None:
+        """The compiled settle, then the ``check_rates`` hook's check."""
+        self._c.settle(now)
+        self._check_all()
+
     def _set_by(self, f: Flow, l: int) -> None:
         if f.by == l:
             return
@@ -285,17 +371,17 @@ class Network:
             return
         widened = 0
         while True:
-            self.recomputes += 1
+            self._recomputes += 1
             group = list(region.values())
             rates, by = self._fill(group)
             if not self._check(group, rates, by, region):
                 break
-            self.refills += 1
+            self._refills += 1
             widened += 1
             if widened > self.refills_before_component:
                 # a region that keeps widening (a multicast tree joins many flows): fill
                 # its whole component once, as a from-scratch water-filling would
-                self.components += 1
+                self._components += 1
                 group = self._component(region)
                 rates, by = self._fill(group)
                 break
@@ -528,16 +614,17 @@ def _fill_small(group: list[Flow], capl: list, load) -> tuple[list, list]:
     return [x if x > 0 else 0.0 for x in rate], by
 
 
-def _fill_numpy(group: list[Flow], cap: np.ndarray, load: np.ndarray):
+def _fill_numpy(group: list, cap: np.ndarray, load: np.ndarray, old=None):
     """Progressive filling of ``group`` on what the others leave, over incidences; per flow
-    the link that stopped it (-1: its own limit)."""
+    the link that stopped it (-1: its own limit). ``old``: the group's rates in ``load``
+    (default: each flow's rate)."""
     n = len(group)
-    lens = [len(f.lst) for f in group]
+    lens = [len(f.links) for f in group]
     inc_links = np.concatenate([f.links for f in group])
     inc_flow = np.repeat(np.arange(n), lens)
     ulinks, local = np.unique(inc_links, return_inverse=True)
     nl = nl0 = len(ulinks)
-    old = np.array([f.rate for f in group])
+    old = np.array([f.rate for f in group]) if old is None else old
     own = np.bincount(local, weights=old[inc_flow], minlength=nl)
     rem = np.maximum(cap[ulinks] - (load[ulinks] - own), 0.0)
     caps = np.array([f.cap for f in group])
@@ -577,15 +664,8 @@ def _fill_numpy(group: list[Flow], cap: np.ndarray, load: np.ndarray):
     return rate.tolist(), by.tolist()
 
 
-def _water_fill(group: list[Flow], cap: np.ndarray) -> np.ndarray:
+def _water_fill(group: list, cap: np.ndarray) -> np.ndarray:
     """Max-min fair rates of ``group`` alone on the links (progressive filling from
     scratch): the reference ``Network.check_rates`` compares with."""
-    saved = [f.rate for f in group]
-    for f in group:
-        f.rate = 0.0
-    try:
-        rate, _ = _fill_numpy(group, cap, np.zeros(len(cap)))
-    finally:
-        for f, r in zip(group, saved):
-            f.rate = r
+    rate, _ = _fill_numpy(group, cap, np.zeros(len(cap)), old=np.zeros(len(group)))
     return np.asarray(rate)

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from ..algorithms import build, get
 from ..collectives import Collective
 from ..errors import InvalidArgument
-from ..workload.graph import COLLECTIVE, COMPUTE, NOOP, RECV, SEND, WORLD, Workload, validate
+from ..workload.graph import COLLECTIVE, COMPUTE, NOOP, RECV, SEND, Workload, validate
 from .driver import SimConfig, Simulation, pacing_gbps_for
 from .topology import LAYERS
 
@@ -84,7 +84,9 @@ class PipelineResult:
         return 100.0 * self.bubble_s / self.step_s if self.step_s > 0 else 0.0
 
     def to_json(self) -> dict:
-        out = {k: v for k, v in asdict(self).items()
+        # (without the simulation: asdict would deep-copy all of it; simulate.SimResult's)
+        light = replace(self, timelines=[], workload=None, simulation=None)
+        out = {k: v for k, v in asdict(light).items()
                if k not in ("timelines", "workload", "simulation", "rank_end_s",
                             "rank_compute_s", "rank_exposed_s")}
         out["bubble_pct"] = self.bubble_pct

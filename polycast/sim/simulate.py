@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..algorithms import build, get
 from ..collectives import Collective, parse_dtype
@@ -57,7 +57,9 @@ class SimResult:
 
     def to_json(self, full: bool = False) -> dict:
         """The JSON object ``polycast sim --json`` prints (``full``: per-rank times too)."""
-        out = {k: v for k, v in asdict(self).items()
+        # (without the simulation: asdict would deep-copy all of it, and the compiled
+        # network model's state is not copyable)
+        out = {k: v for k, v in asdict(replace(self, timelines=[], simulation=None)).items()
                if k not in ("timelines", "simulation", "rank_times_s")}
         out["events_per_s"] = self.events_per_s
         if full:

@@ -58,6 +58,21 @@ def _mix(*values: int) -> int:
     return h
 
 
+_M0, _M1, _M2 = (np.uint64(x) for x in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
+                                          0x94D049BB133111EB))
+
+
+def _mix_array(*values: np.ndarray) -> np.ndarray:
+    """:func:`_mix` of arrays, element by element (uint64 arithmetic wraps as ``& _MASK``)."""
+    h = np.full(len(values[0]), _M0, np.uint64)
+    for v in values:
+        h = (h ^ np.asarray(v).astype(np.uint64)) * _M1
+        h ^= h >> np.uint64(31)
+        h *= _M2
+        h ^= h >> np.uint64(29)
+    return h
+
+
 _TIME_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zµ]*)\s*$")
 
@@ -201,6 +216,88 @@ class Topology:
         out = (np.array(links, dtype=np.int64), lat)
         self._routes[key] = out
         return out
+
+    def routes(self, src: np.ndarray, dst: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`route` of many pairs at once, as arrays: ``(ptr, links, lat)`` where pair
+        ``i``'s links are ``links[ptr[i]:ptr[i + 1]]`` and its latency ``lat[i]`` -- the same
+        links and the same float sums as :meth:`route`, one tree level per numpy pass
+        instead of one Python loop per pair (a 1,024-rank alltoall routes ~1 M pairs)."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        bad = (src == dst) | (src < 0) | (src >= self.nranks) | (dst < 0) | (dst >= self.nranks)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InvalidArgument(f"no route {int(src[i])} -> {int(dst[i])} among "
+                                  f"{self.nranks} ranks")
+        a = self._route_arrays()
+        lo, hi, hop, ldst, llat = a["lo"], a["hi"], a["hop"], a["ldst"], a["llat"]
+        n = len(src)
+        h = _mix_array(src, dst)
+        node = src.copy()
+        lat = np.zeros(n)
+        cols: list[tuple[np.ndarray, np.ndarray]] = []     # per hop: (pairs, their link)
+        idx = np.arange(n)
+        while len(idx):
+            nd, d = node[idx], dst[idx]
+            hh = _mix_array(h[idx], nd)
+            up = ~((lo[nd] <= d) & (d < hi[nd]))
+            l = np.empty(len(idx), np.int64)
+            u = np.flatnonzero(up)
+            if len(u):                                  # climb: an up link by the hash
+                nu = nd[u]
+                cnt = a["up_ptr"][nu + 1] - a["up_ptr"][nu]
+                l[u] = a["up_flat"][a["up_ptr"][nu] + (hh[u] % cnt.astype(np.uint64))
+                                    .astype(np.int64)]
+            w = np.flatnonzero(~up)
+            if len(w):                                  # descend: the child covering dst
+                nw = nd[w]
+                g = np.searchsorted(a["grp_key"], nw * (self.nranks + 1) + d[w], "right") - 1
+                p0 = a["par_ptr"][g]
+                cnt = a["par_ptr"][g + 1] - p0
+                l[w] = a["par_flat"][p0 + (hh[w] % cnt.astype(np.uint64)).astype(np.int64)]
+            nxt = ldst[l]
+            node[idx] = nxt
+            lat[idx] += llat[l] + hop[nxt]
+            cols.append((idx, l))
+            idx = idx[nxt != d]
+        length = np.zeros(n, np.int64)
+        for k, (i, _) in enumerate(cols):
+            length[i] = k + 1
+        ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(length, out=ptr[1:])
+        links = np.empty(int(ptr[-1]), np.int64)
+        for k, (i, l) in enumerate(cols):               # hop k of pair i
+            links[ptr[i] + k] = l
+        return ptr, links, lat
+
+    def _route_arrays(self) -> dict:
+        """The node and link lists as arrays for :meth:`routes` (made once): up links per
+        node, and per node its children by range (``grp_key`` = node * (nranks + 1) + the
+        child's first rank, sorted) with each child's parallel links."""
+        a = self.__dict__.get("_rarrays")
+        if a is not None:
+            return a
+        up_len = [len(u) for u in self.up]
+        up_ptr = np.zeros(len(self.up) + 1, np.int64)
+        np.cumsum(up_len, out=up_ptr[1:])
+        keys, par_len, par_flat = [], [], []
+        for v, (los, pars) in enumerate(zip(self._down_lo, self._down_par)):
+            for lo_, par in zip(los, pars):
+                keys.append(v * (self.nranks + 1) + lo_)
+                par_len.append(len(par))
+                par_flat.extend(par)
+        par_ptr = np.zeros(len(par_len) + 1, np.int64)
+        np.cumsum(par_len, out=par_ptr[1:])
+        a = {"lo": np.asarray(self.node_lo, np.int64), "hi": np.asarray(self.node_hi, np.int64),
+             "hop": np.asarray(self.node_hop_s, np.float64),
+             "ldst": np.asarray(self.link_dst, np.int64), "llat": self.latency,
+             "up_ptr": up_ptr,
+             "up_flat": np.asarray([l for u in self.up for l in u], np.int64),
+             "grp_key": np.asarray(keys, np.int64), "par_ptr": par_ptr,
+             "par_flat": np.asarray(par_flat, np.int64)}
+        self.__dict__["_rarrays"] = a
+        return a
 
     def _subtree(self, node: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Links of the replication tree below ``node``, and the ranks it reaches with

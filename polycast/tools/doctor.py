@@ -80,6 +80,21 @@ def check_rings() -> Check:
                  "rings take ~2 us less CPU per message on each side and run on arm64")
 
 
+def check_sim_network() -> Check:
+    """Which network model the simulator runs: compiled (polycast/sim/_network*.c) or Python."""
+    from ..sim import network
+    if network.compiled is None:
+        return Check("sim network model", WARN, f"pure Python: {network.why_not}",
+                     "install a C compiler and the Python headers, then reinstall polycast: "
+                     "the compiled model makes contended simulations (alltoall, collectives "
+                     "at once) several times faster")
+    if not current().hooks.sim_native:
+        return Check("sim network model", WARN, "pure Python: the sim_native=0 test hook "
+                     "is set", "unset POLYCAST_TEST_HOOKS to simulate with the compiled model "
+                     "(several times faster where flows contend)")
+    return Check("sim network model", OK, "compiled (polycast.sim._network)")
+
+
 def _if_flags(name: str) -> int | None:
     try:
         with open(f"/sys/class/net/{name}/flags") as fh:
@@ -231,7 +246,7 @@ def run_checks(interface: str | None = None, probe: bool = False) -> list[Check]
     if interface is not None and interface not in interface_names():
         raise InvalidArgument(f"--iface {interface!r}: no such interface here (have: "
                               f"{', '.join(interface_names())})")
-    checks = [check_shm(), check_rings(), check_loopback_multicast()]
+    checks = [check_shm(), check_rings(), check_sim_network(), check_loopback_multicast()]
     if interface is not None:
         checks.append(check_interface(interface, probe))
     checks += check_socket_buffers()
