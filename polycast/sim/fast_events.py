@@ -53,7 +53,7 @@ class _EventRun:
         self.lat = plan.lat.tolist()
         self.route = plan.route.tolist()
         rl = plan.route_links                  # unicast routes flat, then the trees
-        self.rflat, self.rptr, self.nuni, self.trees = rl.flat, rl._ptr, rl._n, rl.trees
+        self.rflat, self.rptr, self.nuni, self.trees = rl.flat, rl.ptr_list, rl.nunicast, rl.trees
         self.t_eos = plan.t_eos.tolist()
         self.t_next = plan.t_next.tolist()
         self.mcap = plan.mcap.tolist()
