@@ -229,7 +229,8 @@ def test_grid_check_leaves_out_only_candidates_whose_bound_is_above_the_best(tmp
     for cell, v in zip(cells, full):
         for pt in plan_cell(cell)[0]:
             label = pt.algorithm + (f"/{pt.nchunks}" if pt.nchunks > 1 else "")
-            assert 0 < lower_bound_s(pt) <= v.times[label], (pt, v.times[label])
+            # 0 for compact schedules (no Steps to count), a true floor for the others
+            assert 0 <= lower_bound_s(pt) <= v.times[label], (pt, v.times[label])
     assert counts["pruned"] > 0 and counts["simulated"] + counts["pruned"] == sum(
         len(v.times) for v in full)
     for a, b in zip(full, quick):
