@@ -40,6 +40,14 @@ NODES = "2,8,32,128,512,1024"
 QUICK_NODES, QUICK_SIZES = "4,16,64", "1KiB,1MiB,64MiB"
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + sys) of this process and its finished children (the workers)."""
+    import resource
+    me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                 resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def run_sim(args) -> int:
     from polycast.tools.plancheck import Cell, run_cells
     nodes = [int(x) for x in (args.nodes or (QUICK_NODES if args.quick else NODES)).split(",")]
@@ -50,40 +58,54 @@ def run_sim(args) -> int:
     cache = args.cache or str(RESULTS / "tune_sims.jsonl")
     RESULTS.mkdir(exist_ok=True)
     t0 = time.perf_counter()
-    cpu0 = time.process_time()
+    cpu0 = _cpu_s()
 
     def progress(done, total, dt):
-        print(f"  simulated {done}/{total} new points ({time.perf_counter() - t0:.0f} s)",
-              file=sys.stderr, flush=True)
+        if done == total or done % 10 == 0:
+            print(f"  {done}/{total} points run ({time.perf_counter() - t0:.0f} s, "
+                  f"load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
     counts: dict = {}
     verdicts = run_cells(cells, workers=args.workers, cache=cache, progress=progress,
-                         counts=counts)
+                         counts=counts, prune=not args.no_prune)
     wall = time.perf_counter() - t0
-    print(f"{counts.get('simulated', 0)} points simulated now, {counts.get('cached', 0)} "
-          f"read from the cache ({cache})")
+    modes = ", ".join(f"{n} {m}" for m, n in sorted(counts.get("modes", {}).items()))
+    print(f"{counts.get('simulated', 0)} points simulated now ({modes or 'none'}; "
+          f"{counts.get('failed', 0)} failed), {counts.get('cached', 0)} read from the cache "
+          f"({cache}), {counts.get('pruned', 0)} not simulated: their lower bound is above "
+          "their cell's best")
     ok = sum(v.ok for v in verdicts)
     for coll in colls:
         rows = [[v.cell.topology.split(":")[0], v.cell.nodes, format_size(v.cell.nbytes),
                  v.choice, v.best, f"{v.ratio:.3f}", "ok" if v.ok else "MISS",
-                 f"{v.estimate_s / v.choice_s:.2f}" if v.choice_s else "-"]
+                 f"{v.estimate_s / v.choice_s:.2f}" if v.choice_s else "-",
+                 " ".join(sorted(v.pruned)) or "-"]
                 for v in verdicts if v.cell.collective == coll]
         print_table(f"{coll}: auto (the planner's choice) against the best simulated "
                     "algorithm", ["topology", "nodes", "size", "auto", "best",
-                                  "auto/best", "within 10%", "estimate/sim"], rows,
+                                  "auto/best", "within 10%", "estimate/sim",
+                                  "bound above best"], rows,
                     right={"nodes", "size", "auto/best", "estimate/sim"})
+    for v in verdicts:
+        for label, why in v.failed.items():
+            print(f"FAILED {v.cell.collective} {v.cell.topology} {v.cell.nodes} "
+                  f"{format_size(v.cell.nbytes)} {label}: {why}")
     share = ok / len(verdicts)
     print(f"\n{ok} of {len(verdicts)} cells within 10 % of the best ({100 * share:.1f} %; "
-          f"target >= 95 %); {wall:.0f} s wall, {time.process_time() - cpu0:.0f} s CPU "
-          f"here (workers' own CPU not counted), load {os.getloadavg()[0]:.1f}")
+          f"target >= 95 %); {wall:.0f} s wall, {_cpu_s() - cpu0:.0f} s CPU "
+          f"(this process and its workers), load {os.getloadavg()[0]:.1f}")
     out = {"cells": len(verdicts), "within_10pct": ok, "share": share, "wall_s": wall,
+           "cpu_s": _cpu_s() - cpu0,
            "points_simulated": counts.get("simulated"), "points_cached": counts.get("cached"),
+           "points_pruned": counts.get("pruned"), "points_failed": counts.get("failed"),
+           "modes": counts.get("modes"),
            "load": os.getloadavg(), "nodes": nodes, "sizes": sizes,
            "topologies": list(TOPOLOGIES), "collectives": colls,
            "verdicts": [{"collective": v.cell.collective, "nodes": v.cell.nodes,
                          "nbytes": v.cell.nbytes, "topology": v.cell.topology,
                          "auto": v.choice, "auto_s": v.choice_s, "best": v.best,
                          "best_s": v.best_s, "ratio": v.ratio, "estimate_s": v.estimate_s,
-                         "times": v.times} for v in verdicts]}
+                         "times": v.times, "pruned_lower_bounds": v.pruned,
+                         "failed": v.failed} for v in verdicts]}
     path = pathlib.Path(args.json or RESULTS / "tune_sim.json")
     path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path}")
@@ -156,8 +178,11 @@ def main(argv=None) -> int:
     s.add_argument("--nodes", default=None, help=f"default {NODES}")
     s.add_argument("--sizes", default=None, help=f"default {SIZES}")
     s.add_argument("--collectives", default=",".join(COLLECTIVES))
-    s.add_argument("--workers", type=int, default=1,
-                   help="local processes simulating at once (default 1: a shared machine)")
+    s.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="local processes simulating at once (default: one per core)")
+    s.add_argument("--no-prune", action="store_true",
+                   help="simulate every candidate, even those whose lower bound is above "
+                        "their cell's best simulated time")
     s.add_argument("--json", default=None)
     s.add_argument("--cache", default=None,
                    help="JSON-lines cache of simulated points (default "

@@ -217,6 +217,34 @@ def test_one_cell_of_the_grid_check():
     assert abs(v.ratio - v.times[v.choice] / v.times[v.best]) < 1e-9 and v.ok, v
 
 
+def test_grid_check_leaves_out_only_candidates_whose_bound_is_above_the_best(tmp_path):
+    """The bound is a floor under every simulated time, and leaving out the candidates
+    whose floor is above their cell's best changes no verdict."""
+    from polycast.tools.plancheck import Cell, lower_bound_s, plan_cell, run_cells
+    cells = [Cell(c, 8, 4 * MIB, "fattree:radix=8") for c in ("allreduce", "broadcast")]
+    full = run_cells(cells, workers=1, prune=False)
+    counts: dict = {}
+    cache = str(tmp_path / "sims.jsonl")
+    quick = run_cells(cells, workers=1, prune=True, cache=cache, counts=counts)
+    for cell, v in zip(cells, full):
+        for pt in plan_cell(cell)[0]:
+            label = pt.algorithm + (f"/{pt.nchunks}" if pt.nchunks > 1 else "")
+            # 0 for compact schedules (no Steps to count), a true floor for the others
+            assert 0 <= lower_bound_s(pt) <= v.times[label], (pt, v.times[label])
+    assert counts["pruned"] > 0 and counts["simulated"] + counts["pruned"] == sum(
+        len(v.times) for v in full)
+    for a, b in zip(full, quick):
+        assert (a.choice, a.best, a.ratio) == (b.choice, b.best, b.ratio)
+        assert set(b.pruned) | set(b.times) == set(a.times)
+        assert all(b.pruned[k] > a.times[a.best] for k in b.pruned)
+    # judged again from the cache: nothing simulated, the same verdicts
+    again: dict = {}
+    assert [(v.choice, v.ratio) for v in run_cells(cells, workers=1, cache=cache,
+                                                   counts=again)] == \
+        [(v.choice, v.ratio) for v in quick]
+    assert again["simulated"] == 0 and again["pruned"] == counts["pruned"]
+
+
 @pytest.mark.slow                   # simulates every candidate of 16 cells
 def test_auto_is_within_10_percent_of_the_best_on_a_small_grid():
     from polycast.tools.plancheck import Cell, run_cells

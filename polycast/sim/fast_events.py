@@ -139,7 +139,7 @@ class _EventRun:
         self.lat = plan.lat.tolist()
         self.route = plan.route.tolist()
         rl = plan.route_links                  # unicast routes flat, then the trees
-        self.rflat, self.rptr, self.nuni, self.trees = rl.flat, rl._ptr, rl._n, rl.trees
+        self.rflat, self.rptr, self.nuni, self.trees = rl.flat, rl.ptr_list, rl.nunicast, rl.trees
         self.t_eos = plan.t_eos.tolist()
         self.t_next = plan.t_next.tolist()
         self.mcap = plan.mcap.tolist()
@@ -214,18 +214,22 @@ class _EventRun:
         self._lists()
         heap, net = self.heap, self.net
         cfg = self.sim.cfg
+        max_time_s, max_events = cfg.max_time_s, cfg.max_events
+        next_time, nic, drained, event = net.next_time, self.nic, self._drained, self._event
+        inf = math.inf
         while self.pending:
-            t_ev = heap[0][0] if heap else math.inf
-            t = min(t_ev, net.next_time())
-            if t == math.inf:
+            t = next_time()
+            if heap and heap[0][0] < t:
+                t = heap[0][0]
+            if t == inf:
                 raise SimulationError(f"deadlock: {self.pending} (rank, request) pairs "
                                       f"incomplete at t={self.now:.6g}s (fast path)")
-            if t > cfg.max_time_s:
+            if t > max_time_s:
                 raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
                                       f"with {self.pending} (rank, request) pairs incomplete")
             self.now = t
-            run_batch(t, net, heap, self.nic, self._drained, self._event)
-            if self.events > cfg.max_events:
+            run_batch(t, net, heap, nic, drained, event)
+            if self.events > max_events:
                 raise SimulationError(f"more than {cfg.max_events} events; raise "
                                       "SimConfig.max_events for a bigger run")
 
@@ -341,7 +345,7 @@ class _EventRun:
             start_t[n] = now
             k = kind[n]
             if k == SEND:                     # a message (an int) on its channel
-                self._emit(self._chan(n), n)
+                self._emit(self.ep[n] * self.W + self.peer[n] + 1, n)
             elif k == RECV:
                 if arrived[n]:
                     self._step_done(n, ready)
@@ -408,7 +412,9 @@ class _EventRun:
         self._step_done(n, ready)
         if ready:
             self._pump(ready)
-        self._maybe_complete(self.mem[n])
+        m = self.mem[n]
+        if not self.steps_left[m]:              # else _maybe_complete has nothing to do
+            self._maybe_complete(m)
 
     def _stream_complete(self, n: int, ready: list | None = None) -> None:
         outer = ready is None
@@ -469,7 +475,9 @@ class _EventRun:
                         self.busy.add(key)
                         return
                     cap = math.inf if self.nic is None else self.rx_cap * w / self.nbytes[n]
-                    self.net.add_flow(self._links(n), w, now, n,
+                    r = self.route[n]                 # a route: a view of the flat array
+                    ptr = self.rptr
+                    self.net.add_flow(self.rflat[ptr[r]:ptr[r + 1]], w, now, n,
                                       cap=cap, goodput=self.goodput[n])
                     self.busy.add(key)
                     return
@@ -546,9 +554,12 @@ class _EventRun:
         if type(data) is int:                        # a message's flow (node data)
             self._push_msg(now, _SENDDONE, data)
             self._push_msg(now + self.lat[data], _ARR, data)
-            key = self._chan(data)
-            self.busy.discard(key)
-            self._start_next(key)
+            key = self.ep[data] * self.W + self.peer[data] + 1
+            if self.channels[key]:
+                self.busy.discard(key)
+                self._start_next(key)
+            else:                             # nothing queued (_start_next's end)
+                self.busy.discard(key)
             return
         what, key, n = data
         if what == "innet":

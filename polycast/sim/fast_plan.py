@@ -344,17 +344,17 @@ class _Routes:
 
     def __init__(self, ptr: np.ndarray, flat: np.ndarray) -> None:
         self.ptr, self.flat = ptr, flat
-        self._ptr = ptr.tolist()
-        self._n = len(ptr) - 1
+        self.ptr_list = ptr.tolist()            # the offsets as ints (the event loop's)
+        self.nunicast = len(ptr) - 1            # route ids from here on are trees
         self.trees: list[np.ndarray] = []
 
     def __len__(self) -> int:
-        return self._n + len(self.trees)
+        return self.nunicast + len(self.trees)
 
     def __getitem__(self, r: int) -> np.ndarray:
-        if r < self._n:
-            return self.flat[self._ptr[r]:self._ptr[r + 1]]
-        return self.trees[r - self._n]
+        if r < self.nunicast:
+            return self.flat[self.ptr_list[r]:self.ptr_list[r + 1]]
+        return self.trees[r - self.nunicast]
 
     def append(self, links: np.ndarray) -> None:
         self.trees.append(links)
@@ -363,19 +363,19 @@ class _Routes:
         """The links of routes ``r`` one after another (each route's in its order), and
         how many each route has."""
         r = np.asarray(r, dtype=np.int64)
-        uni = r < self._n
+        uni = r < self.nunicast
         lens = np.empty(len(r), np.int64)
         ru = r[uni]
         lens[uni] = self.ptr[ru + 1] - self.ptr[ru]
         rt = r[~uni].tolist()
-        lens[~uni] = [len(self.trees[x - self._n]) for x in rt]
+        lens[~uni] = [len(self.trees[x - self.nunicast]) for x in rt]
         out = np.empty(int(lens.sum()), np.int64)
         first = np.cumsum(lens) - lens
         lu = lens[uni]
         k = np.arange(int(lu.sum())) - np.repeat(np.cumsum(lu) - lu, lu)
         out[np.repeat(first[uni], lu) + k] = self.flat[np.repeat(self.ptr[ru], lu) + k]
         for x, at in zip(rt, first[~uni].tolist()):
-            tree = self.trees[x - self._n]
+            tree = self.trees[x - self.nunicast]
             out[at:at + len(tree)] = tree
         return out, lens
 

@@ -17,14 +17,15 @@ a JSON-lines file keyed by everything a run depends on, so a grid grows incremen
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from ..algorithms import algorithms, build
+from ..algorithms import algorithms, build, get
 from ..collectives import Collective
 from ..sim.simulate import count_for, resolve_topology
-from ..sim.sweep import Point, run_grid
+from ..sim.sweep import Point
 from ..planner.choose import MAX_FANOUT, choose
 from ..planner.cost import estimate
 from ..planner.fabric import CommShape, from_topology
@@ -51,6 +52,8 @@ class Verdict:
     ratio: float              # choice / best
     estimate_s: float         # the planner's estimate of its choice
     times: dict               # every simulated candidate -> seconds
+    pruned: dict = field(default_factory=dict)   # not simulated: candidate -> lower bound s
+    failed: dict = field(default_factory=dict)   # could not be simulated: candidate -> why
 
     @property
     def ok(self) -> bool:
@@ -101,15 +104,127 @@ def plan_cell(cell: Cell) -> tuple[list[Point], dict]:
     return points, {"choice": choice, "alias": alias, "nbytes": nbytes}
 
 
+def _plan_group(cells: list[Cell]) -> list:
+    return [plan_cell(c) for c in cells]
+
+
+def _plan_all(cells: list[Cell], workers: int) -> list:
+    """:func:`plan_cell` of every cell, on ``workers`` processes: one task per collective
+    (its cells share the planner's cached analyses)."""
+    groups: dict[str, list[int]] = {}
+    for i, c in enumerate(cells):
+        groups.setdefault(c.collective, []).append(i)
+    if workers <= 1 or len(groups) <= 1:
+        return [plan_cell(c) for c in cells]
+    from concurrent.futures import ProcessPoolExecutor
+    order = sorted(groups.values(), key=len, reverse=True)
+    plans: list = [None] * len(cells)
+    with ProcessPoolExecutor(max_workers=min(workers, len(order))) as ex:
+        for idx, res in zip(order, ex.map(_plan_group, [[cells[i] for i in g]
+                                                        for g in order])):
+            for i, r in zip(idx, res):
+                plans[i] = r
+    return plans
+
+
 def _key(pt: Point) -> str:
     return json.dumps(asdict(pt), sort_keys=True)
 
 
+def lower_bound_s(pt: Point) -> float:
+    """A floor under the simulated time of ``pt``, from its schedule alone: every byte a
+    rank sends leaves through its up links and every byte it receives arrives through its
+    down links (a multicast leaves its root once), and max-min sharing never runs a link
+    above its capacity; headers and latency only add to it. 0.0 for a compact schedule. (With in-network reduction the
+    switches combine what a rank receives, so only its sends count.) Builds the schedule (the
+    simulation builds it again; the build is a small part of an events-mode run)."""
+    from ..sim.simulate import algorithm_options
+    from ..schedule.compact import CompactSchedule
+    from ..schedule.ir import Kind
+    coll = Collective.parse(pt.collective)
+    topo = resolve_topology(pt.topology, pt.nodes, pt.link, pt.framing)
+    opts = algorithm_options(coll, pt.algorithm, topo, None)
+    # built as the simulation builds it: refused (TooLarge) where the simulation would be
+    s = build(coll, pt.algorithm, pt.nodes, count_for(coll, pt.nodes, pt.nbytes, 4),
+              nchunks=pt.nchunks, compact=True, **opts)
+    if isinstance(s, CompactSchedule):
+        return 0.0      # columns, no Steps: no bound (their stream mode is quick anyway)
+    combined = get(coll, pt.algorithm).innet
+    worst = 0.0
+    for rank, prog in enumerate(s.programs):
+        sent = recv = 0
+        for st in prog:
+            if st.kind in (Kind.SEND, Kind.MCAST):
+                sent += s.step_nelems(st, rank)
+            elif st.kind in (Kind.RECV, Kind.MRECV):
+                recv += s.step_nelems(st, rank)
+        up = sum(topo.link_bw[ln] for ln in topo.up[rank])
+        down = 0 if combined else sum(topo.link_bw[ln] for ln in topo.down[rank])
+        worst = max(worst, 4 * sent / up if up else 0.0, 4 * recv / down if down else 0.0)
+    return worst
+
+
+def simulate_point(pt: Point, bar_s: float = math.inf) -> dict:
+    """One point of the grid: simulated, or -- when its :func:`lower_bound_s` is above
+    ``bar_s`` (the best time already simulated in its cell) -- left out as one that cannot
+    be the best. The row says which path and mode the simulation took."""
+    from ..errors import PolycastError
+    from ..sim.simulate import simulate
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    row: dict = {"key": _key(pt)}
+    try:
+        if math.isfinite(bar_s):
+            lb = lower_bound_s(pt)
+            row["lower_bound_s"] = lb
+            if lb * (1 - 1e-3) > bar_s:     # a margin over the fast path's 0.1 % rule
+                row.update(pruned=True, bar_s=bar_s, wall_s=time.perf_counter() - t0,
+                           cpu_s=time.process_time() - cpu0)
+                return row
+        r = simulate(pt.collective, pt.algorithm, pt.nodes, pt.nbytes, pt.topology,
+                     link=pt.link, nchunks=pt.nchunks, framing=pt.framing)
+        row.update(time_s=r.time_s, path=r.path, fast_mode=r.fast_mode,
+                   path_reason=r.path_reason, events=r.events)
+    except PolycastError as e:
+        row["error"] = f"{type(e).__name__}: {e}"
+    row.update(wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - cpu0)
+    return row
+
+
+def _cost_guess(pt: Point) -> float:
+    """Relative cost of simulating a point, to start the longest first (events grow with
+    ranks, pipelining depth and the algorithm's messages per rank)."""
+    many = 8.0 if pt.algorithm in ("mcast", "scatter_ring", "recdoubling", "rechalving",
+                                   "bruck", "rabenseifner", "hmcast") else 1.0
+    return pt.nodes * pt.nodes * pt.nchunks * many
+
+
+def _run_all(jobs: list[tuple[Point, float]], workers: int, done) -> None:
+    """Run ``jobs`` (point, bar) on ``workers`` processes (one pool, longest first) and call
+    ``done(point, row)`` as each finishes."""
+    jobs = sorted(jobs, key=lambda j: -_cost_guess(j[0]))
+    if workers <= 1 or len(jobs) <= 1:
+        for pt, bar in jobs:
+            done(pt, simulate_point(pt, bar))
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
+        futs = {ex.submit(simulate_point, pt, bar): pt for pt, bar in jobs}
+        for f in as_completed(futs):
+            done(futs[f], f.result())
+
+
 def run_cells(cells: list[Cell], *, workers: int | None = 1, cache: str | None = None,
-              progress=None, counts: dict | None = None) -> list[Verdict]:
+              progress=None, counts: dict | None = None, prune: bool = True) -> list[Verdict]:
     """Simulate every cell's candidates (reusing ``cache``) and judge the planner.
-    ``counts`` (a dict) gets the points simulated now and those read from the cache."""
-    plans = [plan_cell(c) for c in cells]
+
+    Two rounds: first the planner's choice and the ring (when a candidate) of every cell,
+    then the others, each told the best time its cell has so far -- a candidate whose
+    :func:`lower_bound_s` is above it cannot be the best, so it is not simulated
+    (``prune=False`` simulates everything). The verdict is the same either way.
+    ``counts`` (a dict) gets the points simulated now, read from the cache, left out by
+    their bound, failed, and the paths/modes the simulations took."""
+    workers = workers or os.cpu_count() or 1
+    plans = _plan_all(cells, workers)
     known: dict[str, dict] = {}
     if cache and os.path.exists(cache):
         with open(cache) as fh:
@@ -118,49 +233,78 @@ def run_cells(cells: list[Cell], *, workers: int | None = 1, cache: str | None =
                     row = json.loads(line)
                 except ValueError:
                     continue
-                known[row["key"]] = row
-    todo = []
-    for pts, _ in plans:
-        for pt in pts:
-            if _key(pt) not in known and pt not in todo:
-                todo.append(pt)
-    # Cheapest first (the simulator's cost grows with ranks): early cells finish early.
-    todo.sort(key=lambda p: (p.nodes, p.nbytes))
-    if counts is not None:
-        needed = {_key(pt) for pts, _ in plans for pt in pts}
-        counts.update(simulated=len(todo), cached=len(needed) - len(todo))
-    batch = max(1, (workers or 1) * 2)
-    for i in range(0, len(todo), batch):
-        chunk = todo[i:i + batch]
-        t0 = time.perf_counter()
-        rows = run_grid(chunk, workers=workers)
-        for pt, row in zip(chunk, rows):
-            row = {"key": _key(pt), "time_s": row.get("time_s"), "error": row.get("error"),
-                   "wall_s": row.get("wall_s")}
-            known[row["key"]] = row
-            if cache:
-                with open(cache, "a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+                if "time_s" in row or "error" in row or row["key"] not in known:
+                    known[row["key"]] = row
+    stats = {"simulated": 0, "cached": 0, "pruned": 0, "failed": 0, "modes": {}}
+    total = [0, 0]
+
+    def done(pt, row):
+        if cache:
+            with open(cache, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        known[row["key"]] = row
+        stats["pruned" if row.get("pruned") else "simulated"] += 1
+        if row.get("error"):
+            stats["failed"] += 1
+        elif not row.get("pruned"):
+            mode = f"{row.get('path')}/{row.get('fast_mode') or '-'}"
+            stats["modes"][mode] = stats["modes"].get(mode, 0) + 1
+        total[0] += 1
         if progress:
-            progress(min(i + batch, len(todo)), len(todo), time.perf_counter() - t0)
+            progress(total[0], total[1], row.get("wall_s") or 0.0)
+
+    def complete(key):
+        row = known.get(key)
+        return row is not None and (row.get("time_s") is not None or bool(row.get("error")))
+
+    def first(info, pt):
+        return pt.algorithm in (info["choice"].algorithm, "ring") or not prune
+
+    seen = {_key(pt) for pts, _ in plans for pt in pts}
+    stats["cached"] = sum(complete(k) for k in seen)
+    for round_ in (0, 1):
+        jobs, queued = [], set()
+        for pts, info in plans:
+            times = [known[_key(p)]["time_s"] for p in pts if complete(_key(p))
+                     and known[_key(p)].get("time_s") is not None]
+            bar = min(times, default=math.inf) if round_ else math.inf
+            for pt in pts:
+                k = _key(pt)
+                if complete(k) or k in queued or (round_ == 0 and not first(info, pt)):
+                    continue
+                lb = known.get(k, {}).get("lower_bound_s")
+                if lb is not None and lb * (1 - 1e-3) > bar:
+                    stats["pruned"] += 1            # its bound, from the cache
+                    continue
+                queued.add(k)
+                jobs.append((pt, bar))
+        total[1] += len(jobs)
+        _run_all(jobs, workers, done)
+    if counts is not None:
+        counts.update(stats)
     out = []
     for cell, (pts, info) in zip(cells, plans):
-        times = {}
+        times, pruned, failed = {}, {}, {}
         for pt in pts:
-            row = known[_key(pt)]
-            if row.get("error") or row.get("time_s") in (None, ""):
-                continue
-            times[f"{pt.algorithm}" + (f"/{pt.nchunks}" if pt.nchunks > 1 else "")] = \
-                float(row["time_s"])
+            label = f"{pt.algorithm}" + (f"/{pt.nchunks}" if pt.nchunks > 1 else "")
+            row = known.get(_key(pt), {})
+            if row.get("time_s") is not None:
+                times[label] = float(row["time_s"])
+            elif row.get("error"):
+                failed[label] = row["error"]
+            else:
+                pruned[label] = float(row["lower_bound_s"])
         ch = info["choice"]
         name = info["alias"].get(ch.algorithm, ch.algorithm)
         label = name + (f"/{ch.nchunks}" if ch.nchunks > 1 else "")
-        if label not in times:
+        if label not in times and label not in failed:
             # The planner gave the winner another depth than it gives the algorithm alone
             # (never, as both come from the same estimate); fall back to the name.
             label = next((k for k in times if k.split("/")[0] == name), label)
-        best = min(times, key=times.get)
-        chosen = times.get(label, float("inf"))
-        out.append(Verdict(cell, label, chosen, best, times[best], chosen / times[best],
-                           ch.estimate_seconds, times))
+        best = min(times, key=times.get) if times else "-"
+        best_s = times.get(best, math.inf)
+        chosen = times.get(label, math.inf)
+        out.append(Verdict(cell, label, chosen, best, best_s,
+                           chosen / best_s if times else math.inf,
+                           ch.estimate_seconds, times, pruned, failed))
     return out
