@@ -34,6 +34,7 @@ class Walk:
     def settled_walk(self) -> dict:
         """Walk, re-order the channels by the start times found, walk again, until the
         order the walk assumed is the order its times give."""
+        self.check_start()
         if len(self.g.reqs) > 1:
             # Several requests share channels: first order each channel by the start times
             # a walk finds when each request had its channels to itself.
@@ -199,6 +200,59 @@ class Walk:
                 "arrive": arrive, "chanfree": chanfree}
 
     # -- checks -----------------------------------------------------------------------
+    def check_start(self) -> None:
+        """Refuse, before any walk, a run whose flows already overflow a link at the first
+        post: what :meth:`check_contention` would refuse in any walk's times, found without
+        them (only a speed choice: the events mode is exact).
+
+        A channel counts when a message on it that carries bytes is a step with no
+        dependency posted at the earliest post time t0. Under any channel order the walk
+        accepts (messages sorted by emit time; such a step emits at t0, the earliest emit
+        there is) the messages before it emit at t0 too (within the order's quantum), so the
+        channel's first message that carries bytes starts then: messages without bytes take
+        no time on a unicast channel (a stream's channel counts only when all its streams
+        carry bytes: an empty one still spaces the next by the pacing). It stays busy for at
+        least its shortest message at no less than its slowest rate. Those channels' rates
+        summed per link, over the link's capacity, overflow it at once."""
+        kind, wire = self.kind, self.wire
+        nodes = np.flatnonzero(((kind == SEND) | (kind == FIN) | (kind == MCAST)))
+        ns = self.g.nsteps
+        if not len(nodes) or not ns:
+            return
+        P2 = self.sim.P + 2
+        ep, peer, k = self.ep[nodes], self.peer[nodes], kind[nodes]
+        chan = np.where(k == MCAST, ep * P2, ep * P2 + 1 + peer)
+        uc, ci, inv = np.unique(chan, return_index=True, return_inverse=True)
+        C = len(uc)
+        root = np.zeros(self.N, bool)
+        root[:ns] = self.g.dep_counts == 0
+        rt = np.flatnonzero(root)
+        if not len(rt):
+            return
+        t0 = self.post[rt].min()
+        w = wire[nodes] > 0
+        at0 = np.bincount(inv, weights=root[nodes] & w & (self.post[nodes] == t0),
+                          minlength=C) > 0
+        empty_stream = np.bincount(inv, weights=~w & (k == MCAST), minlength=C) > 0
+        rate = np.full(C, np.inf)
+        np.minimum.at(rate, inv[w], self.rate[nodes[w]])
+        dur = np.full(C, np.inf)
+        np.minimum.at(dur, inv[w], self.dur[nodes[w]])
+        # every time of a walk is below this sum: the busy spans dwarf the time tolerances
+        span = float(self.post.max() + self.dur.sum() + self.lat.sum() + self.t_next.sum() +
+                     self.t_eos.sum())
+        ok = at0 & ~empty_stream & (rate > 0) & np.isfinite(rate) & (dur > 1e-9 * span)
+        if ok.sum() < 2:
+            return
+        cap = self.sim.net.capacity
+        lk, lens = self.route_links.gather(self.route[nodes[ci[ok]]])
+        load = np.bincount(lk, weights=np.repeat(rate[ok], lens), minlength=len(cap))
+        over = np.flatnonzero(load > cap * (1 + 1e-9))
+        if len(over):
+            j = int(over[0])
+            raise Refused(f"flows share link {j} beyond its capacity from the first post "
+                          f"({load[j] / cap[j]:.3g}x): max-min sharing runs the engines")
+
     def check_contention(self, times) -> None:
         """Every link shared by several channels carries, at every instant, no more than
         its capacity of solo rates (else max-min sharing would slow some flow)."""
