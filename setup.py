@@ -42,7 +42,8 @@ if sys.platform.startswith("linux"):       # futexes and the ring layout are Lin
 # The simulator's network model (polycast/sim/_network*.c; network.py runs the same model in
 # Python without it). Portable C: built on every platform.
 ext_modules.append(Extension("polycast.sim._network",
-                             ["polycast/sim/_network.c", "polycast/sim/_network_settle.c"],
+                             ["polycast/sim/_network.c", "polycast/sim/_network_settle.c",
+                              "polycast/sim/_events.c"],
                              depends=["polycast/sim/_network.h"],
                              extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"]
                              if sys.platform != "win32" else [],

@@ -314,45 +314,11 @@ static int read_links(State *s, PyObject *obj, int32_t **out, int32_t *count) {
     return 0;
 }
 
-/* add_flow(links, nbytes, now, data, cap=inf, goodput=1.0) -> Flow */
-static PyObject *State_add_flow(State *s, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kwnames) {
-    PyObject *a[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-    static const char *names[] = {"links", "nbytes", "now", "data", "cap", "goodput"};
-    if (nargs > 6) {
-        PyErr_SetString(PyExc_TypeError, "add_flow takes at most 6 arguments");
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < nargs; i++) a[i] = args[i];
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t j = 0; j < nkw; j++) {
-        PyObject *k = PyTuple_GET_ITEM(kwnames, j);
-        int i = 0;
-        while (i < 6 && PyUnicode_CompareWithASCIIString(k, names[i]) != 0) i++;
-        if (i == 6 || a[i]) {
-            PyErr_Format(PyExc_TypeError, "add_flow: unexpected or repeated argument %R", k);
-            return NULL;
-        }
-        a[i] = args[nargs + j];
-    }
-    for (int i = 0; i < 4; i++)
-        if (!a[i]) {
-            PyErr_Format(PyExc_TypeError, "add_flow: missing argument %s", names[i]);
-            return NULL;
-        }
-    long long nbytes = PyLong_AsLongLong(a[1]);
-    if (nbytes == -1 && PyErr_Occurred()) return NULL;
-    if (nbytes <= 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "flows carry at least one byte; the driver handles empty messages");
-        return NULL;
-    }
-    double now = PyFloat_AsDouble(a[2]);
-    double cap = a[4] ? PyFloat_AsDouble(a[4]) : INFINITY;
-    double goodput = a[5] ? PyFloat_AsDouble(a[5]) : 1.0;
-    if (PyErr_Occurred()) return NULL;
-    int32_t *lk, nl;
-    if (read_links(s, a[0], &lk, &nl) < 0) return NULL;
+/* Start a flow (add_flow's work, for the compiled events loop too): lk (nl link ids, checked
+ * by the caller) becomes the flow's, freed on failure; links is what Flow.links shows.
+ * Returns a new reference. */
+FlowObject *net_add_flow(State *s, int32_t *lk, int32_t nl, long long nbytes, double now,
+                         PyObject *data, PyObject *links, double cap, double goodput) {
     int32_t *pos = PyMem_Malloc((size_t)nl * sizeof(int32_t));
     FlowObject *f = PyObject_GC_New(FlowObject, &FlowType);
     PyObject *key = PyLong_FromLongLong(s->next_fid);
@@ -361,7 +327,8 @@ static PyObject *State_add_flow(State *s, PyObject *const *args, Py_ssize_t narg
         PyMem_Free(pos);
         Py_XDECREF(key);
         if (f) { f->data = f->links = f->key = NULL; f->lk = f->pos = NULL; Py_DECREF(f); }
-        return pos ? NULL : PyErr_NoMemory();
+        if (!pos) PyErr_NoMemory();
+        return NULL;
     }
     f->fid = s->next_fid;
     f->nbytes = nbytes;
@@ -374,10 +341,10 @@ static PyObject *State_add_flow(State *s, PyObject *const *args, Py_ssize_t narg
     f->finish = INFINITY;
     f->cap = cap;
     f->goodput = goodput;
-    Py_INCREF(a[3]);
-    f->data = a[3];
-    Py_INCREF(a[0]);
-    f->links = a[0];
+    Py_INCREF(data);
+    f->data = data;
+    Py_INCREF(links);
+    f->links = links;
     f->key = key;
     f->nl = nl;
     f->lk = lk;
@@ -427,17 +394,64 @@ static PyObject *State_add_flow(State *s, PyObject *const *args, Py_ssize_t narg
         if (lk[k] < s->nnet) s->lb[lk[k]] += (double)nbytes;
     s->next_fid++;
     s->flows_started++;
-    return (PyObject *)f;
+    return f;
+}
+
+
+/* add_flow(links, nbytes, now, data, cap=inf, goodput=1.0) -> Flow */
+static PyObject *State_add_flow(State *s, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    PyObject *a[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    static const char *names[] = {"links", "nbytes", "now", "data", "cap", "goodput"};
+    if (nargs > 6) {
+        PyErr_SetString(PyExc_TypeError, "add_flow takes at most 6 arguments");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) a[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, j);
+        int i = 0;
+        while (i < 6 && PyUnicode_CompareWithASCIIString(k, names[i]) != 0) i++;
+        if (i == 6 || a[i]) {
+            PyErr_Format(PyExc_TypeError, "add_flow: unexpected or repeated argument %R", k);
+            return NULL;
+        }
+        a[i] = args[nargs + j];
+    }
+    for (int i = 0; i < 4; i++)
+        if (!a[i]) {
+            PyErr_Format(PyExc_TypeError, "add_flow: missing argument %s", names[i]);
+            return NULL;
+        }
+    long long nbytes = PyLong_AsLongLong(a[1]);
+    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    if (nbytes <= 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "flows carry at least one byte; the driver handles empty messages");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(a[2]);
+    double cap = a[4] ? PyFloat_AsDouble(a[4]) : INFINITY;
+    double goodput = a[5] ? PyFloat_AsDouble(a[5]) : 1.0;
+    if (PyErr_Occurred()) return NULL;
+    int32_t *lk, nl;
+    if (read_links(s, a[0], &lk, &nl) < 0) return NULL;
+    return (PyObject *)net_add_flow(s, lk, nl, nbytes, now, a[3], a[0], cap, goodput);
 }
 
 /* next_time() -> the earliest drain time of an active flow (inf if none) */
-static PyObject *State_next_time(State *s, PyObject *unused) {
+double net_next_time(State *s) {
     while (s->hn) {
-        if (drain_live(&s->heap[0])) return PyFloat_FromDouble(s->heap[0].t);
+        if (drain_live(&s->heap[0])) return s->heap[0].t;
         Drain e = drain_pop(s);
         Py_DECREF(e.f);
     }
-    return PyFloat_FromDouble(INFINITY);
+    return INFINITY;
+}
+
+static PyObject *State_next_time(State *s, PyObject *unused) {
+    return PyFloat_FromDouble(net_next_time(s));
 }
 
 static void drain(State *s, FlowObject *f) {
@@ -469,12 +483,9 @@ static void drain(State *s, FlowObject *f) {
     f->nl = 0;
 }
 
-/* pop_drained(bound) -> [Flow]: remove and return the flows drained at or before bound */
-static PyObject *State_pop_drained(State *s, PyObject *arg) {
-    double bound = PyFloat_AsDouble(arg);
-    if (bound == -1.0 && PyErr_Occurred()) return NULL;
-    PyObject *out = PyList_New(0);
-    if (!out) return NULL;
+/* The next flow drained at or before bound, removed (a new reference); NULL when none is
+ * left (or, with an exception set, when the flows dict failed). */
+FlowObject *net_pop_drained(State *s, double bound) {
     while (s->hn && s->heap[0].t <= bound) {
         Drain e = drain_pop(s);
         FlowObject *f = e.f;
@@ -483,10 +494,25 @@ static PyObject *State_pop_drained(State *s, PyObject *arg) {
             continue;
         }
         drain(s, f);
-        int bad = PyDict_DelItem(s->flows, f->key) < 0 || PyList_Append(out, (PyObject *)f) < 0;
+        if (PyDict_DelItem(s->flows, f->key) < 0) { Py_DECREF(f); return NULL; }
+        return f;
+    }
+    return NULL;
+}
+
+/* pop_drained(bound) -> [Flow]: remove and return the flows drained at or before bound */
+static PyObject *State_pop_drained(State *s, PyObject *arg) {
+    double bound = PyFloat_AsDouble(arg);
+    if (bound == -1.0 && PyErr_Occurred()) return NULL;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    FlowObject *f;
+    while ((f = net_pop_drained(s, bound)) != NULL) {
+        int bad = PyList_Append(out, (PyObject *)f) < 0;
         Py_DECREF(f);
         if (bad) { Py_DECREF(out); return NULL; }
     }
+    if (PyErr_Occurred()) { Py_DECREF(out); return NULL; }
     return out;
 }
 
@@ -528,10 +554,18 @@ static PyTypeObject StateType = {
     .tp_members = State_members,
 };
 
+static PyMethodDef module_methods[] = {
+    {"run_events", events_run, METH_VARARGS,
+     "run_events(state, arrays, kinds, paced, time_rtol, max_time_s, max_events): the fast "
+     "path's events mode (polycast/sim/_events.c)"},
+    {NULL}
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "polycast.sim._network",
-    "The simulator's compiled network model (polycast/sim/network.py delegates to it).", -1,
-    NULL,
+    "The simulator's compiled network model (polycast/sim/network.py delegates to it) and the "
+    "fast path's events loop on it.", -1,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__network(void) {

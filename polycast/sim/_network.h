@@ -71,6 +71,14 @@ int grow(void **p, int32_t *cap, int32_t need, size_t size);
 int flows_push(FlowList *v, FlowObject *f);
 int drain_push(State *s, FlowObject *f);
 uint32_t next_epoch(uint32_t *epoch, uint32_t *arr, int32_t n);
+/* for the compiled events loop (_events.c) */
+FlowObject *net_add_flow(State *s, int32_t *lk, int32_t nl, long long nbytes, double now,
+                         PyObject *data, PyObject *links, double cap, double goodput);
+double net_next_time(State *s);
+FlowObject *net_pop_drained(State *s, double bound);
+
+/* _events.c: the fast path's events mode (fast_events.py) as one C loop */
+PyObject *events_run(PyObject *self, PyObject *args);
 
 /* _network_settle.c */
 PyObject *State_settle(State *s, PyObject *arg);

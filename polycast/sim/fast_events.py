@@ -23,6 +23,7 @@ from collections import deque
 
 import numpy as np
 
+from . import fast_events_native
 from .errors import SimulationError
 from .fast_kinds import COPY, FIN, MCAST, MRECV, RECV, SEND, Refused
 from .network import Network, run_batch, same_time_bound
@@ -39,10 +40,95 @@ def run_events(sim, plan) -> None:
 
 class _EventRun:
     def __init__(self, sim, plan) -> None:
+        """The run's arrays (both loops); the Python loop's lists are made by
+        :meth:`_lists` when it runs."""
         self.sim, self.plan = sim, plan
         g = plan.g
         N = plan.N
         self.N = N
+        self.paced = plan.paced
+        # DEP successors (steps' dependencies; MRECV -> FIN is handled by counting)
+        ns = g.nsteps
+        src = g.dep_flat
+        dst = np.repeat(np.arange(ns, dtype=np.int64), g.dep_counts)
+        o = np.lexsort((dst, src))
+        src, dst = src[o], dst[o]
+        ptr = np.zeros(N + 1, np.int64)
+        np.cumsum(np.bincount(src, minlength=N), out=ptr[1:])
+        self._succ = (ptr, dst)
+        # a channel (sender endpoint, peer: -1 for a multicast stream) as an int key
+        self.W = int(plan.peer.max(initial=0)) + 2
+        self.deps_left = np.concatenate([g.dep_counts, np.zeros(N - ns, np.int64)])
+        # members: (request, local rank) numbered request by request
+        self.nmem = [r[3] for r in g.reqs]
+        self.mbase = np.concatenate([[0], np.cumsum(self.nmem)[:-1]]).astype(np.int64).tolist()
+        M = sum(self.nmem)
+        mem = self.mem = np.asarray(self.mbase, np.int64)[plan.q] + plan.local  # every node's
+        self.mq = np.repeat(np.arange(len(self.nmem)), self.nmem)
+        # per member: the steps its post starts (in program order), its steps and MRECVs
+        # left, whether it sends a FIN, the bytes of its MCAST and MRECV steps (rto)
+        rt = np.flatnonzero(g.dep_counts == 0)
+        o = np.argsort(mem[rt], kind="stable")
+        self._roots = (rt[o], mem[rt][o])
+        self.steps_left = np.bincount(mem[:ns], minlength=M)
+        mr = plan.mrecvs
+        self.mrecv_left = np.bincount(mem[mr], minlength=M)
+        self.fin_of = plan.fin_of
+        self.mfin = np.isin(self.mq, list(self.fin_of))
+        mm = np.flatnonzero((plan.kind == MCAST) | (plan.kind == MRECV))
+        self.mcast_nbytes = np.bincount(mem[mm], weights=plan.nbytes[mm].astype(np.float64),
+                                        minlength=M)
+        recv_of_send = self.recv_of_send = np.full(N, -1, np.int64)
+        recv_of_send[plan.recv_send[plan.recvs]] = plan.recvs
+        # per MCAST: its MRECV nodes grouped by latency, in the driver's order
+        self.mgroups: dict[int, list] = {}
+        if len(mr):
+            ep = plan.ep
+            mc = plan.mrecv_mcast[mr]
+            o = np.argsort(mc, kind="stable")
+            xs_all, mc = mr[o], mc[o]
+            cut = np.flatnonzero(np.diff(mc)) + 1
+            node_of = np.full(int(ep.max()) + 1, -1, np.int64)     # endpoint -> MRECV node
+            for xs, m in zip(np.split(xs_all, cut), mc[np.r_[0, cut]].tolist()):
+                node_of[ep[xs]] = xs
+                groups = []
+                for lat, eps in sim._groups(int(ep[m])):
+                    if len(eps) and int(eps.max()) >= len(node_of):
+                        node_of = np.concatenate([node_of, np.full(int(eps.max()) + 1 -
+                                                                   len(node_of), -1, np.int64)])
+                    nodes = node_of[eps]
+                    nodes = nodes[nodes >= 0]
+                    if len(nodes):
+                        groups.append((lat, nodes.tolist()))
+                self.mgroups[m] = groups
+                node_of[ep[xs]] = -1
+        # in-network reduction: SEND node -> senders expected to its (destination, tag)
+        self.innet_expect: dict[int, int] = {}
+        self.combine: dict[tuple, list] = {}
+        for q, groups in sim._innet.items():
+            sel = np.flatnonzero((plan.q == q) & (plan.kind == SEND) & (plan.wire > 0))
+            for n in sel.tolist():
+                e = groups.get((int(plan.peer[n]), int(g.tag[n])), 0)
+                if e >= 2:
+                    self.innet_expect[n] = e
+        self.completed = [None] * M
+        self.events = 0
+        self.now = 0.0
+        hb = sim.net.host_bw
+        self.net = Network(sim.topo, host_bw=hb, native=sim.net.native)
+        # receivers behind a NIC (SimConfig.nic): the driver's queues, run here until one
+        # drops a datagram (recovery: the engines)
+        self.nic, self.rx_cap = None, math.inf
+        if sim.cfg.nic is not None:
+            from .nic import ReceiveQueues
+            self.nic = ReceiveQueues(sim.cfg.nic, sim.P, sim.cfg.seed)
+            self.rx_cap = self.nic.rate
+        self.pending = M
+
+    def _lists(self) -> None:
+        """The Python loop's state: the arrays as lists (indexing them is what it does per
+        event), the per-node flags and times, the queues; then the posts."""
+        plan, g, N = self.plan, self.plan.g, self.N
         self.kind = plan.kind.tolist()
         self.q = plan.q.tolist()
         self.local = plan.local.tolist()
@@ -58,16 +144,8 @@ class _EventRun:
         self.t_next = plan.t_next.tolist()
         self.mcap = plan.mcap.tolist()
         self.goodput = plan.goodput.tolist()
-        self.paced = plan.paced
-        # DEP successors (steps' dependencies; MRECV -> FIN is handled by counting)
-        ns = g.nsteps
-        src = g.dep_flat
-        dst = np.repeat(np.arange(ns, dtype=np.int64), g.dep_counts)
-        o = np.lexsort((dst, src))
-        src, dst = src[o], dst[o]
-        ptr = np.zeros(N + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=N), out=ptr[1:])
         # per node its successors: None, one node, or a list
+        ptr, dst = self._succ
         nsucc = np.diff(ptr)
         succ_of = np.where(nsucc == 1, dst[np.minimum(ptr[:-1], max(len(dst) - 1, 0))],
                            -1).astype(object) if len(dst) else np.full(N, -1, object)
@@ -77,71 +155,24 @@ class _EventRun:
         for x in np.flatnonzero(nsucc > 1).tolist():
             succ_of[x] = dl[pl[x]:pl[x + 1]]
         self.succ_of = succ_of.tolist()
-        # a channel (sender endpoint, peer: -1 for a multicast stream) as an int key
-        self.W = int(plan.peer.max(initial=0)) + 2
-        self.deps_left = np.concatenate([g.dep_counts, np.zeros(N - ns, np.int64)]).tolist()
-        # members: (request, local rank) numbered request by request
-        self.nmem = [r[3] for r in g.reqs]
-        self.mbase = np.concatenate([[0], np.cumsum(self.nmem)[:-1]]).astype(np.int64).tolist()
-        M = sum(self.nmem)
-        mem = np.asarray(self.mbase, np.int64)[plan.q] + plan.local
-        self.mem = mem.tolist()                          # member of every node
-        self.mq = np.repeat(np.arange(len(self.nmem)), self.nmem).tolist()
-        # per member: the steps its post starts (in program order), its steps and MRECVs
-        # left, whether it sends a FIN, the bytes of its MCAST and MRECV steps (rto)
-        rt = np.flatnonzero(g.dep_counts == 0)
-        o = np.argsort(mem[rt], kind="stable")          # by member, each in node order
-        cuts = np.cumsum(np.bincount(mem[rt], minlength=M))[:-1]
-        self.roots: list[list] = [a.tolist() for a in np.split(rt[o], cuts)]
-        self.steps_left = np.bincount(mem[:ns], minlength=M).tolist()
-        mr = plan.mrecvs
-        self.mrecv_left = np.bincount(mem[mr], minlength=M).tolist()
-        self.fin_of = plan.fin_of
-        self.mfin = [q in self.fin_of for q in self.mq]
-        mm = np.flatnonzero((plan.kind == MCAST) | (plan.kind == MRECV))
-        self.mcast_nbytes = np.bincount(mem[mm], weights=plan.nbytes[mm].astype(np.float64),
-                                        minlength=M).tolist()
-        recv_of_send = np.full(N, -1, np.int64)
-        recv_of_send[plan.recv_send[plan.recvs]] = plan.recvs
-        self.recv_of_send = recv_of_send.tolist()
-        # per MCAST: its MRECV nodes grouped by latency, in the driver's order
-        self.mgroups: dict[int, list] = {}
-        mm = plan.mrecv_mcast
-        if len(mr):
-            # the MRECVs by (MCAST, endpoint); per group of the root's receivers, the
-            # MRECV node of each receiver that has one, in the group's order
-            src, eps_r = mm[mr], plan.ep[mr]
-            o = np.lexsort((eps_r, src))
-            src, eps_r, nodes_r = src[o], eps_r[o], mr[o]
-            um, first = np.unique(src, return_index=True)
-            bounds = np.r_[first, len(o)].tolist()
-            for j, m in enumerate(um.tolist()):
-                e_seg = eps_r[bounds[j]:bounds[j + 1]]
-                n_seg = nodes_r[bounds[j]:bounds[j + 1]]
-                groups = []
-                for lat, eps in sim._groups(self.ep[m]):
-                    pos = np.searchsorted(e_seg, eps, "right") - 1
-                    hit = pos >= 0
-                    hit[hit] = e_seg[pos[hit]] == eps[hit]
-                    if hit.any():
-                        groups.append((lat, n_seg[pos[hit]].tolist()))
-                self.mgroups[m] = groups
-        # in-network reduction: SEND node -> senders expected to its (destination, tag)
-        self.innet_expect: dict[int, int] = {}
-        self.combine: dict[tuple, list] = {}
-        for q, groups in sim._innet.items():
-            sel = np.flatnonzero((plan.q == q) & (plan.kind == SEND) & (plan.wire > 0))
-            for n in sel.tolist():
-                e = groups.get((self.peer[n], int(g.tag[n])), 0)
-                if e >= 2:
-                    self.innet_expect[n] = e
+        self.deps_left = self.deps_left.tolist()
+        M = len(self.completed)
+        self.roots: list[list] = [[] for _ in range(M)]
+        for x, m in zip(*(a.tolist() for a in self._roots)):
+            self.roots[m].append(x)
+        self.mem = self.mem.tolist()
+        self.mq = self.mq.tolist()
+        self.steps_left = self.steps_left.tolist()
+        self.mrecv_left = self.mrecv_left.tolist()
+        self.mfin = self.mfin.tolist()
+        self.mcast_nbytes = self.mcast_nbytes.tolist()
+        self.recv_of_send = self.recv_of_send.tolist()
         self.arrived = [False] * N
         self.started = [False] * N
         self.done_t = [math.nan] * N
         self.start_t = [math.nan] * N
         self.fin_out = [False] * M
         self.fin_in = [False] * M
-        self.completed = [None] * M
         self.pacer: dict[int, float] = {}
         self.channels: dict[int, deque] = {}     # by channel key (self.chan)
         self.busy: set = set()
@@ -149,18 +180,6 @@ class _EventRun:
         self.heap: list = []
         self.seq = 0
         self.open: dict[float, tuple] = {}     # time -> the last entry pushed for it
-        self.events = 0
-        self.now = 0.0
-        hb = sim.net.host_bw
-        self.net = Network(sim.topo, host_bw=hb, native=sim.net.native)
-        # receivers behind a NIC (SimConfig.nic): the driver's queues, run here until one
-        # drops a datagram (recovery: the engines)
-        self.nic, self.rx_cap = None, math.inf
-        if sim.cfg.nic is not None:
-            from .nic import ReceiveQueues
-            self.nic = ReceiveQueues(sim.cfg.nic, sim.P, sim.cfg.seed)
-            self.rx_cap = self.nic.rate
-        self.pending = sum(self.nmem)
         for q, r in enumerate(g.reqs):
             pt = r[6]
             for i in range(r[3]):
@@ -189,6 +208,10 @@ class _EventRun:
         heapq.heappush(self.heap, (t, self.seq, kind, nodes, None))
 
     def run(self) -> None:
+        if fast_events_native.why_not(self) is None:
+            self._run_native()
+            return
+        self._lists()
         heap, net = self.heap, self.net
         cfg = self.sim.cfg
         max_time_s, max_events = cfg.max_time_s, cfg.max_events
@@ -209,6 +232,25 @@ class _EventRun:
             if self.events > max_events:
                 raise SimulationError(f"more than {cfg.max_events} events; raise "
                                       "SimConfig.max_events for a bigger run")
+
+    def _run_native(self) -> None:
+        """The same loop in C (fast_events_native), from the same start: the posts are
+        its first pushes, in the same order as :meth:`_lists` pushes them."""
+        a = fast_events_native.arrays(self, *self._succ, *self._roots)
+        status, now, pending, self.events = fast_events_native.run(self, a)
+        self.now, self.pending = now, pending
+        self.done_t, self.start_t = a["done_t"], a["start_t"]
+        self.completed = a["completed"].tolist()
+        cfg = self.sim.cfg
+        if status == 1:
+            raise SimulationError(f"deadlock: {pending} (rank, request) pairs "
+                                  f"incomplete at t={now:.6g}s (fast path)")
+        if status == 2:
+            raise SimulationError(f"simulated time passed the limit of {cfg.max_time_s}s "
+                                  f"with {pending} (rank, request) pairs incomplete")
+        if status == 3:
+            raise SimulationError(f"more than {cfg.max_events} events; raise "
+                                  "SimConfig.max_events for a bigger run")
 
     def _flush(self) -> None:
         """Start the channels the last engine call queued messages on (the driver's _do)."""

@@ -13,7 +13,8 @@ from ...errors import InvalidArgument, UnknownName
 from ...schedule.vector import VECTOR, check_counts
 from .. import checks
 from ..table import print_table
-from .common import add_common, gib, key_values, process_stats, progress, size_text
+from .common import (add_common, gib, key_values, print_stats, process_stats, progress,
+                     size_text)
 
 
 def add_parser(ssub) -> None:
@@ -62,8 +63,6 @@ def add_parser(ssub) -> None:
                        help="auto (default): the fast path where its checks pass, else the "
                             "engines; engine: always step the engines (the reference); fast: "
                             "fail where the fast path cannot run (docs/simulator.md)")
-        c.add_argument("--stats", action="store_true",
-                       help="print the simulation's wall and CPU time, events and peak memory")
         c.add_argument("--trace", metavar="FILE", help="write a Chrome-trace JSON (Perfetto)")
         c.add_argument("--plot", metavar="FILE", help="write a figure (png/pdf/svg)")
         c.set_defaults(func=run_collective, collective=coll.value)
@@ -210,6 +209,5 @@ def run_collective(args: argparse.Namespace) -> int:
         for r in results:
             print(f"{r.algorithm}: {r.wall_s:.2f} s wall simulating, {r.events} events "
                   f"({r.path}{' ' + r.fast_mode if r.fast_mode else ''})")
-        print(f"stats: {stats['wall_s']:.2f} s wall, {stats['cpu_s']:.2f} s CPU, "
-              f"peak memory {stats['peak_rss_bytes'] / 2**20:.0f} MiB")
+        print_stats(stats)
     return 0

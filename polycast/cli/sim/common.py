@@ -15,7 +15,7 @@ T0 = time.perf_counter()
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    """The network every subcommand but sweep simulates on, and --json."""
+    """The network every subcommand but sweep simulates on, --json and --stats."""
     p.add_argument("--nodes", "-n", type=int, default=8, help="ranks P (default 8)")
     p.add_argument("--topology", "-t", default="fattree:radix=32",
                    help="switch | leafspine:hosts_per_leaf=16,oversub=2 | fattree:radix=32, "
@@ -27,6 +27,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         "messages and UDP datagrams, MTU 9000; none: the ideal link); "
                         "the topology's framing= and mtu= override it")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--stats", action="store_true",
+                   help="print the simulation's wall and CPU time and peak memory")
 
 
 def key_values(items: list[str]) -> dict:
@@ -50,6 +52,12 @@ def process_stats(cpu0: float) -> dict:
     return {"wall_s": time.perf_counter() - T0, "cpu_s": time.process_time(),
             "cpu_s_simulating": time.process_time() - cpu0,
             "peak_rss_bytes": ru.ru_maxrss * 1024}
+
+
+def print_stats(stats: dict) -> None:
+    """--stats' last line (the figures of :func:`process_stats`)."""
+    print(f"stats: {stats['wall_s']:.2f} s wall, {stats['cpu_s']:.2f} s CPU, "
+          f"peak memory {stats['peak_rss_bytes'] / 2**20:.0f} MiB")
 
 
 class progress:

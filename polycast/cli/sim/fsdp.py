@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from ...algorithms import get
 from ...collectives import Collective
@@ -13,7 +14,7 @@ from ...errors import InvalidArgument
 from ...units import parse_size
 from .. import checks
 from ..table import print_table
-from .common import add_common
+from .common import add_common, print_stats, process_stats, progress
 
 
 def add_parser(ssub) -> None:
@@ -131,14 +132,17 @@ def run_fsdp(args: argparse.Namespace) -> int:
               roots=args.roots, nic=nic, shard=args.shard, ar=args.ar, memo=args.memo,
               record_ranks=representative_ranks(args.nodes) if timeline else None)
     model = args.model if args.model else None
-    if args.compare:
-        results = compare_fsdp(model, args.nodes, topology=topo, **kw)
-    else:
-        rows = [(args.ag, args.rs)]
-        if args.plot and rows[0] != COMPARE_ROWS[0]:
-            rows.insert(0, COMPARE_ROWS[0])         # the baseline beside the asked row
-        results = [simulate_fsdp(model, args.nodes, ag=a, rs=r, topology=topo, **kw)
-                   for a, r in rows]
+    cpu0 = time.process_time()
+    with progress(f"simulating an FSDP step on {args.nodes} ranks", args.json):
+        if args.compare:
+            results = compare_fsdp(model, args.nodes, topology=topo, **kw)
+        else:
+            rows = [(args.ag, args.rs)]
+            if args.plot and rows[0] != COMPARE_ROWS[0]:
+                rows.insert(0, COMPARE_ROWS[0])         # the baseline beside the asked row
+            results = [simulate_fsdp(model, args.nodes, ag=a, rs=r, topology=topo, **kw)
+                       for a, r in rows]
+    stats = process_stats(cpu0) if args.stats else None
     runs = [(f"{r.ag}/{r.rs}" + (f"/{r.ar}" if r.ar else ""), r.pipeline) for r in results]
     if args.trace:
         from ...sim.timeline import write_trace
@@ -161,9 +165,13 @@ def run_fsdp(args: argparse.Namespace) -> int:
                   f"--link {args.link}", file=sys.stderr)
     if args.json:
         objs = [r.to_json() for r in results]
+        for o in objs if stats else ():
+            o["stats"] = stats
         print(json.dumps(objs if len(objs) > 1 else objs[0], indent=1))
         return 0
     _print_fsdp(topo, results, args.compare)
+    if stats:
+        print_stats(stats)
     return 0
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from ...collectives import Collective
 from ...errors import InvalidArgument
 from .. import checks
 from ..table import print_table
-from .common import add_common, key_values
+from .common import add_common, key_values, print_stats, process_stats, progress
 
 
 def add_parser(ssub) -> None:
@@ -83,8 +84,11 @@ def run_workload_cmd(args: argparse.Namespace) -> int:
     topo = parse_topology(args.topology, w.nranks, link=args.link, framing=args.framing)
     validate(w, topo.nranks)                    # every bad input before any simulation
     timeline = bool(args.trace or args.plot)
-    res = run_workload(w, topo, algorithms=algos, options=opts,
-                       record_ranks=representative_ranks(w.nranks) if timeline else None)
+    cpu0 = time.process_time()
+    with progress(f"simulating {args.prefix} on {w.nranks} ranks", args.json):
+        res = run_workload(w, topo, algorithms=algos, options=opts,
+                           record_ranks=representative_ranks(w.nranks) if timeline else None)
+    stats = process_stats(cpu0) if args.stats else None
     runs = [(w.name, res)]
     if args.trace:
         from ...sim.timeline import write_trace
@@ -94,7 +98,10 @@ def run_workload_cmd(args: argparse.Namespace) -> int:
         plot_timelines(runs, args.plot, title=f"{args.prefix}: {w.nranks} ranks, "
                                               f"{topo.description}")
     if args.json:
-        print(json.dumps(res.to_json(), indent=1))
+        obj = res.to_json()
+        if stats:
+            obj["stats"] = stats
+        print(json.dumps(obj, indent=1))
         return 0
     print(topo.summary())
     nodes = sum(len(p) for p in w.programs)
@@ -112,5 +119,7 @@ def run_workload_cmd(args: argparse.Namespace) -> int:
                 [[c.ranks[:40], c.count, c.end_s * 1e3, c.compute_s * 1e3]
                  + [c.exposed_s.get(p, 0.0) * 1e3 for p in phases]
                  for c in res.rank_classes[:8]])
+    if stats:
+        print_stats(stats)
     return 0
 
