@@ -330,3 +330,15 @@ def test_stream_refused_falls_to_the_walk_or_is_refused_for_memory():
     with override(max_schedule_gib=0.5):
         with pytest.raises(TooLarge, match="at most about 5,[0-9]{3} ranks with ring"):
             build("allreduce", "ring", 8192, 2048, compact=True)
+
+
+@pytest.mark.timeout(120)
+def test_stream_mode_ends_when_tiny_streams_overlap():
+    """1024 multicast streams of 1 B each overlap: the one that drains first leaves a
+    rounding residue on the others, which drains in less than the clock's float
+    resolution; it used to loop forever (the planner grid's 1 KiB cell). The 512-rank
+    run, which never hung, takes about half as long (one more ring of token hops)."""
+    big = simulate("allgather", "mcast", 1024, 1024, "fattree:radix=32", link="400Gbps")
+    half = simulate("allgather", "mcast", 512, 1024, "fattree:radix=32", link="400Gbps")
+    assert (big.path, big.fast_mode) == ("fast", "stream")
+    assert 1.5 < big.time_s / half.time_s < 2.5, (big.time_s, half.time_s)

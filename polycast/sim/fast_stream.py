@@ -272,8 +272,10 @@ def _run_token_multicast(sim, form) -> str:
                     a[1] -= rate * (until - now)
                 now = until
                 return
+            # the flows that had the least left end now: zeroed, not subtracted (a residue of
+            # rounding, drained in a time below now's float resolution, never ended: a hang)
             for a in active:
-                a[1] -= rate * (t_end - now)
+                a[1] = 0.0 if a[1] <= left else a[1] - rate * (t_end - now)
             now = t_end
             for a in [a for a in active if a[1] <= w * 1e-12]:
                 active.remove(a)
