@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(getattr(compiled, "run_events", None) is None,
                                 reason="the compiled network model is not built")
 
 
-def _run(pairs, P, topology, size=256 * 1024, nic=None):
+def _run(pairs, P, topology, size=256 * 1024, nic=None, mode="events"):
     """Post ``pairs`` ((collective, algorithm), ...) at once; the run's answer."""
     topo = resolve_topology(topology, P, "400Gbps")
     scheds = []
@@ -36,7 +36,7 @@ def _run(pairs, P, topology, size=256 * 1024, nic=None):
     sim = Simulation(topo, cfg)
     reqs = [sim.post(s, 4) for s in scheds]
     sim.run()
-    assert sim.fast_mode == "events", sim.fast_mode
+    assert sim.fast_mode == mode, sim.fast_mode
     times = [[sim.timelines[r].completed[q] for r in range(P)] for q in range(len(reqs))]
     return times, sim.net.link_bytes.tolist(), sim.events
 
@@ -72,3 +72,38 @@ def test_a_nic_model_runs_the_python_loop(monkeypatch):
     _run(((("allgather", "mcast"), ("reduce_scatter", "ring"))), 8, "fattree:radix=4",
          nic="clock=1GHz,cores=1,cycles=1000,chunk=4KiB,queue=100000")
     assert reasons and all(r and "NIC" in r for r in reasons)
+
+
+def test_the_walk_refused_up_front_only_where_it_would_refuse(monkeypatch):
+    """Walk.check_start sends a run to the events mode before any walk only where the
+    walks and their checks would have sent it there too."""
+    from polycast.sim.fast_kinds import Refused
+    from polycast.sim.fast_walk import Walk
+    seen = []
+    real = Walk.check_start
+
+    def check_start(self):
+        try:
+            real(self)
+        except Refused:
+            monkeypatch.setattr(Walk, "check_start", lambda w: None)
+            try:
+                times = self.settled_walk()
+                self.check_contention(times)
+                self.check_recovery(times)
+            except Refused:
+                seen.append("both")
+            else:
+                seen.append("only check_start")
+            finally:
+                monkeypatch.setattr(Walk, "check_start", check_start)
+            raise
+        seen.append("passed")
+
+    monkeypatch.setattr(Walk, "check_start", check_start)
+    for pairs, P, topology in CASES:
+        _run(pairs, P, topology)
+    _run(((("allgather", "ring"), ("reduce_scatter", "ring"))), 12,
+         "leafspine:hosts_per_leaf=4,oversub=4", mode="walk")
+    assert "both" in seen and "passed" in seen
+    assert "only check_start" not in seen
