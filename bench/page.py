@@ -308,9 +308,10 @@ SECTIONS: list[Section] = [
             "hosts of 8 GPUs on NVLink with 8 NICs), each in a fresh process with a time "
             "limit: which path and mode timed it, and what it cost. Rows where flows share a "
             "link beyond its capacity (multicast allgather beside a ring reduce-scatter, "
-            "pairwise alltoall's ECMP collisions) run the fast path's events mode, whose "
-            "max-min settling is Python; rows whose schedules exceed the memory limit are "
-            "refused before work with the largest P that fits "
+            "pairwise alltoall's ECMP collisions) run the fast path's events mode (its event "
+            "loop and max-min settling compiled where built); hierarchical rows over hosts "
+            "run the stream mode; rows whose schedules exceed the memory limit are refused "
+            "before work with the largest P that fits "
             "([simulator](simulator.md#scale-what-runs-how-fast)).", _sim_scale),
     Section("The engine", ("engine",), "python bench/keep.py engine -- python bench/engine.py",
             "What the sans-I/O engine costs per event (a message, a datagram), copies "
