@@ -90,7 +90,7 @@ static int by_bound(const void *a, const void *b) {
 }
 
 /* Max-min rates of the region (f->x, f->xby) on what the other flows leave of each link.
- * Progressive filling as network.py's _fill_small: a link only one flow of the region
+ * Progressive filling as water_fill.py's fill_small: a link only one flow of the region
  * crosses is part of that flow's own bound; a shared link stops its open flows at its fair
  * share, the smallest first (a heap of shares); an own bound at or below the smallest
  * share (to 1e-12) stops its flow first. */
