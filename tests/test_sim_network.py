@@ -329,6 +329,7 @@ def test_interrupted_runs_leave_nothing_behind():
     _model(True)
     import _thread
     import gc
+    import signal
     import threading
 
     from polycast.sim.simulate import simulate
@@ -338,17 +339,24 @@ def test_interrupted_runs_leave_nothing_behind():
 
     want = run()
     interrupted = 0
-    for delay in (0.01, 0.05, 0.1, 0.2):
-        timer = threading.Timer(delay, _thread.interrupt_main)
-        timer.start()
-        try:
-            for _ in range(50):                 # (bounded: the timer fires during one)
-                run()
-        except KeyboardInterrupt:
-            interrupted += 1
-        finally:
-            timer.cancel()
-        gc.collect()
+    # interrupt_main does nothing where SIGINT is ignored, as in a job started in the
+    # background by a non-interactive shell (a CI runner may start pytest so): Python's own
+    # handler for the duration of the test
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for delay in (0.01, 0.05, 0.1, 0.2):
+            timer = threading.Timer(delay, _thread.interrupt_main)
+            timer.start()
+            try:
+                for _ in range(50):                 # (bounded: the timer fires during one)
+                    run()
+            except KeyboardInterrupt:
+                interrupted += 1
+            finally:
+                timer.cancel()
+            gc.collect()
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert interrupted == 4
     again = run()
     assert (again.time_s, again.link_bytes) == (want.time_s, want.link_bytes)
